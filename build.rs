@@ -1,0 +1,4 @@
+//! Rebuilds the embedded migrations when a file under `schema/` is added or changed.
+fn main() {
+    println!("cargo:rerun-if-changed=schema");
+}

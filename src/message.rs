@@ -1,0 +1,122 @@
+//! Domain types shared by the store, the sinks and the relay: identities that must not be
+//! mixed up, a claimed message, and the outcome a sink reports for it.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// The stable identity of a message; every delivery of it carries this id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OutboxId(pub Uuid);
+
+/// The token of one lease; a completion must present the current one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseToken(pub Uuid);
+
+/// The identity a worker claims under (`claimed_by`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WorkerId(String);
+
+impl WorkerId {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for OutboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A message leased to this worker by `claim_outbox_batch`.
+#[derive(Clone, Debug)]
+pub struct ClaimedMessage {
+    pub id: OutboxId,
+    pub lease_token: LeaseToken,
+    pub topic: String,
+    pub key: Option<String>,
+    pub payload: Vec<u8>,
+    pub content_type: String,
+    pub headers: serde_json::Value,
+    /// The number this attempt will be recorded under (1 for a first delivery).
+    pub attempt_no: i32,
+    pub created_at: DateTime<Utc>,
+    pub lease_expires_at: DateTime<Utc>,
+}
+
+/// What a destination did with one message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Acknowledged by the destination.
+    Delivered,
+    /// A transient failure (timeout, connection loss, 5xx, NACK); try again later.
+    /// `retry_after` is the destination's own hint, when it gave one.
+    Retryable {
+        reason: String,
+        retry_after: Option<std::time::Duration>,
+    },
+    /// Rejected for good (malformed, unroutable, 4xx); dead-letter it with the reason.
+    Permanent { reason: String },
+}
+
+/// The attempt states a worker may report (`outbox.attempt_state` minus `ZOMBIE_REQUEUE`,
+/// which only `repair_expired_leases` records).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptState {
+    Dispatched,
+    Failed,
+    Retryable,
+}
+
+impl AttemptState {
+    pub fn as_sql(self) -> &'static str {
+        match self {
+            AttemptState::Dispatched => "DISPATCHED",
+            AttemptState::Failed => "FAILED",
+            AttemptState::Retryable => "RETRYABLE",
+        }
+    }
+}
+
+/// One row of a `complete_outbox_batch` call.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub id: OutboxId,
+    pub lease_token: LeaseToken,
+    pub state: AttemptState,
+    pub error: Option<String>,
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
+/// The database's answer for one completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompletionResult {
+    pub id: OutboxId,
+    /// The attempt number recorded; `None` when the lease was lost.
+    pub attempt_no: Option<i32>,
+    pub lease_lost: bool,
+}
+
+/// A message to enqueue.
+#[derive(Clone, Debug, Default)]
+pub struct NewMessage {
+    pub topic: String,
+    pub key: Option<String>,
+    pub payload: serde_json::Value,
+    pub headers: Option<serde_json::Value>,
+    pub available_at: Option<DateTime<Utc>>,
+    pub id: Option<OutboxId>,
+    pub max_attempts: Option<i32>,
+}

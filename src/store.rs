@@ -1,0 +1,459 @@
+//! The one module that talks SQL. It owns the connection pool, calls the `outbox.*`
+//! functions with one statement each, converts rows into domain types and turns the
+//! SQLSTATEs of the SQL API (`P7002` lease lost, `P7001` invalid argument) into typed errors.
+//! Lease checks are never made here: the database makes them.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::message::{
+    ClaimedMessage, Completion, CompletionResult, LeaseToken, NewMessage, OutboxId, WorkerId,
+};
+
+/// Channel that `outbox.enqueue` notifies when a message is ready.
+pub const NOTIFY_CHANNEL: &str = "outbox_new";
+
+/// Errors of the storage layer, split by what the caller should do about them.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLSTATE P7002: the lease is not held any more; someone else owns the outcome.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+    /// SQLSTATE P7001: an argument the SQL API refused; the message names it.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The database URL could not be parsed.
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
+    /// No connection could be had from the pool (database down, pool exhausted).
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// Any other database error (retry the operation later).
+    #[error("database error: {0}")]
+    Database(String),
+    #[error("migration failed: {0}")]
+    Migration(String),
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        match e.as_db_error() {
+            Some(db) if db.code().code() == "P7002" => StoreError::LeaseLost(db.message().into()),
+            Some(db) if db.code().code() == "P7001" => {
+                StoreError::InvalidArgument(db.message().into())
+            }
+            Some(db) => StoreError::Database(format!("{} ({})", db.message(), db.code().code())),
+            None => StoreError::Database(e.to_string()),
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => StoreError::Unavailable(e.to_string()),
+            other => StoreError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Figures of the `outbox.status` view.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Status {
+    pub ready: i64,
+    pub delayed: i64,
+    pub in_flight: i64,
+    pub expired_leases: i64,
+    pub dead_letters: i64,
+    /// Age of the oldest ready message, in seconds (None when nothing is ready).
+    pub oldest_ready_age_secs: Option<f64>,
+}
+
+/// Result of one `repair_expired_leases` pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Repair {
+    pub requeued: i32,
+    pub dead_lettered: i32,
+}
+
+/// Sizes of the connection pool, for the pool gauges.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub available: usize,
+    pub max_size: usize,
+}
+
+/// Handle to the outbox database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    config: tokio_postgres::Config,
+}
+
+impl Store {
+    /// Builds a pool of at most `max_connections` to `url`. Connections are opened lazily,
+    /// so this fails only on a malformed URL; use [`Store::ping`] to check reachability.
+    pub fn connect(url: &str, max_connections: usize) -> Result<Self> {
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| StoreError::InvalidUrl(format!("{e} (in {})", redact_url(url))))?;
+        if config.get_application_name().is_none() {
+            config.application_name("outbox-relay");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(max_connections)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        Ok(Self { pool, config })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Applies the embedded migrations that are not applied yet; returns their names.
+    /// A session advisory lock makes processes that start together migrate one at a time.
+    pub async fn migrate(&self) -> Result<Vec<String>> {
+        let mut client = self.client().await?;
+        client
+            .execute("SELECT pg_advisory_lock(hashtext('outbox.migrate'))", &[])
+            .await?;
+        let report = crate::schema::runner().run_async(&mut **client).await;
+        client
+            .execute("SELECT pg_advisory_unlock(hashtext('outbox.migrate'))", &[])
+            .await?;
+        let report = report.map_err(|e| StoreError::Migration(e.to_string()))?;
+        Ok(report
+            .applied_migrations()
+            .iter()
+            .map(|m| m.to_string())
+            .collect())
+    }
+
+    /// `SELECT 1`: is the database reachable?
+    pub async fn ping(&self) -> Result<()> {
+        self.client().await?.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    pub fn pool_status(&self) -> PoolStatus {
+        let s = self.pool.status();
+        PoolStatus {
+            size: s.size,
+            available: s.available,
+            max_size: s.max_size,
+        }
+    }
+
+    /// `outbox.enqueue` (jsonb payload); returns the message's id.
+    pub async fn enqueue(&self, message: &NewMessage) -> Result<OutboxId> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT outbox.enqueue($1, $2::jsonb, $3, coalesce($4::jsonb, '{}'), $5, $6, $7)",
+            )
+            .await?;
+        let row = client
+            .query_one(
+                &stmt,
+                &[
+                    &message.topic,
+                    &message.payload,
+                    &message.key,
+                    &message.headers,
+                    &message.available_at,
+                    &message.id.map(|id| id.0),
+                    &message.max_attempts.or(Some(10)),
+                ],
+            )
+            .await?;
+        Ok(OutboxId(row.get(0)))
+    }
+
+    /// `outbox.claim_outbox_batch`: leases up to `batch_size` ready messages.
+    pub async fn claim(
+        &self,
+        batch_size: i32,
+        worker: &WorkerId,
+        lease_secs: i32,
+        topics: Option<&[String]>,
+    ) -> Result<Vec<ClaimedMessage>> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT * FROM outbox.claim_outbox_batch($1, $2, $3, $4)")
+            .await?;
+        let rows = client
+            .query(
+                &stmt,
+                &[&batch_size, &worker.as_str(), &lease_secs, &topics],
+            )
+            .await?;
+        Ok(rows.iter().map(claimed_from_row).collect())
+    }
+
+    /// `outbox.complete_outbox_batch`: one round trip for a whole batch. Lost leases come
+    /// back as `lease_lost` rows, in input order.
+    pub async fn complete(
+        &self,
+        worker: &WorkerId,
+        completions: &[Completion],
+    ) -> Result<Vec<CompletionResult>> {
+        let ids: Vec<Uuid> = completions.iter().map(|c| c.id.0).collect();
+        let tokens: Vec<Uuid> = completions.iter().map(|c| c.lease_token.0).collect();
+        let states: Vec<&str> = completions.iter().map(|c| c.state.as_sql()).collect();
+        let errors: Vec<Option<&str>> = completions.iter().map(|c| c.error.as_deref()).collect();
+        let retry_ats: Vec<Option<DateTime<Utc>>> =
+            completions.iter().map(|c| c.retry_at).collect();
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT * FROM outbox.complete_outbox_batch(\
+                 $1, $2, $3, $4::text[]::outbox.attempt_state[], $5, $6)",
+            )
+            .await?;
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &worker.as_str(),
+                    &ids,
+                    &tokens,
+                    &states,
+                    &errors,
+                    &retry_ats,
+                ],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| CompletionResult {
+                id: OutboxId(r.get(0)),
+                attempt_no: r.get(1),
+                lease_lost: r.get(2),
+            })
+            .collect())
+    }
+
+    /// `outbox.extend_outbox_leases`: returns the leases still held and their new expiry.
+    pub async fn extend(
+        &self,
+        worker: &WorkerId,
+        leases: &[(OutboxId, LeaseToken)],
+        lease_secs: i32,
+    ) -> Result<Vec<(OutboxId, DateTime<Utc>)>> {
+        let (ids, tokens) = split_leases(leases);
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT * FROM outbox.extend_outbox_leases($1, $2, $3, $4)")
+            .await?;
+        let rows = client
+            .query(&stmt, &[&worker.as_str(), &ids, &tokens, &lease_secs])
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (OutboxId(r.get(0)), r.get(1)))
+            .collect())
+    }
+
+    /// `outbox.release_outbox_leases`: gives back undispatched messages; returns how many.
+    pub async fn release(
+        &self,
+        worker: &WorkerId,
+        leases: &[(OutboxId, LeaseToken)],
+    ) -> Result<i32> {
+        let (ids, tokens) = split_leases(leases);
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT outbox.release_outbox_leases($1, $2, $3)")
+            .await?;
+        let row = client
+            .query_one(&stmt, &[&worker.as_str(), &ids, &tokens])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// `outbox.repair_expired_leases`: one pass over expired leases.
+    pub async fn repair(&self, limit: i32) -> Result<Repair> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT * FROM outbox.repair_expired_leases($1)", &[&limit])
+            .await?;
+        Ok(Repair {
+            requeued: row.get(0),
+            dead_lettered: row.get(1),
+        })
+    }
+
+    /// `outbox.replay_dead_letters` by ids and/or topic (neither: all); returns how many.
+    pub async fn replay(&self, ids: Option<&[OutboxId]>, topic: Option<&str>) -> Result<i32> {
+        let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(|i| i.0).collect());
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT outbox.replay_dead_letters($1, $2)", &[&ids, &topic])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// The `outbox.status` view.
+    pub async fn status(&self) -> Result<Status> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT ready, delayed, in_flight, expired_leases, dead_letters, \
+                 extract(epoch FROM oldest_ready_age)::float8 FROM outbox.status",
+                &[],
+            )
+            .await?;
+        Ok(Status {
+            ready: row.get(0),
+            delayed: row.get(1),
+            in_flight: row.get(2),
+            expired_leases: row.get(3),
+            dead_letters: row.get(4),
+            oldest_ready_age_secs: row.get(5),
+        })
+    }
+
+    /// Keeps a dedicated connection listening on [`NOTIFY_CHANNEL`] and calls
+    /// `wake.notify_one()` for every notification, reconnecting (with backoff) when the
+    /// connection drops, until `shutdown` is cancelled. After every (re)connect it wakes once,
+    /// since notifications sent while disconnected are lost.
+    pub async fn listen(&self, wake: Arc<Notify>, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            let ended = tokio::select! {
+                ended = self.listen_once(&wake) => ended,
+                () = shutdown.cancelled() => return,
+            };
+            if let Err(e) = ended {
+                tracing::warn!(error = %e, retry_in = ?backoff,
+                    "notification listener lost its connection; polling until it is back");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = shutdown.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    }
+
+    async fn listen_once(&self, wake: &Arc<Notify>) -> Result<()> {
+        let (client, mut connection) = self.config.connect(NoTls).await?;
+        let forward = wake.clone();
+        let mut driver = tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                if let AsyncMessage::Notification(_) = message? {
+                    forward.notify_one();
+                }
+            }
+            Ok::<(), tokio_postgres::Error>(())
+        });
+        client
+            .batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
+            .await?;
+        wake.notify_one();
+        let ended = (&mut driver).await;
+        drop(client);
+        match ended {
+            Ok(result) => Ok(result?),
+            Err(e) => Err(StoreError::Database(e.to_string())),
+        }
+    }
+}
+
+fn split_leases(leases: &[(OutboxId, LeaseToken)]) -> (Vec<Uuid>, Vec<Uuid>) {
+    leases.iter().map(|(id, token)| (id.0, token.0)).unzip()
+}
+
+fn claimed_from_row(r: &Row) -> ClaimedMessage {
+    ClaimedMessage {
+        id: OutboxId(r.get("outbox_id")),
+        lease_token: LeaseToken(r.get("lease_token")),
+        topic: r.get("topic"),
+        key: r.get("message_key"),
+        payload: r.get("payload"),
+        content_type: r.get("content_type"),
+        headers: r.get("headers"),
+        attempt_no: r.get("attempt_no"),
+        created_at: r.get("created_at"),
+        lease_expires_at: r.get("lease_expires_at"),
+    }
+}
+
+/// The URL with any password replaced by `***`, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    // postgres://user:secret@host/db → postgres://user:***@host/db
+    let mut out = match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((userinfo, host)) if !userinfo.contains('/') => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => url.to_owned(),
+            },
+            _ => url.to_owned(),
+        },
+        None => url.to_owned(),
+    };
+    // key=value form and ?password= query parameters
+    for marker in ["password=", "PASSWORD="] {
+        while let Some(start) = out.find(marker) {
+            let value_start = start + marker.len();
+            if out[value_start..].starts_with("***") {
+                break;
+            }
+            let value_end = out[value_start..]
+                .find(['&', ' '])
+                .map_or(out.len(), |i| value_start + i);
+            out.replace_range(value_start..value_end, "***");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redacts_passwords_in_every_url_form() {
+        assert_eq!(
+            redact_url("postgres://relay:s3cret@db:5432/app"),
+            "postgres://relay:***@db:5432/app"
+        );
+        assert_eq!(
+            redact_url("postgres://db/app?user=relay&password=s3cret&sslmode=require"),
+            "postgres://db/app?user=relay&password=***&sslmode=require"
+        );
+        assert_eq!(
+            redact_url("host=db user=relay password=s3cret dbname=app"),
+            "host=db user=relay password=*** dbname=app"
+        );
+        assert_eq!(
+            redact_url("postgres://relay@db/app"),
+            "postgres://relay@db/app"
+        );
+    }
+}

@@ -1,0 +1,1257 @@
+//! The SQL contract of DESIGN §3, exercised the way any language would: plain SQL calls to
+//! the `outbox.*` functions on a real Postgres.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{TestDb, sqlstate};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+struct Claimed {
+    id: Uuid,
+    token: Uuid,
+    attempt_no: i32,
+    key: Option<String>,
+}
+
+async fn enqueue(c: &Client, topic: &str, key: Option<&str>) -> Uuid {
+    c.query_one(
+        "SELECT outbox.enqueue($1, '{\"n\": 1}'::jsonb, $2)",
+        &[&topic, &key],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn enqueue_with(c: &Client, key: Option<&str>, max_attempts: i32) -> Uuid {
+    c.query_one(
+        "SELECT outbox.enqueue('t', '{}'::jsonb, $1, p_max_attempts => $2)",
+        &[&key, &max_attempts],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn claim(c: &Client, n: i32, worker: &str, lease_secs: i32) -> Vec<Claimed> {
+    c.query(
+        "SELECT outbox_id, lease_token, attempt_no, message_key \
+         FROM outbox.claim_outbox_batch($1, $2, $3)",
+        &[&n, &worker, &lease_secs],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| Claimed {
+        id: r.get(0),
+        token: r.get(1),
+        attempt_no: r.get(2),
+        key: r.get(3),
+    })
+    .collect()
+}
+
+async fn complete(
+    c: &Client,
+    m: &Claimed,
+    worker: &str,
+    state: &str,
+    error: Option<&str>,
+) -> Result<i32, tokio_postgres::Error> {
+    c.query_one(
+        "SELECT outbox.complete_outbox_attempt($1, $2, $3, $4::text::outbox.attempt_state, $5)",
+        &[&m.id, &m.token, &worker, &state, &error],
+    )
+    .await
+    .map(|r| r.get(0))
+}
+
+async fn retry_at(c: &Client, m: &Claimed, worker: &str, delay_secs: f64) -> i32 {
+    c.query_one(
+        "SELECT outbox.complete_outbox_attempt($1, $2, $3, 'RETRYABLE', 'try later', \
+         now() + make_interval(secs => $4))",
+        &[&m.id, &m.token, &worker, &delay_secs],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// "attempt_no:STATE" of every attempt of `id`, in order.
+async fn history(c: &Client, id: Uuid) -> Vec<String> {
+    c.query(
+        "SELECT attempt_no, state::text FROM outbox.attempts WHERE outbox_id = $1 ORDER BY attempt_no",
+        &[&id],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| format!("{}:{}", r.get::<_, i32>(0), r.get::<_, String>(1)))
+    .collect()
+}
+
+async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+async fn expire_leases(c: &Client) {
+    c.execute(
+        "UPDATE outbox.messages SET lease_expires_at = now() - interval '1 minute' \
+         WHERE lease_token IS NOT NULL",
+        &[],
+    )
+    .await
+    .unwrap();
+}
+
+async fn repair(c: &Client) -> (i32, i32) {
+    let r = c
+        .query_one("SELECT * FROM outbox.repair_expired_leases()", &[])
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+#[tokio::test]
+async fn happy_path_claims_completes_and_records_one_attempt() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = enqueue(&c, "orders", Some("customer-1")).await;
+
+    let row = c
+        .query_one("SELECT * FROM outbox.claim_outbox_batch(10, 'w1', 30)", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Uuid>("outbox_id"), id);
+    assert_eq!(row.get::<_, String>("topic"), "orders");
+    assert_eq!(
+        row.get::<_, Option<String>>("message_key").as_deref(),
+        Some("customer-1")
+    );
+    assert_eq!(row.get::<_, Vec<u8>>("payload"), br#"{"n": 1}"#);
+    assert_eq!(row.get::<_, String>("content_type"), "application/json");
+    assert_eq!(row.get::<_, i32>("attempt_no"), 1);
+    let leased = c
+        .query_one(
+            "SELECT claimed_by, lease_token, lease_expires_at > now() + interval '25 seconds' \
+             FROM outbox.messages WHERE outbox_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.get::<_, String>(0), "w1");
+    assert_eq!(leased.get::<_, Uuid>(1), row.get::<_, Uuid>("lease_token"));
+    assert!(
+        leased.get::<_, bool>(2),
+        "lease must run for the requested 30 s"
+    );
+
+    let m = Claimed {
+        id,
+        token: row.get("lease_token"),
+        attempt_no: 1,
+        key: None,
+    };
+    assert_eq!(complete(&c, &m, "w1", "DISPATCHED", None).await.unwrap(), 1);
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox.messages").await, 0);
+    assert_eq!(history(&c, id).await, ["1:DISPATCHED"]);
+    let attempt = c
+        .query_one("SELECT worker_id, lease_token FROM outbox.attempts", &[])
+        .await
+        .unwrap();
+    assert_eq!(attempt.get::<_, String>(0), "w1");
+    assert_eq!(attempt.get::<_, Uuid>(1), m.token);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn claim_gives_each_message_a_fresh_token_and_skips_leased_and_delayed_ones() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for _ in 0..3 {
+        enqueue(&c, "t", None).await;
+    }
+    c.execute(
+        "SELECT outbox.enqueue('t', '{}'::jsonb, p_available_at => now() + interval '1 hour')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let first = claim(&c, 2, "w1", 30).await;
+    assert_eq!(first.len(), 2);
+    assert_ne!(first[0].token, first[1].token);
+    let second = claim(&c, 10, "w2", 30).await;
+    assert_eq!(
+        second.len(),
+        1,
+        "one ready message left; the delayed one is not claimable"
+    );
+    assert!(claim(&c, 10, "w3", 30).await.is_empty());
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn wrong_worker_wrong_token_and_expired_lease_are_fenced_and_write_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "t", None).await;
+    let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+
+    let (code, msg) = sqlstate(complete(&c, &m, "w2", "DISPATCHED", None).await);
+    assert_eq!(code, "P7002", "{msg}");
+    assert!(msg.contains("LEASE_LOST"), "{msg}");
+
+    let wrong_token = Claimed {
+        token: Uuid::new_v4(),
+        ..m
+    };
+    let (code, _) = sqlstate(complete(&c, &wrong_token, "w1", "DISPATCHED", None).await);
+    assert_eq!(code, "P7002");
+    let m = Claimed {
+        token: wrong_token.token,
+        ..wrong_token
+    };
+    let real_token: Uuid = c
+        .query_one("SELECT lease_token FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let m = Claimed {
+        token: real_token,
+        ..m
+    };
+
+    c.execute(
+        "UPDATE outbox.messages SET lease_expires_at = now() - interval '1 second'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let (code, _) = sqlstate(complete(&c, &m, "w1", "DISPATCHED", None).await);
+    assert_eq!(code, "P7002", "an expired lease cannot be completed");
+
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox.attempts").await, 0);
+    let still: (String, Uuid) = c
+        .query_one("SELECT claimed_by, lease_token FROM outbox.messages", &[])
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(
+        still,
+        ("w1".to_owned(), real_token),
+        "the fenced calls changed nothing"
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_retry_in_the_future_is_not_claimable_early() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = enqueue(&c, "t", None).await;
+    let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+    assert_eq!(retry_at(&c, &m, "w1", 3600.0).await, 1);
+
+    assert!(
+        claim(&c, 10, "w1", 30).await.is_empty(),
+        "retry is an hour away"
+    );
+    let row = c
+        .query_one(
+            "SELECT lease_token IS NULL, attempt_count, last_error, available_at > now() \
+             FROM outbox.messages",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0));
+    assert_eq!(row.get::<_, i32>(1), 1);
+    assert_eq!(
+        row.get::<_, Option<String>>(2).as_deref(),
+        Some("try later")
+    );
+    assert!(row.get::<_, bool>(3));
+
+    c.execute("UPDATE outbox.messages SET available_at = now()", &[])
+        .await
+        .unwrap();
+    let again = claim(&c, 10, "w2", 30).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempt_no, 2);
+    complete(&c, &again[0], "w2", "DISPATCHED", None)
+        .await
+        .unwrap();
+    assert_eq!(history(&c, id).await, ["1:RETRYABLE", "2:DISPATCHED"]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn batch_completion_reports_a_lost_lease_and_applies_the_others() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for _ in 0..3 {
+        enqueue(&c, "t", None).await;
+    }
+    let batch = claim(&c, 3, "w1", 30).await;
+    let ids: Vec<Uuid> = batch.iter().map(|m| m.id).collect();
+    let mut tokens: Vec<Uuid> = batch.iter().map(|m| m.token).collect();
+    tokens[1] = Uuid::new_v4(); // a stale token for the middle message
+
+    let rows = c
+        .query(
+            "SELECT outbox_id, attempt_no, lease_lost FROM outbox.complete_outbox_batch(\
+             'w1', $1, $2, ARRAY['DISPATCHED', 'DISPATCHED', 'FAILED']::outbox.attempt_state[], \
+             ARRAY[NULL, NULL, 'rejected: bad payload'], NULL)",
+            &[&ids, &tokens],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(Uuid, Option<i32>, bool)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (ids[0], Some(1), false),
+            (ids[1], None, true),
+            (ids[2], Some(1), false)
+        ],
+        "one row per input, in input order"
+    );
+    assert_eq!(history(&c, ids[0]).await, ["1:DISPATCHED"]);
+    assert!(
+        history(&c, ids[1]).await.is_empty(),
+        "lost lease: nothing written"
+    );
+    assert_eq!(history(&c, ids[2]).await, ["1:FAILED"]);
+    let remaining: Vec<Uuid> = c
+        .query("SELECT outbox_id FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        remaining,
+        vec![ids[1]],
+        "the fenced message is still leased, untouched"
+    );
+    let dead: String = c
+        .query_one("SELECT last_error FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dead, "rejected: bad payload");
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn per_key_order_holds_through_a_retry_of_the_head() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let a1 = enqueue(&c, "t", Some("a")).await;
+    let a2 = enqueue(&c, "t", Some("a")).await;
+    let a3 = enqueue(&c, "t", Some("a")).await;
+    let b1 = enqueue(&c, "t", Some("b")).await;
+    let free = enqueue(&c, "t", None).await;
+
+    let batch = claim(&c, 100, "w1", 30).await;
+    let got: HashSet<Uuid> = batch.iter().map(|m| m.id).collect();
+    assert_eq!(
+        got,
+        HashSet::from([a1, b1, free]),
+        "only the head of each key"
+    );
+    assert!(
+        claim(&c, 100, "w2", 30).await.is_empty(),
+        "a2 waits while a1 is leased"
+    );
+
+    // The head of `a` fails and is scheduled for later: a2 must still wait for it.
+    let head = batch.iter().find(|m| m.id == a1).unwrap();
+    retry_at(&c, head, "w1", 3600.0).await;
+    assert!(
+        claim(&c, 100, "w2", 30).await.is_empty(),
+        "a2 waits for a1's retry"
+    );
+
+    c.execute(
+        "UPDATE outbox.messages SET available_at = now() WHERE outbox_id = $1",
+        &[&a1],
+    )
+    .await
+    .unwrap();
+    let retried = claim(&c, 100, "w2", 30).await;
+    assert_eq!(retried.iter().map(|m| m.id).collect::<Vec<_>>(), [a1]);
+    assert_eq!(retried[0].key.as_deref(), Some("a"));
+    complete(&c, &retried[0], "w2", "DISPATCHED", None)
+        .await
+        .unwrap();
+
+    let next = claim(&c, 100, "w2", 30).await;
+    assert_eq!(next.iter().map(|m| m.id).collect::<Vec<_>>(), [a2]);
+    complete(&c, &next[0], "w2", "DISPATCHED", None)
+        .await
+        .unwrap();
+    let last = claim(&c, 100, "w2", 30).await;
+    assert_eq!(last.iter().map(|m| m.id).collect::<Vec<_>>(), [a3]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_delayed_head_blocks_its_key_but_not_other_keys() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute(
+        "SELECT outbox.enqueue('t', '{}'::jsonb, 'a', p_available_at => now() + interval '1 hour')",
+        &[],
+    )
+    .await
+    .unwrap();
+    enqueue(&c, "t", Some("a")).await;
+    let b = enqueue(&c, "t", Some("b")).await;
+    let got: Vec<Uuid> = claim(&c, 10, "w1", 30).await.iter().map(|m| m.id).collect();
+    assert_eq!(got, [b]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn retries_dead_letter_at_max_attempts_and_replay_gives_a_fresh_budget() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = enqueue_with(&c, Some("k"), 2).await;
+    let behind = enqueue_with(&c, Some("k"), 2).await;
+
+    let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+    complete(&c, &m, "w1", "RETRYABLE", Some("timeout 1"))
+        .await
+        .unwrap();
+    let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+    assert_eq!((m.id, m.attempt_no), (id, 2));
+    complete(&c, &m, "w1", "RETRYABLE", Some("timeout 2"))
+        .await
+        .unwrap();
+
+    let dead = c
+        .query_one(
+            "SELECT topic, message_key, payload, headers::text, attempt_count, last_error \
+             FROM outbox.dead_letters WHERE outbox_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(dead.get::<_, String>(0), "t");
+    assert_eq!(dead.get::<_, Option<String>>(1).as_deref(), Some("k"));
+    assert_eq!(dead.get::<_, Vec<u8>>(2), b"{}");
+    assert_eq!(dead.get::<_, i32>(4), 2);
+    assert_eq!(dead.get::<_, String>(5), "timeout 2");
+    assert_eq!(history(&c, id).await, ["1:RETRYABLE", "2:RETRYABLE"]);
+
+    // The dead head no longer blocks its key.
+    let next = claim(&c, 10, "w1", 30).await;
+    assert_eq!(next.iter().map(|m| m.id).collect::<Vec<_>>(), [behind]);
+    complete(&c, &next[0], "w1", "DISPATCHED", None)
+        .await
+        .unwrap();
+
+    let replayed: i32 = c
+        .query_one("SELECT outbox.replay_dead_letters(ARRAY[$1::uuid])", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(replayed, 1);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox.dead_letters").await,
+        0
+    );
+    // A fresh budget of 2: attempt 3 may fail and 4 still happens.
+    let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+    assert_eq!((m.id, m.attempt_no), (id, 3));
+    complete(&c, &m, "w1", "RETRYABLE", Some("timeout 3"))
+        .await
+        .unwrap();
+    let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+    assert_eq!(m.attempt_no, 4);
+    complete(&c, &m, "w1", "DISPATCHED", None).await.unwrap();
+    assert_eq!(
+        history(&c, id).await,
+        ["1:RETRYABLE", "2:RETRYABLE", "3:RETRYABLE", "4:DISPATCHED"]
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn failed_dead_letters_at_once_and_replay_by_topic() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "payments", None).await;
+    enqueue(&c, "orders", None).await;
+    for m in claim(&c, 10, "w1", 30).await {
+        complete(&c, &m, "w1", "FAILED", Some("400 Bad Request"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox.dead_letters").await,
+        2
+    );
+    let n: i32 = c
+        .query_one(
+            "SELECT outbox.replay_dead_letters(p_topic => 'orders')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    let topics: Vec<String> = c
+        .query("SELECT topic FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(topics, ["orders"]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn stale_worker_is_fenced_after_repair_and_reclaim() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = enqueue(&c, "t", None).await;
+    let stale = claim(&c, 1, "w1", 30).await.pop().unwrap();
+
+    expire_leases(&c).await;
+    assert_eq!(repair(&c).await, (1, 0));
+    assert_eq!(history(&c, id).await, ["1:ZOMBIE_REQUEUE"]);
+    let zombie = c
+        .query_one(
+            "SELECT worker_id, lease_token, error FROM outbox.attempts WHERE outbox_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(zombie.get::<_, String>(0), "w1");
+    assert_eq!(zombie.get::<_, Uuid>(1), stale.token);
+    assert!(zombie.get::<_, String>(2).contains("lease expired"));
+
+    let fresh = claim(&c, 1, "w2", 30).await.pop().unwrap();
+    assert_eq!((fresh.id, fresh.attempt_no), (id, 2));
+
+    // The revived worker reports its (old) outcome: refused, whatever it claims.
+    let (code, _) = sqlstate(complete(&c, &stale, "w1", "DISPATCHED", None).await);
+    assert_eq!(code, "P7002");
+    let (code, _) = sqlstate(complete(&c, &stale, "w1", "FAILED", Some("x")).await);
+    assert_eq!(code, "P7002");
+    let stale_with_new_owner = Claimed {
+        token: stale.token,
+        ..fresh
+    };
+    let (code, _) = sqlstate(complete(&c, &stale_with_new_owner, "w2", "DISPATCHED", None).await);
+    assert_eq!(
+        code, "P7002",
+        "the old token is refused even from the new owner"
+    );
+
+    let fresh = Claimed {
+        token: stale_with_new_owner.token,
+        ..stale_with_new_owner
+    };
+    let fresh_token: Uuid = c
+        .query_one("SELECT lease_token FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let fresh = Claimed {
+        token: fresh_token,
+        ..fresh
+    };
+    assert_eq!(
+        complete(&c, &fresh, "w2", "DISPATCHED", None)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(history(&c, id).await, ["1:ZOMBIE_REQUEUE", "2:DISPATCHED"]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn repair_dead_letters_a_message_that_keeps_killing_its_worker() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = enqueue_with(&c, None, 2).await;
+    for round in 1..=2 {
+        let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+        assert_eq!(m.attempt_no, round);
+        expire_leases(&c).await;
+        let expected = if round == 2 { (0, 1) } else { (1, 0) };
+        assert_eq!(repair(&c).await, expected);
+    }
+    assert_eq!(
+        history(&c, id).await,
+        ["1:ZOMBIE_REQUEUE", "2:ZOMBIE_REQUEUE"]
+    );
+    let err: String = c
+        .query_one(
+            "SELECT last_error FROM outbox.dead_letters WHERE outbox_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(err.contains("lease expired"), "{err}");
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn repair_leaves_live_leases_alone() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "t", None).await;
+    let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+    assert_eq!(repair(&c).await, (0, 0));
+    assert_eq!(complete(&c, &m, "w1", "DISPATCHED", None).await.unwrap(), 1);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn repair_waits_its_turn_while_another_pass_holds_the_lock() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "t", None).await;
+    claim(&c, 1, "w1", 30).await;
+    expire_leases(&c).await;
+    let other = db.client().await;
+    other
+        .batch_execute(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('outbox.repair_expired_leases'))",
+        )
+        .await
+        .unwrap();
+    assert_eq!(repair(&c).await, (0, 0), "another pass is running");
+    other.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(repair(&c).await, (1, 0));
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_completion_holding_the_row_is_never_overwritten_by_repair() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = enqueue(&c, "t", None).await;
+    let m = claim(&c, 1, "w1", 1).await.pop().unwrap();
+    let worker = db.client().await;
+    worker.batch_execute("BEGIN").await.unwrap();
+    complete(&worker, &m, "w1", "DISPATCHED", None)
+        .await
+        .unwrap();
+    // The sleep is the behaviour: the lease runs out while the completion is uncommitted.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    assert_eq!(
+        repair(&c).await,
+        (0, 0),
+        "repair skips the row the completion holds"
+    );
+    worker.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(repair(&c).await, (0, 0));
+    assert_eq!(history(&c, id).await, ["1:DISPATCHED"]);
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox.messages").await, 0);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_completion_waiting_on_repair_is_refused_after_repair_commits() {
+    // The worker's transaction began while its lease was live (so its now() still sees
+    // the lease valid); repair, started after the expiry, locks and requeues the row first.
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = enqueue(&c, "t", None).await;
+    let m = claim(&c, 1, "w1", 1).await.pop().unwrap();
+    let worker = db.client().await;
+    worker.batch_execute("BEGIN").await.unwrap();
+    // The sleep is the behaviour: the lease runs out.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let janitor = db.client().await;
+    janitor.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(repair(&janitor).await, (1, 0));
+
+    let pending = tokio::spawn(async move {
+        let r = complete(&worker, &m, "w1", "DISPATCHED", None).await;
+        sqlstate(r).0
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !pending.is_finished(),
+        "the completion waits for repair's row lock"
+    );
+    janitor.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(pending.await.unwrap(), "P7002");
+    assert_eq!(history(&c, id).await, ["1:ZOMBIE_REQUEUE"]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn extend_keeps_a_lease_alive_past_its_first_expiry() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = enqueue(&c, "t", None).await;
+    let m = claim(&c, 1, "w1", 1).await.pop().unwrap();
+    let extended = c
+        .query(
+            "SELECT outbox_id, lease_expires_at > now() + interval '20 seconds' \
+             FROM outbox.extend_outbox_leases('w1', ARRAY[$1::uuid], ARRAY[$2::uuid], 30)",
+            &[&m.id, &m.token],
+        )
+        .await
+        .unwrap();
+    assert_eq!(extended.len(), 1);
+    assert!(extended[0].get::<_, bool>(1));
+
+    // The sleep is the behaviour: the original one-second lease runs out.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        repair(&c).await,
+        (0, 0),
+        "the extended lease is not expired"
+    );
+    assert_eq!(complete(&c, &m, "w1", "DISPATCHED", None).await.unwrap(), 1);
+    assert_eq!(history(&c, id).await, ["1:DISPATCHED"]);
+
+    // Extending a lease that is not held returns nothing.
+    let none = c
+        .query(
+            "SELECT * FROM outbox.extend_outbox_leases('w1', ARRAY[$1::uuid], ARRAY[$2::uuid], 30)",
+            &[&m.id, &m.token],
+        )
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn release_gives_messages_back_without_counting_an_attempt() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "t", None).await;
+    enqueue(&c, "t", None).await;
+    let batch = claim(&c, 2, "w1", 30).await;
+    let ids: Vec<Uuid> = batch.iter().map(|m| m.id).collect();
+    let tokens: Vec<Uuid> = batch.iter().map(|m| m.token).collect();
+
+    let by_other: i32 = c
+        .query_one(
+            "SELECT outbox.release_outbox_leases('w2', $1, $2)",
+            &[&ids, &tokens],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(by_other, 0, "another worker cannot release w1's leases");
+    let released: i32 = c
+        .query_one(
+            "SELECT outbox.release_outbox_leases('w1', $1, $2)",
+            &[&ids, &tokens],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(released, 2);
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox.attempts").await, 0);
+
+    let again = claim(&c, 10, "w2", 30).await;
+    assert_eq!(again.len(), 2);
+    assert!(
+        again.iter().all(|m| m.attempt_no == 1),
+        "no attempt was counted"
+    );
+    let (code, _) = sqlstate(complete(&c, &batch[0], "w1", "DISPATCHED", None).await);
+    assert_eq!(code, "P7002", "the released token is dead");
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn eight_concurrent_claimers_never_receive_the_same_message_twice() {
+    const MESSAGES: i64 = 20_000;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute(
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+         SELECT 't', CASE WHEN i % 10 = 0 THEN 'k' || (i % 50) END, '\\x7b7d' \
+         FROM generate_series(1, $1::bigint) AS i",
+        &[&MESSAGES],
+    )
+    .await
+    .unwrap();
+
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let client = db.client().await;
+        workers.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            let mut seen = Vec::new();
+            loop {
+                let batch = claim(&client, 100, &worker, 30).await;
+                if batch.is_empty() {
+                    let left: i64 = count(&client, "SELECT count(*) FROM outbox.messages").await;
+                    if left == 0 {
+                        return seen;
+                    }
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                let ids: Vec<Uuid> = batch.iter().map(|m| m.id).collect();
+                let tokens: Vec<Uuid> = batch.iter().map(|m| m.token).collect();
+                let lost: i64 = client
+                    .query_one(
+                        "SELECT count(*) FILTER (WHERE lease_lost) FROM outbox.complete_outbox_batch(\
+                         $1, $2, $3, array_fill('DISPATCHED'::outbox.attempt_state, \
+                         ARRAY[cardinality($2::uuid[])]), NULL, NULL)",
+                        &[&worker, &ids, &tokens],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(lost, 0);
+                seen.extend(ids);
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    let mut per_worker = Vec::new();
+    for w in workers {
+        let seen = w.await.unwrap();
+        per_worker.push(seen.len());
+        all.extend(seen);
+    }
+    let distinct: HashSet<Uuid> = all.iter().copied().collect();
+    assert_eq!(
+        i64::try_from(all.len()).unwrap(),
+        MESSAGES,
+        "claims per worker: {per_worker:?}"
+    );
+    assert_eq!(
+        i64::try_from(distinct.len()).unwrap(),
+        MESSAGES,
+        "a message was claimed twice"
+    );
+    assert!(
+        per_worker.iter().filter(|&&n| n > 0).count() > 1,
+        "work was shared: {per_worker:?}"
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM outbox.attempts WHERE attempt_no = 1 AND state = 'DISPATCHED'"
+        )
+        .await,
+        MESSAGES
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn invalid_arguments_raise_p7001_naming_the_argument() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = Uuid::new_v4();
+    let cases: &[(&str, &str)] = &[
+        (
+            "SELECT * FROM outbox.claim_outbox_batch(0, 'w1', 30)",
+            "p_batch_size",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch(-5, 'w1', 30)",
+            "p_batch_size",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch(10, '', 30)",
+            "p_worker_id",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch(10, NULL, 30)",
+            "p_worker_id",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch(10, 'w1', -1)",
+            "p_lease_seconds",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch(10, 'w1', 0)",
+            "p_lease_seconds",
+        ),
+        (
+            "SELECT * FROM outbox.complete_outbox_batch('w1', ARRAY[gen_random_uuid()], \
+             ARRAY[gen_random_uuid(), gen_random_uuid()], ARRAY['DISPATCHED']::outbox.attempt_state[], NULL, NULL)",
+            "p_lease_tokens",
+        ),
+        (
+            "SELECT * FROM outbox.complete_outbox_batch('w1', ARRAY[gen_random_uuid()], \
+             ARRAY[gen_random_uuid()], ARRAY['DISPATCHED', 'FAILED']::outbox.attempt_state[], NULL, NULL)",
+            "p_states",
+        ),
+        (
+            "SELECT * FROM outbox.complete_outbox_batch('w1', ARRAY[gen_random_uuid()], \
+             ARRAY[gen_random_uuid()], ARRAY['DISPATCHED']::outbox.attempt_state[], ARRAY['a', 'b'], NULL)",
+            "p_errors",
+        ),
+        (
+            "SELECT * FROM outbox.complete_outbox_batch('w1', ARRAY[gen_random_uuid()], \
+             ARRAY[gen_random_uuid()], ARRAY['ZOMBIE_REQUEUE']::outbox.attempt_state[], NULL, NULL)",
+            "p_states",
+        ),
+        (
+            "SELECT * FROM outbox.complete_outbox_batch(' ', ARRAY[gen_random_uuid()], \
+             ARRAY[gen_random_uuid()], ARRAY['DISPATCHED']::outbox.attempt_state[], NULL, NULL)",
+            "p_worker_id",
+        ),
+        (
+            "SELECT * FROM outbox.complete_outbox_batch('w1', ARRAY[gen_random_uuid()], \
+             ARRAY[gen_random_uuid()], ARRAY['DISPATCHED']::outbox.attempt_state[], NULL, ARRAY[now()])",
+            "p_retry_ats",
+        ),
+        (
+            "SELECT outbox.complete_outbox_attempt(gen_random_uuid(), gen_random_uuid(), 'w1', 'ZOMBIE_REQUEUE')",
+            "p_state",
+        ),
+        (
+            "SELECT outbox.complete_outbox_attempt(gen_random_uuid(), gen_random_uuid(), 'w1', 'FAILED', 'x', now())",
+            "p_retry_at",
+        ),
+        (
+            "SELECT outbox.complete_outbox_attempt(gen_random_uuid(), gen_random_uuid(), '', 'DISPATCHED')",
+            "p_worker_id",
+        ),
+        (
+            "SELECT * FROM outbox.extend_outbox_leases('w1', ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()], -1)",
+            "p_lease_seconds",
+        ),
+        (
+            "SELECT * FROM outbox.extend_outbox_leases('w1', ARRAY[gen_random_uuid()], ARRAY[]::uuid[], 30)",
+            "p_lease_tokens",
+        ),
+        (
+            "SELECT outbox.release_outbox_leases('', ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()])",
+            "p_worker_id",
+        ),
+        (
+            "SELECT outbox.release_outbox_leases('w1', ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid(), gen_random_uuid()])",
+            "p_lease_tokens",
+        ),
+        ("SELECT * FROM outbox.repair_expired_leases(0)", "p_limit"),
+        ("SELECT outbox.enqueue('', '{}'::jsonb)", "p_topic"),
+        (
+            "SELECT outbox.enqueue('t', '{}'::jsonb, p_max_attempts => 0)",
+            "p_max_attempts",
+        ),
+        (
+            "SELECT outbox.enqueue('t', '{}'::jsonb, p_headers => '[1]')",
+            "p_headers",
+        ),
+        (
+            "SELECT outbox.prune_attempts(interval '-1 day')",
+            "p_older_than",
+        ),
+    ];
+    for (sql, argument) in cases {
+        let (code, message) = sqlstate(c.query(*sql, &[]).await.map(|rows| rows.len()));
+        assert_eq!(code, "P7001", "{sql} → {message}");
+        assert!(
+            message.contains(argument),
+            "{sql}: message {message:?} must name {argument}"
+        );
+    }
+    // The same id twice in one call.
+    let (code, message) = sqlstate(
+        c.query(
+            "SELECT * FROM outbox.extend_outbox_leases('w1', ARRAY[$1::uuid, $1::uuid], \
+             ARRAY[gen_random_uuid(), gen_random_uuid()], 30)",
+            &[&id],
+        )
+        .await
+        .map(|rows| rows.len()),
+    );
+    assert_eq!(code, "P7001");
+    assert!(message.contains("p_outbox_ids"), "{message}");
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn roles_can_do_their_job_and_nothing_more() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "t", None).await;
+
+    // outbox_producer: enqueue only.
+    c.batch_execute("SET ROLE outbox_producer").await.unwrap();
+    c.execute("SELECT outbox.enqueue('t', '{}'::jsonb)", &[])
+        .await
+        .expect("producer can enqueue");
+    c.execute("SELECT outbox.enqueue('t', '\\x00'::bytea)", &[])
+        .await
+        .expect("producer can enqueue bytes");
+    for sql in [
+        "SELECT * FROM outbox.claim_outbox_batch(1, 'p', 30)",
+        "SELECT * FROM outbox.messages",
+        "INSERT INTO outbox.messages (topic, payload) VALUES ('t', '\\x00')",
+        "SELECT * FROM outbox.status",
+        "SELECT * FROM outbox.repair_expired_leases()",
+    ] {
+        let (code, _) = sqlstate(c.execute(sql, &[]).await);
+        assert_eq!(code, "42501", "producer must not run {sql}");
+    }
+    c.batch_execute("RESET ROLE").await.unwrap();
+
+    // outbox_relay: the worker functions, no direct writes.
+    c.batch_execute("SET ROLE outbox_relay").await.unwrap();
+    let m = claim(&c, 1, "relay", 30)
+        .await
+        .pop()
+        .expect("relay can claim");
+    complete(&c, &m, "relay", "DISPATCHED", None)
+        .await
+        .expect("relay can complete");
+    c.query("SELECT * FROM outbox.repair_expired_leases()", &[])
+        .await
+        .expect("relay can repair");
+    c.query("SELECT * FROM outbox.status", &[])
+        .await
+        .expect("relay can read status");
+    for sql in [
+        "DELETE FROM outbox.messages",
+        "UPDATE outbox.messages SET lease_token = NULL",
+        "INSERT INTO outbox.attempts VALUES (gen_random_uuid(), 1, 'DISPATCHED', 'x', gen_random_uuid())",
+        "DELETE FROM outbox.dead_letters",
+        "UPDATE outbox.attempts SET state = 'FAILED'",
+        "SELECT outbox.apply_outcomes(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    ] {
+        let (code, _) = sqlstate(c.execute(sql, &[]).await);
+        assert_eq!(code, "42501", "relay must not run {sql}");
+    }
+    c.batch_execute("RESET ROLE").await.unwrap();
+
+    // outbox_reader: the views only.
+    c.batch_execute("SET ROLE outbox_reader").await.unwrap();
+    for view in [
+        "status",
+        "in_flight",
+        "topic_lag",
+        "worker_activity",
+        "recent_failures",
+        "attempt_rates",
+    ] {
+        c.query(&format!("SELECT * FROM outbox.{view}"), &[])
+            .await
+            .unwrap_or_else(|e| panic!("reader cannot read outbox.{view}: {e}"));
+    }
+    for sql in [
+        "SELECT * FROM outbox.messages",
+        "SELECT outbox.enqueue('t', '{}'::jsonb)",
+        "SELECT * FROM outbox.claim_outbox_batch(1, 'r', 30)",
+    ] {
+        let (code, _) = sqlstate(c.execute(sql, &[]).await);
+        assert_eq!(code, "42501", "reader must not run {sql}");
+    }
+    c.batch_execute("RESET ROLE").await.unwrap();
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn enqueue_notifies_listeners_on_outbox_new_at_commit() {
+    let db = TestDb::new().await;
+    let (listener, mut connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        use futures_util::StreamExt;
+        while let Some(Ok(msg)) = stream.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = msg {
+                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN outbox_new").await.unwrap();
+
+    let c = db.client().await;
+    c.batch_execute("BEGIN").await.unwrap();
+    enqueue(&c, "orders", None).await;
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(200), rx.recv())
+            .await
+            .is_err(),
+        "no notification before commit"
+    );
+    c.batch_execute("COMMIT").await.unwrap();
+    let got = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+        .await
+        .expect("notification after commit")
+        .unwrap();
+    assert_eq!(got, ("outbox_new".to_owned(), "orders".to_owned()));
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn producer_supplied_ids_headers_and_bytes_are_kept() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = Uuid::new_v4();
+    let got: Uuid = c
+        .query_one(
+            "SELECT outbox.enqueue('t', '\\xdeadbeef'::bytea, 'k', '{\"trace\": \"abc\"}', NULL, $1, 3, 'application/octet-stream')",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(got, id);
+    let (code, _) = sqlstate(
+        c.execute(
+            "SELECT outbox.enqueue('t', '{}'::jsonb, p_outbox_id => $1)",
+            &[&id],
+        )
+        .await,
+    );
+    assert_eq!(code, "23505", "a duplicate producer id is refused");
+    let row = c
+        .query_one(
+            "SELECT c.payload, c.content_type, c.headers->>'trace', m.max_attempts \
+             FROM outbox.claim_outbox_batch(1, 'w', 30) AS c JOIN outbox.messages AS m USING (outbox_id)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Vec<u8>>(0), [0xde, 0xad, 0xbe, 0xef]);
+    assert_eq!(row.get::<_, String>(1), "application/octet-stream");
+    assert_eq!(row.get::<_, String>(2), "abc");
+    assert_eq!(row.get::<_, i32>(3), 3);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn generated_ids_are_time_ordered_uuid_v7() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let a = enqueue(&c, "t", None).await;
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    let b = enqueue(&c, "t", None).await;
+    assert_eq!(a.get_version_num(), 7);
+    assert!(a < b, "{a} sorts before {b}");
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn prune_keeps_the_history_of_pending_and_dead_messages() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let done = enqueue(&c, "t", None).await;
+    let pending = enqueue(&c, "t", None).await;
+    let dead = enqueue(&c, "t", None).await;
+    for m in claim(&c, 10, "w1", 30).await {
+        let state = if m.id == done {
+            "DISPATCHED"
+        } else if m.id == pending {
+            "RETRYABLE"
+        } else {
+            "FAILED"
+        };
+        complete(&c, &m, "w1", state, None).await.unwrap();
+    }
+    let pruned: i64 = c
+        .query_one("SELECT outbox.prune_attempts(interval '0')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pruned, 1);
+    assert!(history(&c, done).await.is_empty());
+    assert_eq!(history(&c, pending).await, ["1:RETRYABLE"]);
+    assert_eq!(history(&c, dead).await, ["1:FAILED"]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn views_show_the_state_of_the_outbox() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "orders", None).await;
+    enqueue(&c, "orders", None).await;
+    enqueue(&c, "payments", None).await;
+    c.execute(
+        "SELECT outbox.enqueue('orders', '{}'::jsonb, p_available_at => now() + interval '1 hour')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let batch = claim(&c, 2, "w1", 30).await;
+    complete(&c, &batch[0], "w1", "FAILED", Some("400 Bad Request"))
+        .await
+        .unwrap();
+
+    let s = c.query_one("SELECT ready, delayed, in_flight, expired_leases, dead_letters, oldest_ready_age IS NOT NULL FROM outbox.status", &[]).await.unwrap();
+    let got: (i64, i64, i64, i64, i64, bool) =
+        (s.get(0), s.get(1), s.get(2), s.get(3), s.get(4), s.get(5));
+    assert_eq!(got, (1, 1, 1, 0, 1, true));
+
+    let in_flight = c
+        .query_one(
+            "SELECT outbox_id, claimed_by, expired FROM outbox.in_flight",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(in_flight.get::<_, Uuid>(0), batch[1].id);
+    assert_eq!(in_flight.get::<_, String>(1), "w1");
+    assert!(!in_flight.get::<_, bool>(2));
+
+    let lag: Vec<(String, i64, i64, i64, i64)> = c
+        .query("SELECT topic, ready, delayed, in_flight, dead_letters FROM outbox.topic_lag ORDER BY topic", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    let total_orders: i64 = lag
+        .iter()
+        .filter(|l| l.0 == "orders")
+        .map(|l| l.1 + l.2 + l.3 + l.4)
+        .sum();
+    let total_payments: i64 = lag
+        .iter()
+        .filter(|l| l.0 == "payments")
+        .map(|l| l.1 + l.2 + l.3 + l.4)
+        .sum();
+    assert_eq!((total_orders, total_payments), (3, 1), "{lag:?}");
+
+    let activity = c
+        .query_one(
+            "SELECT worker_id, leases_held, failed_5m FROM outbox.worker_activity",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(activity.get::<_, String>(0), "w1");
+    assert_eq!(activity.get::<_, i64>(1), 1);
+    assert_eq!(activity.get::<_, i64>(2), 1);
+
+    let failure = c
+        .query_one(
+            "SELECT outbox_id, error, now_in FROM outbox.recent_failures",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(failure.get::<_, Uuid>(0), batch[0].id);
+    assert_eq!(failure.get::<_, String>(1), "400 Bad Request");
+    assert_eq!(failure.get::<_, String>(2), "dead_letter");
+
+    let rates: i64 = count(&c, "SELECT sum(attempts)::bigint FROM outbox.attempt_rates").await;
+    assert_eq!(rates, 1);
+    db.finish().await;
+}

@@ -1,0 +1,115 @@
+//! The store's mapping of the SQL API: typed errors for P7002 and P7001, idempotent
+//! migrations, and round trips of the domain types.
+
+mod common;
+
+use common::TestDb;
+use outbox_relay::message::{AttemptState, Completion, LeaseToken, NewMessage, WorkerId};
+use outbox_relay::store::StoreError;
+
+#[tokio::test]
+async fn migrate_is_idempotent() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    assert!(
+        store.migrate().await.unwrap().is_empty(),
+        "nothing left to apply"
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn lease_lost_and_invalid_arguments_become_typed_errors() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let worker = WorkerId::new("w1");
+    let id = store
+        .enqueue(&NewMessage {
+            topic: "orders".into(),
+            key: Some("k".into()),
+            payload: serde_json::json!({"total": 42}),
+            ..NewMessage::default()
+        })
+        .await
+        .unwrap();
+    let batch = store.claim(10, &worker, 30, None).await.unwrap();
+    assert_eq!(batch.len(), 1);
+    let m = &batch[0];
+    assert_eq!((m.id, m.attempt_no, m.key.as_deref()), (id, 1, Some("k")));
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap(),
+        serde_json::json!({"total": 42})
+    );
+
+    let stale = Completion {
+        id,
+        lease_token: LeaseToken(uuid::Uuid::new_v4()),
+        state: AttemptState::Dispatched,
+        error: None,
+        retry_at: None,
+    };
+    let results = store.complete(&worker, &[stale]).await.unwrap();
+    assert!(results[0].lease_lost);
+
+    match store.claim(0, &worker, 30, None).await {
+        Err(StoreError::InvalidArgument(msg)) => assert!(msg.contains("p_batch_size"), "{msg}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    match store
+        .extend(&WorkerId::new(""), &[(id, m.lease_token)], 30)
+        .await
+    {
+        Err(StoreError::InvalidArgument(msg)) => assert!(msg.contains("p_worker_id"), "{msg}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+
+    let client = db.client().await;
+    let err = client
+        .query_one(
+            "SELECT outbox.complete_outbox_attempt($1, gen_random_uuid(), 'w1', 'DISPATCHED')",
+            &[&id.0],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(StoreError::from(err), StoreError::LeaseLost(_)));
+
+    let done = Completion {
+        lease_token: m.lease_token,
+        ..stale_completion(id)
+    };
+    let results = store.complete(&worker, &[done]).await.unwrap();
+    assert_eq!(
+        (results[0].attempt_no, results[0].lease_lost),
+        (Some(1), false)
+    );
+    let status = store.status().await.unwrap();
+    assert_eq!(
+        (status.ready, status.in_flight, status.dead_letters),
+        (0, 0, 0)
+    );
+    db.finish().await;
+}
+
+fn stale_completion(id: outbox_relay::message::OutboxId) -> Completion {
+    Completion {
+        id,
+        lease_token: LeaseToken(uuid::Uuid::nil()),
+        state: AttemptState::Dispatched,
+        error: None,
+        retry_at: None,
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_reported_as_unavailable() {
+    let store =
+        outbox_relay::store::Store::connect("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+    match store.ping().await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    match outbox_relay::store::Store::connect("postgres://u:pw@host:notaport/db", 1) {
+        Err(StoreError::InvalidUrl(msg)) => assert!(!msg.contains("pw@"), "{msg}"),
+        other => panic!("expected InvalidUrl, got {:?}", other.err()),
+    }
+}
