@@ -145,12 +145,24 @@ $$;
 -- Each message gets a fresh random lease_token and lease_expires_at = now() + lease.
 -- attempt_no is the number the attempt being started will get.
 --
--- Locks: FOR UPDATE SKIP LOCKED on the candidates, so concurrent claimers never wait on
--- each other and never receive the same message.
--- Plan: the candidates come from an ordered scan of messages_ready_idx that stops after
--- p_batch_size rows; the UPDATE then probes the primary key per id. plan_cache_mode is
--- forced to custom plans because a generic plan cannot see the LIMIT and may choose to
--- scan and sort the whole queue, which makes the claim cost grow with the backlog.
+-- Locks: FOR UPDATE SKIP LOCKED on the candidates, so a claim never receives a message
+-- another transaction holds. Claims themselves take turns on a transaction-scoped advisory
+-- lock (held for the few milliseconds of one claim). Without it, a claim whose snapshot
+-- predates another claim's commit locks the rows that claim just leased (the row lock
+-- follows the update to the newest version before the lease check rejects it), writes WAL
+-- for each such lock and keeps it until it commits, so completions wait on it; measured on
+-- 2 cores, 4 concurrent claimers drained 16k msg/s with that and 46k msg/s with the turns.
+-- Plan: the candidates must come from an ordered scan of messages_ready_idx that stops
+-- after p_batch_size rows; the UPDATE then probes the primary key per id. That is the only
+-- plan whose cost does not grow with the backlog, and the planner does not reliably pick it
+-- for a queue: the statistics of a table that is emptied and refilled all the time are
+-- always stale (it then expects a few ready rows and prefers a bitmap scan plus a sort of
+-- every ready row), and a generic plan cannot see the LIMIT. So the function pins it:
+-- custom plans, and no sequential scan, bitmap scan or sort. A plain index scan also sets
+-- the kill bits of index entries whose rows were delivered, so the next claim skips them
+-- without visiting the heap; a bitmap scan never does. JIT is off: the disabled paths
+-- inflate the estimated cost past jit_above_cost, and compiling would take 50 times longer
+-- than the claim itself.
 CREATE FUNCTION outbox.claim_outbox_batch(
     p_batch_size integer,
     p_worker_id text,
@@ -171,6 +183,10 @@ CREATE FUNCTION outbox.claim_outbox_batch(
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET jit = off
 AS $$
 BEGIN
     IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
@@ -180,6 +196,8 @@ BEGIN
     IF p_lease_seconds IS NULL OR p_lease_seconds < 1 OR p_lease_seconds > 86400 THEN
         PERFORM outbox.invalid_argument('p_lease_seconds', format('must be between 1 and 86400, got %s', p_lease_seconds));
     END IF;
+
+    PERFORM pg_advisory_xact_lock(hashtext('outbox.claim_outbox_batch'));
 
     RETURN QUERY
     UPDATE outbox.messages AS m
@@ -506,6 +524,7 @@ CREATE FUNCTION outbox.repair_expired_leases(p_limit integer DEFAULT 1000)
 RETURNS TABLE (requeued integer, dead_lettered integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
     v_ids uuid[];

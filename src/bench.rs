@@ -1,0 +1,442 @@
+//! `outbox-relay bench`: measures the relayer against the Postgres in `DATABASE_URL`, in a
+//! database of its own that it creates and drops. It prints figures; it judges nothing.
+//!
+//! 1. floor: a bare SQL drain with no relayer (claim and complete in one statement per
+//!    batch), the most any relayer could do on this machine;
+//! 2. drain: `workers` relays (null destination) drain `messages` messages;
+//! 3. backlog: throughput draining a 20,000 backlog, and the first `messages` of a
+//!    `big_backlog` one (is the claim cost flat as the queue grows?);
+//! 4. latency: a steady enqueue rate for a while, commit-to-acknowledgement percentiles;
+//! 5. memory: the process's peak resident set.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use futures_util::future::BoxFuture;
+use tokio::sync::Notify;
+use tokio_postgres::NoTls;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{RawConfig, Settings};
+use crate::message::{ClaimedMessage, Outcome};
+use crate::relay::Relay;
+use crate::sink::Sink;
+use crate::store::Store;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Messages per drain measurement.
+    #[arg(long, default_value_t = 200_000)]
+    pub messages: u64,
+    /// Relays (worker pools) draining at once, each with its own worker id.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: u32,
+    /// Backlog for the flatness measurement (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub big_backlog: u64,
+    /// Enqueue rate of the latency measurement, messages per second.
+    #[arg(long, default_value_t = 2000)]
+    pub rate: u64,
+    /// Length of the latency measurement, seconds.
+    #[arg(long, default_value_t = 30)]
+    pub latency_secs: u64,
+}
+
+/// A null destination that counts deliveries and records commit-to-ack latencies.
+struct Recorder {
+    delivered: AtomicU64,
+    target: AtomicU64,
+    done: Notify,
+    latencies_ms: Mutex<Vec<f64>>,
+    recording: std::sync::atomic::AtomicBool,
+}
+
+impl Recorder {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            delivered: AtomicU64::new(0),
+            target: AtomicU64::new(u64::MAX),
+            done: Notify::new(),
+            latencies_ms: Mutex::new(Vec::new()),
+            recording: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The delivered count `n` more deliveries from now; pass it to [`Recorder::reached`].
+    fn target(&self, n: u64) -> u64 {
+        let target = self.delivered.load(Ordering::SeqCst) + n;
+        self.target.store(target, Ordering::SeqCst);
+        target
+    }
+
+    /// Resolves once `target` messages have been delivered in all.
+    async fn reached(&self, target: u64) {
+        while self.delivered.load(Ordering::SeqCst) < target {
+            let notified = self.done.notified();
+            if self.delivered.load(Ordering::SeqCst) >= target {
+                break;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+        }
+    }
+}
+
+impl Sink for Recorder {
+    fn name(&self) -> &'static str {
+        "bench"
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            if self.recording.load(Ordering::Relaxed) {
+                let now = chrono::Utc::now();
+                let mut l = self
+                    .latencies_ms
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                l.extend(
+                    batch
+                        .iter()
+                        .map(|m| (now - m.created_at).as_seconds_f64() * 1000.0),
+                );
+            }
+            let total = self
+                .delivered
+                .fetch_add(batch.len() as u64, Ordering::SeqCst)
+                + batch.len() as u64;
+            if total >= self.target.load(Ordering::SeqCst) {
+                self.done.notify_waiters();
+            }
+            vec![Outcome::Delivered; batch.len()]
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+pub async fn run(database_url: &str, o: &Options) -> Result<()> {
+    crate::logging::init(crate::config::LogFormat::Human);
+    crate::telemetry::install();
+    let db = format!("outbox_bench_{}", std::process::id());
+    let admin = connect(database_url)
+        .await
+        .context("connect to DATABASE_URL")?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await?;
+    let url = with_database(database_url, &db);
+    let result = measure(&url, o).await;
+    drop(admin);
+    let admin = connect(database_url).await?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .await?;
+    result
+}
+
+async fn measure(url: &str, o: &Options) -> Result<()> {
+    let store = Store::connect(url, 4)?;
+    store.migrate().await?;
+    let sql = connect(url).await?;
+    println!(
+        "outbox-relay bench: {} messages per drain, {} workers, batch {}, 256-byte JSON payloads, 10% keyed, Postgres {}",
+        o.messages,
+        o.workers,
+        o.batch_size,
+        sql.query_one("SHOW server_version", &[])
+            .await?
+            .get::<_, String>(0)
+    );
+
+    // 1. The floor: no relayer.
+    fill(&sql, o.messages).await?;
+    let started = Instant::now();
+    let mut drains = Vec::new();
+    for w in 0..o.workers {
+        let url = url.to_owned();
+        let batch = i64::from(o.batch_size);
+        drains.push(tokio::spawn(async move {
+            bare_drain(&url, batch, &format!("floor-{w}")).await
+        }));
+    }
+    for d in drains {
+        d.await??;
+    }
+    report(
+        "floor: bare SQL claim+complete, one statement per batch",
+        o.messages,
+        o.messages,
+        started.elapsed(),
+        o.workers,
+    );
+
+    // 2. The relayer.
+    let recorder = Recorder::new();
+    let shutdown = CancellationToken::new();
+    let relays = start_relays(url, o, &recorder, &shutdown)?;
+    let rate = drain(&sql, &recorder, o.messages).await?;
+    report(
+        "relay drain (null sink)",
+        o.messages,
+        o.messages,
+        rate,
+        o.workers,
+    );
+
+    // 3. Flatness: a small backlog against a big one.
+    let small = 20_000;
+    let t_small = drain(&sql, &recorder, small).await?;
+    let small_rate = per_sec(small, t_small);
+    report(
+        "relay drain at small backlog",
+        small,
+        small,
+        t_small,
+        o.workers,
+    );
+    if o.big_backlog > 0 {
+        shutdown_relays(&shutdown, relays).await;
+        fill(&sql, o.big_backlog).await?;
+        sql.batch_execute("VACUUM ANALYZE outbox.messages").await?;
+        let shutdown = CancellationToken::new();
+        let relays = start_relays(url, o, &recorder, &shutdown)?;
+        let measured = o.messages.min(o.big_backlog);
+        let started = Instant::now();
+        recorder.reached(recorder.target(measured)).await;
+        let t_big = started.elapsed();
+        report(
+            "relay drain at big backlog (first part)",
+            o.big_backlog,
+            measured,
+            t_big,
+            o.workers,
+        );
+        println!(
+            "  flatness: throughput at {} backlog / at {} backlog = {:.2}",
+            o.big_backlog,
+            small,
+            per_sec(measured, t_big) / small_rate
+        );
+        shutdown_relays(&shutdown, relays).await;
+        sql.batch_execute("TRUNCATE outbox.messages; VACUUM ANALYZE outbox.messages")
+            .await?;
+        // 4. Latency under a steady rate.
+        let shutdown = CancellationToken::new();
+        let relays = start_relays(url, o, &recorder, &shutdown)?;
+        latency(url, &recorder, o).await?;
+        shutdown_relays(&shutdown, relays).await;
+    } else {
+        latency(url, &recorder, o).await?;
+        shutdown_relays(&shutdown, relays).await;
+    }
+
+    // 5. Memory.
+    println!(
+        "peak RSS of this process (relays + bench harness): {:.1} MiB",
+        peak_rss_mib()
+    );
+    Ok(())
+}
+
+fn start_relays(
+    url: &str,
+    o: &Options,
+    sink: &Arc<Recorder>,
+    shutdown: &CancellationToken,
+) -> Result<Vec<tokio::task::JoinHandle<crate::relay::Summary>>> {
+    let mut relays = Vec::new();
+    for w in 0..o.workers {
+        let settings = Settings::from_raw(RawConfig {
+            database_url: Some(url.to_owned()),
+            worker_id: Some(format!("bench-{w}")),
+            batch_size: Some(o.batch_size),
+            poll_interval_ms: Some(100),
+            pool_size: Some(4),
+            ..RawConfig::default()
+        })?;
+        let store = Store::connect(url, settings.pool_size)?;
+        let relay = Relay::new(settings, store, sink.clone());
+        relays.push(tokio::spawn(relay.run(shutdown.clone())));
+    }
+    Ok(relays)
+}
+
+async fn shutdown_relays(
+    shutdown: &CancellationToken,
+    relays: Vec<tokio::task::JoinHandle<crate::relay::Summary>>,
+) {
+    shutdown.cancel();
+    for r in relays {
+        let _ = r.await;
+    }
+}
+
+/// Enqueues `n` messages and waits until the relays delivered them.
+async fn drain(sql: &tokio_postgres::Client, recorder: &Recorder, n: u64) -> Result<Duration> {
+    let target = recorder.target(n);
+    fill(sql, n).await?;
+    let started = Instant::now();
+    recorder.reached(target).await;
+    Ok(started.elapsed())
+}
+
+/// Inserts `n` messages in one statement: 256-byte JSON payloads, every tenth keyed.
+async fn fill(sql: &tokio_postgres::Client, n: u64) -> Result<()> {
+    let n = i64::try_from(n)?;
+    sql.execute(
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+         SELECT 'bench', CASE WHEN i % 10 = 0 THEN 'key-' || (i % 1000) END, \
+                convert_to(json_build_object('n', i, 'pad', repeat('x', 256 - 20 - length(i::text)))::text, 'UTF8') \
+           FROM generate_series(1, $1::bigint) AS i",
+        &[&n],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Claims and completes in one statement per batch until nothing is left (no leases, no
+/// per-key order: the cost of just consuming and recording).
+async fn bare_drain(url: &str, batch: i64, worker: &str) -> Result<()> {
+    let c = connect(url).await?;
+    let stmt = c
+        .prepare(
+            "WITH done AS (
+                 DELETE FROM outbox.messages
+                  WHERE outbox_id = ANY (ARRAY(SELECT outbox_id FROM outbox.messages
+                                                ORDER BY available_at, seq
+                                                LIMIT $1 FOR UPDATE SKIP LOCKED))
+              RETURNING outbox_id, attempt_count)
+             INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token)
+             SELECT outbox_id, attempt_count + 1, 'DISPATCHED', $2, gen_random_uuid() FROM done",
+        )
+        .await?;
+    loop {
+        if c.execute(&stmt, &[&batch, &worker]).await? == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Enqueues at `rate` per second for `latency_secs` through `outbox.enqueue` (one
+/// transaction each, from 4 producer connections) and prints latency percentiles.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+async fn latency(url: &str, recorder: &Arc<Recorder>, o: &Options) -> Result<()> {
+    const PRODUCERS: u64 = 4;
+    let total = o.rate * o.latency_secs;
+    recorder
+        .latencies_ms
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
+    recorder.recording.store(true, Ordering::SeqCst);
+    let target = recorder.target(total);
+    let started = Instant::now();
+    let mut producers = Vec::new();
+    for p in 0..PRODUCERS {
+        let url = url.to_owned();
+        let interval = Duration::from_secs_f64(PRODUCERS as f64 / o.rate as f64);
+        let count = total / PRODUCERS + u64::from(p < total % PRODUCERS);
+        producers.push(tokio::spawn(async move {
+            let c = connect(&url).await?;
+            let stmt = c
+                .prepare("SELECT outbox.enqueue('bench', convert_to(json_build_object('pad', repeat('x', 240))::text, 'UTF8'), CASE WHEN $1::bigint % 10 = 0 THEN 'key-' || ($1::bigint % 100) END, '{}', NULL, NULL, 10, 'application/json')")
+                .await?;
+            let t0 = tokio::time::Instant::now() + interval.mul_f64(p as f64 / PRODUCERS as f64);
+            for i in 0..count {
+                tokio::time::sleep_until(t0 + interval.mul_f64(i as f64)).await;
+                c.execute(&stmt, &[&i64::try_from(i)?]).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for p in producers {
+        p.await??;
+    }
+    let produced = started.elapsed();
+    recorder.reached(target).await;
+    recorder.recording.store(false, Ordering::SeqCst);
+    let mut l = std::mem::take(
+        &mut *recorder
+            .latencies_ms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    l.sort_by(f64::total_cmp);
+    // Nearest-rank percentile: the value below which p of the samples fall.
+    let pct = |p: f64| {
+        let rank = (p * l.len() as f64).ceil() as usize;
+        l.get(rank.saturating_sub(1)).copied().unwrap_or(f64::NAN)
+    };
+    println!(
+        "latency at {} msg/s for {} s ({} messages, backlog ~0, {} workers, batch {}): p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms (enqueue rate achieved: {:.0} msg/s)",
+        o.rate,
+        o.latency_secs,
+        l.len(),
+        o.workers,
+        o.batch_size,
+        pct(0.50),
+        pct(0.95),
+        pct(0.99),
+        l.last().copied().unwrap_or(f64::NAN),
+        total as f64 / produced.as_secs_f64()
+    );
+    Ok(())
+}
+
+fn per_sec(n: u64, t: Duration) -> f64 {
+    n as f64 / t.as_secs_f64()
+}
+
+fn report(what: &str, backlog: u64, n: u64, t: Duration, workers: u32) {
+    println!(
+        "{what}: {n} messages in {:.2} s = {:.0} msg/s (backlog {backlog}, {workers} workers)",
+        t.as_secs_f64(),
+        per_sec(n, t)
+    );
+}
+
+/// VmHWM of this process, in MiB.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+async fn connect(url: &str) -> Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// `url` with its database name replaced by `db`.
+fn with_database(url: &str, db: &str) -> String {
+    let (main, query) = url
+        .split_once('?')
+        .map_or((url, None), |(m, q)| (m, Some(q)));
+    let scheme_end = main.find("://").map_or(0, |i| i + 3);
+    let base = main[scheme_end..]
+        .find('/')
+        .map_or(main, |i| &main[..scheme_end + i]);
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
+    }
+}

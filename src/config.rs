@@ -1,0 +1,484 @@
+//! Everything a user can tune, in one place. Values come from flags, then `OUTBOX_*`
+//! environment variables, then an optional TOML file (`--config`), then defaults; they are
+//! read into [`RawConfig`] (every field optional, unknown TOML keys refused) and validated
+//! once into [`Settings`], with errors that name the setting and its allowed range.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::message::WorkerId;
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// A setting that could not be accepted; the message names it.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {setting}: {problem}")]
+pub struct ConfigError {
+    pub setting: &'static str,
+    pub problem: String,
+}
+
+fn invalid(setting: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting,
+        problem: problem.into(),
+    }
+}
+
+/// The relayer's settings as given: flags and environment (via clap) or a TOML file.
+#[derive(Clone, Debug, Default, clap::Args, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Postgres URL (from the global `--database-url` / `DATABASE_URL`, or the file).
+    #[arg(skip)]
+    pub database_url: Option<String>,
+    /// Identity of this worker in leases and attempts [default: host-pid-random].
+    #[arg(long, env = "OUTBOX_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// Destination: stdout, file or null [default: stdout].
+    #[arg(long, env = "OUTBOX_SINK")]
+    pub sink: Option<String>,
+    /// JSON-lines file the `file` sink appends to.
+    #[arg(long, env = "OUTBOX_SINK_FILE")]
+    pub sink_file: Option<PathBuf>,
+    /// fsync the file after every batch before reporting it delivered [default: true].
+    #[arg(long, env = "OUTBOX_SINK_FILE_FSYNC", num_args = 0..=1, default_missing_value = "true")]
+    pub sink_file_fsync: Option<bool>,
+    /// Simulated destination latency of the `null` sink, per batch [default: 0].
+    #[arg(long, env = "OUTBOX_NULL_LATENCY_MS")]
+    pub null_latency_ms: Option<u64>,
+    /// Only claim messages of these topics (comma-separated) [default: all].
+    #[arg(long, env = "OUTBOX_TOPICS", value_delimiter = ',')]
+    pub topics: Option<Vec<String>>,
+    /// Messages per claim, 1..=10000 [default: 500].
+    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
+    pub batch_size: Option<u32>,
+    /// Batches claimed and not yet completed at once, 1..=64 [default: 3].
+    #[arg(long, env = "OUTBOX_MAX_BATCHES_IN_FLIGHT")]
+    pub max_batches_in_flight: Option<u32>,
+    /// Lease length in seconds, 2..=86400 [default: 30].
+    #[arg(long, env = "OUTBOX_LEASE_SECS")]
+    pub lease_secs: Option<u32>,
+    /// Poll interval when no notification arrives, 10..=3600000 ms [default: 1000].
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS")]
+    pub poll_interval_ms: Option<u64>,
+    /// First retry delay, 1..=86400000 ms [default: 1000].
+    #[arg(long, env = "OUTBOX_RETRY_BASE_MS")]
+    pub retry_base_ms: Option<u64>,
+    /// Longest retry delay, >= retry_base_ms [default: 300000].
+    #[arg(long, env = "OUTBOX_RETRY_CAP_MS")]
+    pub retry_cap_ms: Option<u64>,
+    /// Growth of the retry delay per attempt, 1.0..=10.0 [default: 2.0].
+    #[arg(long, env = "OUTBOX_RETRY_MULTIPLIER")]
+    pub retry_multiplier: Option<f64>,
+    /// Seconds between lease repair passes, 1..=3600 [default: 15].
+    #[arg(long, env = "OUTBOX_REPAIR_INTERVAL_SECS")]
+    pub repair_interval_secs: Option<u64>,
+    /// Expired leases handled per repair pass, 1..=100000 [default: 1000].
+    #[arg(long, env = "OUTBOX_REPAIR_LIMIT")]
+    pub repair_limit: Option<u32>,
+    /// On SIGINT/SIGTERM, time to finish in-flight deliveries before releasing the rest,
+    /// 0..=3600000 ms [default: 10000].
+    #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT_MS")]
+    pub shutdown_timeout_ms: Option<u64>,
+    /// Database connections, 2..=256 [default: 8].
+    #[arg(long, env = "OUTBOX_POOL_SIZE")]
+    pub pool_size: Option<u32>,
+    /// Address of the /metrics, /healthz and /readyz listener [default: 127.0.0.1:9187].
+    #[arg(long, env = "OUTBOX_TELEMETRY_ADDR")]
+    pub telemetry_addr: Option<String>,
+    /// Do not start the telemetry listener.
+    #[arg(long, env = "OUTBOX_NO_TELEMETRY", num_args = 0..=1, default_missing_value = "true")]
+    pub no_telemetry: Option<bool>,
+    /// Log format: human or json [default: human].
+    #[arg(long, env = "OUTBOX_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+impl RawConfig {
+    /// Reads a TOML file of the same settings (snake_case keys, plus `database_url`).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("config", format!("cannot read {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| invalid("config", format!("{}: {e}", path.display())))
+    }
+
+    /// Field by field: `self` where set, else `fallback`.
+    pub fn or(self, fallback: RawConfig) -> RawConfig {
+        RawConfig {
+            database_url: self.database_url.or(fallback.database_url),
+            worker_id: self.worker_id.or(fallback.worker_id),
+            sink: self.sink.or(fallback.sink),
+            sink_file: self.sink_file.or(fallback.sink_file),
+            sink_file_fsync: self.sink_file_fsync.or(fallback.sink_file_fsync),
+            null_latency_ms: self.null_latency_ms.or(fallback.null_latency_ms),
+            topics: self.topics.or(fallback.topics),
+            batch_size: self.batch_size.or(fallback.batch_size),
+            max_batches_in_flight: self
+                .max_batches_in_flight
+                .or(fallback.max_batches_in_flight),
+            lease_secs: self.lease_secs.or(fallback.lease_secs),
+            poll_interval_ms: self.poll_interval_ms.or(fallback.poll_interval_ms),
+            retry_base_ms: self.retry_base_ms.or(fallback.retry_base_ms),
+            retry_cap_ms: self.retry_cap_ms.or(fallback.retry_cap_ms),
+            retry_multiplier: self.retry_multiplier.or(fallback.retry_multiplier),
+            repair_interval_secs: self.repair_interval_secs.or(fallback.repair_interval_secs),
+            repair_limit: self.repair_limit.or(fallback.repair_limit),
+            shutdown_timeout_ms: self.shutdown_timeout_ms.or(fallback.shutdown_timeout_ms),
+            pool_size: self.pool_size.or(fallback.pool_size),
+            telemetry_addr: self.telemetry_addr.or(fallback.telemetry_addr),
+            no_telemetry: self.no_telemetry.or(fallback.no_telemetry),
+            log_format: self.log_format.or(fallback.log_format),
+        }
+    }
+}
+
+/// Where delivered messages go.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SinkSettings {
+    Stdout,
+    File { path: PathBuf, fsync: bool },
+    Null { latency: Duration },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// Exponential backoff with full jitter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetrySettings {
+    pub base: Duration,
+    pub cap: Duration,
+    pub multiplier: f64,
+}
+
+/// Validated settings of one relayer process.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub database_url: String,
+    pub worker_id: WorkerId,
+    pub sink: SinkSettings,
+    pub topics: Option<Vec<String>>,
+    pub batch_size: i32,
+    pub max_batches_in_flight: usize,
+    pub lease_secs: i32,
+    pub poll_interval: Duration,
+    pub retry: RetrySettings,
+    pub repair_interval: Duration,
+    pub repair_limit: i32,
+    pub shutdown_timeout: Duration,
+    pub pool_size: usize,
+    pub telemetry_addr: Option<SocketAddr>,
+    pub log_format: LogFormat,
+}
+
+fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
+    setting: &'static str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<T, ConfigError> {
+    if value < min || value > max {
+        Err(invalid(
+            setting,
+            format!("{value} is out of range {min}..={max}"),
+        ))
+    } else {
+        Ok(value)
+    }
+}
+
+fn to_i32(setting: &'static str, value: u32) -> Result<i32, ConfigError> {
+    i32::try_from(value).map_err(|_| invalid(setting, format!("{value} is too large")))
+}
+
+impl Settings {
+    pub fn from_raw(raw: RawConfig) -> Result<Settings, ConfigError> {
+        let worker_id = match raw.worker_id {
+            Some(id) if id.trim().is_empty() => {
+                return Err(invalid("worker_id", "must not be empty"));
+            }
+            Some(id) => WorkerId::new(id),
+            None => default_worker_id(),
+        };
+        let sink = match raw.sink.as_deref().unwrap_or("stdout") {
+            "stdout" => SinkSettings::Stdout,
+            "file" => SinkSettings::File {
+                path: raw
+                    .sink_file
+                    .ok_or_else(|| invalid("sink_file", "is required when sink = \"file\""))?,
+                fsync: raw.sink_file_fsync.unwrap_or(true),
+            },
+            "null" => SinkSettings::Null {
+                latency: Duration::from_millis(in_range(
+                    "null_latency_ms",
+                    raw.null_latency_ms.unwrap_or(0),
+                    0,
+                    600_000,
+                )?),
+            },
+            other => {
+                return Err(invalid(
+                    "sink",
+                    format!("unknown sink {other:?}; expected stdout, file or null"),
+                ));
+            }
+        };
+        if let Some(topics) = &raw.topics
+            && (topics.is_empty() || topics.iter().any(|t| t.trim().is_empty()))
+        {
+            return Err(invalid("topics", "must be a list of non-empty topic names"));
+        }
+        let retry_base_ms = in_range(
+            "retry_base_ms",
+            raw.retry_base_ms.unwrap_or(1000),
+            1,
+            86_400_000,
+        )?;
+        let retry_cap_ms = raw.retry_cap_ms.unwrap_or(300_000.max(retry_base_ms));
+        if retry_cap_ms < retry_base_ms || retry_cap_ms > 7 * 86_400_000 {
+            return Err(invalid(
+                "retry_cap_ms",
+                format!(
+                    "{retry_cap_ms} is out of range {retry_base_ms} (retry_base_ms)..=604800000"
+                ),
+            ));
+        }
+        let multiplier = raw.retry_multiplier.unwrap_or(2.0);
+        if !(1.0..=10.0).contains(&multiplier) {
+            return Err(invalid(
+                "retry_multiplier",
+                format!("{multiplier} is out of range 1.0..=10.0"),
+            ));
+        }
+        let lease_secs = in_range("lease_secs", raw.lease_secs.unwrap_or(30), 2, 86_400)?;
+        let telemetry_addr = if raw.no_telemetry.unwrap_or(false) {
+            None
+        } else {
+            let addr = raw.telemetry_addr.as_deref().unwrap_or("127.0.0.1:9187");
+            Some(addr.parse().map_err(|e| {
+                invalid(
+                    "telemetry_addr",
+                    format!("{addr:?} is not a host:port address ({e})"),
+                )
+            })?)
+        };
+        let log_format = match raw.log_format.as_deref().unwrap_or("human") {
+            "human" => LogFormat::Human,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(invalid(
+                    "log_format",
+                    format!("unknown format {other:?}; expected human or json"),
+                ));
+            }
+        };
+        Ok(Settings {
+            database_url: raw
+                .database_url
+                .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            worker_id,
+            sink,
+            topics: raw.topics,
+            batch_size: to_i32(
+                "batch_size",
+                in_range("batch_size", raw.batch_size.unwrap_or(500), 1, 10_000)?,
+            )?,
+            max_batches_in_flight: in_range(
+                "max_batches_in_flight",
+                raw.max_batches_in_flight.unwrap_or(3),
+                1,
+                64,
+            )? as usize,
+            lease_secs: to_i32("lease_secs", lease_secs)?,
+            poll_interval: Duration::from_millis(in_range(
+                "poll_interval_ms",
+                raw.poll_interval_ms.unwrap_or(1000),
+                10,
+                3_600_000,
+            )?),
+            retry: RetrySettings {
+                base: Duration::from_millis(retry_base_ms),
+                cap: Duration::from_millis(retry_cap_ms),
+                multiplier,
+            },
+            repair_interval: Duration::from_secs(in_range(
+                "repair_interval_secs",
+                raw.repair_interval_secs.unwrap_or(15),
+                1,
+                3600,
+            )?),
+            repair_limit: to_i32(
+                "repair_limit",
+                in_range("repair_limit", raw.repair_limit.unwrap_or(1000), 1, 100_000)?,
+            )?,
+            shutdown_timeout: Duration::from_millis(in_range(
+                "shutdown_timeout_ms",
+                raw.shutdown_timeout_ms.unwrap_or(10_000),
+                0,
+                3_600_000,
+            )?),
+            pool_size: in_range("pool_size", raw.pool_size.unwrap_or(8), 2, 256)? as usize,
+            telemetry_addr,
+            log_format,
+        })
+    }
+
+    /// The lease as a `Duration`.
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(u64::from(self.lease_secs.unsigned_abs()))
+    }
+}
+
+/// `host-pid-random`: unique per process, readable in `outbox.in_flight`.
+fn default_worker_id() -> WorkerId {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    let suffix: u16 = rand::random();
+    WorkerId::new(format!("{host}-{}-{suffix:04x}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(raw: RawConfig) -> Result<Settings, ConfigError> {
+        Settings::from_raw(raw)
+    }
+
+    #[test]
+    fn defaults_work_against_a_local_postgres() {
+        let s = settings(RawConfig::default()).unwrap();
+        assert_eq!(s.sink, SinkSettings::Stdout);
+        assert_eq!((s.batch_size, s.lease_secs), (500, 30));
+        assert_eq!(s.telemetry_addr, Some("127.0.0.1:9187".parse().unwrap()));
+        assert!(
+            s.worker_id
+                .as_str()
+                .contains(&std::process::id().to_string())
+        );
+    }
+
+    #[test]
+    fn each_bad_value_names_its_setting() {
+        let cases: Vec<(RawConfig, &str)> = vec![
+            (
+                RawConfig {
+                    batch_size: Some(0),
+                    ..Default::default()
+                },
+                "batch_size",
+            ),
+            (
+                RawConfig {
+                    lease_secs: Some(1),
+                    ..Default::default()
+                },
+                "lease_secs",
+            ),
+            (
+                RawConfig {
+                    sink: Some("kafka".into()),
+                    ..Default::default()
+                },
+                "sink",
+            ),
+            (
+                RawConfig {
+                    sink: Some("file".into()),
+                    ..Default::default()
+                },
+                "sink_file",
+            ),
+            (
+                RawConfig {
+                    retry_base_ms: Some(5000),
+                    retry_cap_ms: Some(10),
+                    ..Default::default()
+                },
+                "retry_cap_ms",
+            ),
+            (
+                RawConfig {
+                    retry_multiplier: Some(0.5),
+                    ..Default::default()
+                },
+                "retry_multiplier",
+            ),
+            (
+                RawConfig {
+                    telemetry_addr: Some("nowhere".into()),
+                    ..Default::default()
+                },
+                "telemetry_addr",
+            ),
+            (
+                RawConfig {
+                    worker_id: Some(" ".into()),
+                    ..Default::default()
+                },
+                "worker_id",
+            ),
+            (
+                RawConfig {
+                    log_format: Some("xml".into()),
+                    ..Default::default()
+                },
+                "log_format",
+            ),
+            (
+                RawConfig {
+                    topics: Some(vec![]),
+                    ..Default::default()
+                },
+                "topics",
+            ),
+            (
+                RawConfig {
+                    pool_size: Some(1),
+                    ..Default::default()
+                },
+                "pool_size",
+            ),
+        ];
+        for (raw, setting) in cases {
+            let err = settings(raw).unwrap_err();
+            assert_eq!(err.setting, setting, "{err}");
+            assert!(err.to_string().contains(setting), "{err}");
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_refuses_unknown_keys() {
+        let dir = std::env::temp_dir().join(format!("outbox-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("relay.toml");
+        std::fs::write(
+            &path,
+            "database_url = \"postgres://x@db/app\"\nbatch_size = 100\nlease_secs = 60\n",
+        )
+        .unwrap();
+        let file = RawConfig::from_file(&path).unwrap();
+        assert_eq!(file.database_url.as_deref(), Some("postgres://x@db/app"));
+        let merged = RawConfig {
+            batch_size: Some(7),
+            ..Default::default()
+        }
+        .or(file);
+        let s = settings(merged).unwrap();
+        assert_eq!((s.batch_size, s.lease_secs), (7, 60));
+
+        std::fs::write(&path, "batch_sise = 100\n").unwrap();
+        let err = RawConfig::from_file(&path).unwrap_err();
+        assert!(err.to_string().contains("batch_sise"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,43 @@
+//! Periodic lease repair. Every process runs it; `repair_expired_leases` takes an advisory
+//! lock, so one pass runs at a time across the fleet and the others return at once. The
+//! interval is jittered so that a fleet started together does not repair in lockstep.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::message::WorkerId;
+use crate::store::Store;
+use crate::telemetry;
+
+/// Repairs every `interval` (±20%) until `shutdown`; a pass that hit `limit` is followed
+/// by another at once.
+pub async fn run(
+    store: Store,
+    worker: WorkerId,
+    interval: Duration,
+    limit: i32,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let jittered = interval.mul_f64(rand::random_range(0.8..=1.2));
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(jittered) => {}
+        }
+        loop {
+            match store.repair(limit).await {
+                Ok(repair) => {
+                    telemetry::repaired(&worker, repair);
+                    if repair.requeued + repair.dead_lettered < limit {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    telemetry::database_error(&worker, "repair", &e);
+                    break;
+                }
+            }
+        }
+    }
+}

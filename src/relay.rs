@@ -1,0 +1,421 @@
+//! The worker pool of one process. It is thin on purpose: the claimer leases batches with
+//! `claim_outbox_batch`, each batch is handed to the sink, and its outcomes go back in one
+//! `complete_outbox_batch` call, where the database checks the leases. Up to
+//! `max_batches_in_flight` batches are out at once, so the next batch is already claimed
+//! (and its round trips are overlapping) while the current one is being delivered.
+//!
+//! Around that loop: the notification listener wakes the claimer when messages arrive
+//! (polling is the fallback), the lease keeper extends batches still in flight at a third
+//! of the lease, the janitor repairs expired leases, and shutdown stops claiming, lets
+//! in-flight deliveries finish until the deadline and releases what has no outcome.
+
+use std::collections::HashMap;
+use std::ops::AddAssign;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::message::{
+    AttemptState, ClaimedMessage, Completion, LeaseToken, OutboxId, Outcome, WorkerId,
+};
+use crate::sink::Sink;
+use crate::store::{Store, StoreError};
+use crate::{janitor, retry, telemetry};
+
+/// What the relay did with the messages it claimed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub claimed: u64,
+    pub delivered: u64,
+    pub retried: u64,
+    /// Refused for good by the destination (dead-lettered).
+    pub rejected: u64,
+    /// Outcomes the database refused because the lease was no longer ours.
+    pub lease_lost: u64,
+    /// Given back at shutdown without an attempt.
+    pub released: u64,
+}
+
+impl AddAssign for Summary {
+    fn add_assign(&mut self, o: Summary) {
+        self.claimed += o.claimed;
+        self.delivered += o.delivered;
+        self.retried += o.retried;
+        self.rejected += o.rejected;
+        self.lease_lost += o.lease_lost;
+        self.released += o.released;
+    }
+}
+
+/// A batch in flight: when it was claimed or last extended, and its leases.
+type Leases = (Instant, Vec<(OutboxId, LeaseToken)>);
+
+/// Leases of the batches in flight, for the lease keeper.
+#[derive(Default)]
+struct LeaseBook {
+    next: AtomicU64,
+    batches: Mutex<HashMap<u64, Leases>>,
+}
+
+impl LeaseBook {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Leases>> {
+        self.batches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn insert(&self, batch: &[ClaimedMessage]) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let leases = batch.iter().map(|m| (m.id, m.lease_token)).collect();
+        self.lock().insert(id, (Instant::now(), leases));
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    fn messages(&self) -> usize {
+        self.lock().values().map(|(_, l)| l.len()).sum()
+    }
+
+    /// Leases of batches claimed (or last extended) at least `age` ago; marks them extended.
+    fn due(&self, age: Duration) -> Vec<(OutboxId, LeaseToken)> {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (since, leases) in self.lock().values_mut() {
+            if now.duration_since(*since) >= age {
+                *since = now;
+                due.extend_from_slice(leases);
+            }
+        }
+        due
+    }
+}
+
+/// One process's relay; cheap to clone (shared state is behind `Arc`s).
+#[derive(Clone)]
+pub struct Relay {
+    settings: Arc<Settings>,
+    store: Store,
+    sink: Arc<dyn Sink>,
+    leases: Arc<LeaseBook>,
+    wake: Arc<Notify>,
+}
+
+impl Relay {
+    pub fn new(settings: Settings, store: Store, sink: Arc<dyn Sink>) -> Self {
+        Self {
+            settings: Arc::new(settings),
+            store,
+            sink,
+            leases: Arc::default(),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    fn worker(&self) -> &WorkerId {
+        &self.settings.worker_id
+    }
+
+    /// One step, for tests and tools: claim one batch, deliver it, complete it.
+    pub async fn tick(&self) -> Result<Summary, StoreError> {
+        let batch = self.claim().await?;
+        if batch.is_empty() {
+            return Ok(Summary::default());
+        }
+        Ok(self.process(batch, CancellationToken::new()).await)
+    }
+
+    async fn claim(&self) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let started = Instant::now();
+        let batch = self
+            .store
+            .claim(
+                self.settings.batch_size,
+                self.worker(),
+                self.settings.lease_secs,
+                self.settings.topics.as_deref(),
+            )
+            .await?;
+        if !batch.is_empty() {
+            telemetry::batch_claimed(self.worker(), &batch, started.elapsed());
+        }
+        Ok(batch)
+    }
+
+    /// Runs until `shutdown` is cancelled, then drains: in-flight batches get until
+    /// `shutdown_timeout` to finish, after which their undelivered messages are released.
+    pub async fn run(self, shutdown: CancellationToken) -> Summary {
+        let abandon = CancellationToken::new();
+        let background = CancellationToken::new();
+        let mut helpers = JoinSet::new();
+        {
+            let (store, wake, stop) = (self.store.clone(), self.wake.clone(), background.clone());
+            helpers.spawn(async move { store.listen(wake, stop).await });
+        }
+        helpers.spawn(self.clone().keep_leases(background.clone()));
+        helpers.spawn(janitor::run(
+            self.store.clone(),
+            self.worker().clone(),
+            self.settings.repair_interval,
+            self.settings.repair_limit,
+            shutdown.clone(),
+        ));
+
+        let permits = Arc::new(Semaphore::new(self.settings.max_batches_in_flight));
+        let mut batches: JoinSet<Summary> = JoinSet::new();
+        let mut total = Summary::default();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let permit = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            };
+            while let Some(done) = batches.try_join_next() {
+                total += done.unwrap_or_default();
+            }
+            match self.claim().await {
+                Ok(batch) if batch.is_empty() => {
+                    drop(permit);
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = self.wake.notified() => {}
+                        () = tokio::time::sleep(self.settings.poll_interval) => {}
+                    }
+                }
+                Ok(batch) => {
+                    backoff = Duration::from_millis(100);
+                    let relay = self.clone();
+                    let abandon = abandon.clone();
+                    batches.spawn(async move {
+                        let summary = relay.process(batch, abandon).await;
+                        drop(permit);
+                        summary
+                    });
+                }
+                Err(e) => {
+                    drop(permit);
+                    telemetry::database_error(self.worker(), "claim", &e);
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+
+        tracing::info!(worker_id = %self.worker(), batches = batches.len(),
+            deadline_ms = self.settings.shutdown_timeout.as_millis(),
+            "stopped claiming; finishing in-flight deliveries");
+        let deadline = tokio::time::sleep(self.settings.shutdown_timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                done = batches.join_next() => match done {
+                    Some(done) => total += done.unwrap_or_default(),
+                    None => break,
+                },
+                () = &mut deadline, if !abandon.is_cancelled() => {
+                    tracing::warn!(worker_id = %self.worker(), batches = batches.len(),
+                        "shutdown deadline reached; releasing undelivered messages");
+                    abandon.cancel();
+                }
+            }
+        }
+        background.cancel();
+        while helpers.join_next().await.is_some() {}
+        tracing::info!(worker_id = %self.worker(), ?total, "relay stopped");
+        total
+    }
+
+    /// Delivers one claimed batch and reports its outcomes; releases it instead if
+    /// `abandon` fires before the sink answers.
+    async fn process(&self, batch: Vec<ClaimedMessage>, abandon: CancellationToken) -> Summary {
+        let book_id = self.leases.insert(&batch);
+        telemetry::in_flight(self.leases.messages());
+        let started = Instant::now();
+        let outcomes = tokio::select! {
+            outcomes = self.sink.publish(&batch) => Some(outcomes),
+            () = abandon.cancelled() => None,
+        };
+        let mut summary = match outcomes {
+            Some(outcomes) => {
+                telemetry::batch_dispatched(self.sink.name(), started.elapsed());
+                self.complete(&batch, outcomes).await
+            }
+            None => self.release(&batch).await,
+        };
+        summary.claimed = batch.len() as u64;
+        self.leases.remove(book_id);
+        telemetry::in_flight(self.leases.messages());
+        // Completing a keyed message makes the next one of its key claimable.
+        self.wake.notify_one();
+        summary
+    }
+
+    /// Reports a batch's outcomes in one call. A failed call is retried until the leases
+    /// would have expired anyway (after that the janitor requeues them: at-least-once).
+    async fn complete(&self, batch: &[ClaimedMessage], outcomes: Vec<Outcome>) -> Summary {
+        let outcomes = if outcomes.len() == batch.len() {
+            outcomes
+        } else {
+            let reason = format!(
+                "sink {} returned {} outcomes for {} messages",
+                self.sink.name(),
+                outcomes.len(),
+                batch.len()
+            );
+            tracing::error!(worker_id = %self.worker(), reason, "treating the whole batch as retryable");
+            vec![
+                Outcome::Retryable {
+                    reason,
+                    retry_after: None
+                };
+                batch.len()
+            ]
+        };
+        let now = chrono::Utc::now();
+        let mut delays = vec![Duration::ZERO; batch.len()];
+        let completions: Vec<Completion> = batch
+            .iter()
+            .zip(&outcomes)
+            .zip(delays.iter_mut())
+            .map(|((m, outcome), delay)| {
+                let (state, error, retry_at) = match outcome {
+                    Outcome::Delivered => (AttemptState::Dispatched, None, None),
+                    Outcome::Retryable {
+                        reason,
+                        retry_after,
+                    } => {
+                        *delay = retry::delay(&self.settings.retry, m.attempt_no, *retry_after);
+                        let at = now + chrono::Duration::from_std(*delay).unwrap_or_default();
+                        (AttemptState::Retryable, Some(reason.clone()), Some(at))
+                    }
+                    Outcome::Permanent { reason } => {
+                        (AttemptState::Failed, Some(reason.clone()), None)
+                    }
+                };
+                Completion {
+                    id: m.id,
+                    lease_token: m.lease_token,
+                    state,
+                    error,
+                    retry_at,
+                }
+            })
+            .collect();
+
+        let expires = batch
+            .iter()
+            .map(|m| m.lease_expires_at)
+            .min()
+            .unwrap_or(now);
+        let mut backoff = Duration::from_millis(50);
+        let results = loop {
+            let started = Instant::now();
+            match self.store.complete(self.worker(), &completions).await {
+                Ok(results) => {
+                    telemetry::batch_completed(started.elapsed());
+                    break results;
+                }
+                Err(e) => {
+                    telemetry::database_error(self.worker(), "complete", &e);
+                    let retryable = !matches!(e, StoreError::InvalidArgument(_));
+                    if !retryable
+                        || chrono::Utc::now()
+                            + chrono::Duration::from_std(backoff).unwrap_or_default()
+                            >= expires
+                    {
+                        tracing::error!(worker_id = %self.worker(), messages = batch.len(), error = %e,
+                            "could not report outcomes before the leases expire; repair will requeue them");
+                        return Summary::default();
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
+
+        let mut summary = Summary::default();
+        let mut delivered = Vec::with_capacity(batch.len());
+        for (((m, outcome), result), delay) in
+            batch.iter().zip(&outcomes).zip(&results).zip(&delays)
+        {
+            if result.lease_lost {
+                summary.lease_lost += 1;
+                telemetry::lease_lost(self.worker(), m);
+                continue;
+            }
+            match outcome {
+                Outcome::Delivered => {
+                    summary.delivered += 1;
+                    delivered.push(m);
+                }
+                Outcome::Retryable { reason, .. } => {
+                    summary.retried += 1;
+                    telemetry::retry_scheduled(self.worker(), m, reason, *delay);
+                }
+                Outcome::Permanent { reason } => {
+                    summary.rejected += 1;
+                    telemetry::rejected(self.worker(), m, reason);
+                }
+            }
+        }
+        telemetry::delivered(self.worker(), delivered.into_iter());
+        summary
+    }
+
+    /// Gives a batch back without an attempt (shutdown deadline passed before delivery).
+    async fn release(&self, batch: &[ClaimedMessage]) -> Summary {
+        let leases: Vec<(OutboxId, LeaseToken)> =
+            batch.iter().map(|m| (m.id, m.lease_token)).collect();
+        match self.store.release(self.worker(), &leases).await {
+            Ok(n) => {
+                telemetry::released(self.worker(), batch, n);
+                Summary {
+                    released: u64::from(n.unsigned_abs()),
+                    ..Summary::default()
+                }
+            }
+            Err(e) => {
+                telemetry::database_error(self.worker(), "release", &e);
+                Summary::default()
+            }
+        }
+    }
+
+    /// Extends the leases of batches still in flight, every third of the lease.
+    async fn keep_leases(self, stop: CancellationToken) {
+        let period = self.settings.lease() / 3;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            let due = self.leases.due(period);
+            if due.is_empty() {
+                continue;
+            }
+            match self
+                .store
+                .extend(self.worker(), &due, self.settings.lease_secs)
+                .await
+            {
+                Ok(held) if held.len() < due.len() => {
+                    tracing::info!(worker_id = %self.worker(), lost = due.len() - held.len(),
+                        "some leases were lost before they could be extended");
+                }
+                Ok(_) => {}
+                Err(e) => telemetry::database_error(self.worker(), "extend", &e),
+            }
+        }
+    }
+}

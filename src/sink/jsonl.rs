@@ -1,0 +1,191 @@
+//! The `stdout` and `file` sinks: one JSON object per line per message. A message is
+//! reported delivered once its line is written (and, for a file with fsync on, synced to
+//! disk). A payload whose content type says JSON but that does not parse is refused for
+//! good: writing it would hand every reader a broken line.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::{Sink, SinkError};
+use crate::message::{ClaimedMessage, Outcome};
+
+enum Target {
+    Stdout,
+    File {
+        path: PathBuf,
+        file: Mutex<File>,
+        fsync: bool,
+    },
+}
+
+pub struct JsonLines {
+    target: Arc<Target>,
+}
+
+/// One output line.
+#[derive(Serialize)]
+struct Line<'a> {
+    outbox_id: String,
+    topic: &'a str,
+    key: Option<&'a str>,
+    attempt_no: i32,
+    created_at: chrono::DateTime<chrono::Utc>,
+    content_type: &'a str,
+    headers: &'a serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_hex: Option<String>,
+}
+
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")
+}
+
+/// Appends `message`'s line to `out`, or says why it cannot be delivered.
+fn render(message: &ClaimedMessage, out: &mut Vec<u8>) -> Result<(), String> {
+    let mut line = Line {
+        outbox_id: message.id.to_string(),
+        topic: &message.topic,
+        key: message.key.as_deref(),
+        attempt_no: message.attempt_no,
+        created_at: message.created_at,
+        content_type: &message.content_type,
+        headers: &message.headers,
+        payload: None,
+        payload_text: None,
+        payload_hex: None,
+    };
+    if is_json(&message.content_type) {
+        let raw: &RawValue = serde_json::from_slice(&message.payload).map_err(|e| {
+            format!(
+                "payload is not valid JSON (content type {}): {e}",
+                message.content_type
+            )
+        })?;
+        line.payload = Some(raw);
+    } else if let Ok(text) = std::str::from_utf8(&message.payload) {
+        line.payload_text = Some(text);
+    } else {
+        line.payload_hex = Some(message.payload.iter().map(|b| format!("{b:02x}")).collect());
+    }
+    serde_json::to_writer(&mut *out, &line).map_err(|e| format!("cannot encode line: {e}"))?;
+    out.push(b'\n');
+    Ok(())
+}
+
+impl JsonLines {
+    pub fn stdout() -> Self {
+        Self {
+            target: Arc::new(Target::Stdout),
+        }
+    }
+
+    /// Appends to `path` (created if missing).
+    pub fn file(path: &Path, fsync: bool) -> Result<Self, SinkError> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| SinkError {
+                sink: "file",
+                problem: format!(
+                    "sink_file {} cannot be opened for appending: {e}",
+                    path.display()
+                ),
+            })?;
+        Ok(Self {
+            target: Arc::new(Target::File {
+                path: path.to_owned(),
+                file: Mutex::new(file),
+                fsync,
+            }),
+        })
+    }
+}
+
+/// Writes the whole buffer with one call per batch, so lines of concurrent batches (and of
+/// other processes appending to the same file) never interleave within a batch.
+fn write_batch(target: &Target, buf: &[u8]) -> std::io::Result<()> {
+    match target {
+        Target::Stdout => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(buf)?;
+            out.flush()
+        }
+        Target::File { file, fsync, .. } => {
+            let mut file = file
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            file.write_all(buf)?;
+            if *fsync {
+                file.sync_data()?;
+            }
+            Ok(())
+        }
+    }
+}
+
+impl Sink for JsonLines {
+    fn name(&self) -> &'static str {
+        match *self.target {
+            Target::Stdout => "stdout",
+            Target::File { .. } => "file",
+        }
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let mut buf = Vec::with_capacity(batch.len() * 512);
+            let mut outcomes: Vec<Option<Outcome>> = batch
+                .iter()
+                .map(|m| {
+                    render(m, &mut buf)
+                        .err()
+                        .map(|reason| Outcome::Permanent { reason })
+                })
+                .collect();
+            if !buf.is_empty() {
+                let target = self.target.clone();
+                let written = tokio::task::spawn_blocking(move || write_batch(&target, &buf))
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r);
+                let delivered = match written {
+                    Ok(()) => Outcome::Delivered,
+                    Err(e) => Outcome::Retryable {
+                        reason: format!("{} sink write failed: {e}", self.name()),
+                        retry_after: None,
+                    },
+                };
+                for o in outcomes.iter_mut().filter(|o| o.is_none()) {
+                    *o = Some(delivered.clone());
+                }
+            }
+            outcomes
+                .into_iter()
+                .map(|o| o.unwrap_or(Outcome::Delivered))
+                .collect()
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            match &*self.target {
+                Target::Stdout => Ok(()),
+                Target::File { path, .. } => std::fs::metadata(path)
+                    .map(|_| ())
+                    .map_err(|e| format!("{}: {e}", path.display())),
+            }
+        })
+    }
+}

@@ -1,0 +1,137 @@
+//! What the relayer reports about itself. Metric names are defined here once, and each
+//! event is one function that logs and counts together, so a log line and its counter never
+//! drift apart. Every log line about a message carries `outbox_id` and `worker_id`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::message::{ClaimedMessage, WorkerId};
+use crate::store::{PoolStatus, Repair};
+
+pub const CLAIMED: &str = "outbox_messages_claimed_total";
+pub const DELIVERED: &str = "outbox_messages_delivered_total";
+pub const RETRIED: &str = "outbox_messages_retried_total";
+pub const DEAD_LETTERED: &str = "outbox_messages_dead_lettered_total";
+pub const LEASE_LOST: &str = "outbox_lease_lost_total";
+pub const RELEASED: &str = "outbox_messages_released_total";
+pub const IN_FLIGHT: &str = "outbox_in_flight_messages";
+pub const CLAIM_SECONDS: &str = "outbox_claim_duration_seconds";
+pub const COMPLETE_SECONDS: &str = "outbox_complete_duration_seconds";
+pub const DISPATCH_SECONDS: &str = "outbox_dispatch_duration_seconds";
+pub const DELIVERY_LATENCY_SECONDS: &str = "outbox_delivery_latency_seconds";
+pub const REPAIR_REQUEUED: &str = "outbox_repair_requeued_total";
+pub const REPAIR_DEAD_LETTERED: &str = "outbox_repair_dead_lettered_total";
+pub const DATABASE_ERRORS: &str = "outbox_database_errors_total";
+pub const POOL_CONNECTIONS: &str = "outbox_db_pool_connections";
+
+/// Installs the global Prometheus recorder (once per process) and returns its handle.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ];
+            PrometheusBuilder::new()
+                .set_buckets(&buckets)
+                .expect("non-empty buckets")
+                .install_recorder()
+                .expect("the metrics recorder is installed once")
+        })
+        .clone()
+}
+
+fn by_topic<'a>(messages: impl Iterator<Item = &'a ClaimedMessage>) -> HashMap<&'a str, u64> {
+    let mut counts = HashMap::new();
+    for m in messages {
+        *counts.entry(m.topic.as_str()).or_insert(0) += 1;
+    }
+    counts
+}
+
+pub fn batch_claimed(worker: &WorkerId, batch: &[ClaimedMessage], took: Duration) {
+    histogram!(CLAIM_SECONDS).record(took.as_secs_f64());
+    for (topic, n) in by_topic(batch.iter()) {
+        counter!(CLAIMED, "topic" => topic.to_owned()).increment(n);
+    }
+    tracing::debug!(worker_id = %worker, messages = batch.len(), took_ms = took.as_millis(), "claimed a batch");
+}
+
+pub fn batch_dispatched(sink: &'static str, took: Duration) {
+    histogram!(DISPATCH_SECONDS, "sink" => sink).record(took.as_secs_f64());
+}
+
+pub fn batch_completed(took: Duration) {
+    histogram!(COMPLETE_SECONDS).record(took.as_secs_f64());
+}
+
+pub fn in_flight(messages: usize) {
+    #[allow(clippy::cast_precision_loss)] // a message count is far below 2^52
+    gauge!(IN_FLIGHT).set(messages as f64);
+}
+
+pub fn delivered<'a>(worker: &WorkerId, messages: impl Iterator<Item = &'a ClaimedMessage>) {
+    let now = chrono::Utc::now();
+    let mut counts: HashMap<&str, u64> = HashMap::new();
+    for m in messages {
+        *counts.entry(m.topic.as_str()).or_insert(0) += 1;
+        let latency = (now - m.created_at).to_std().unwrap_or_default();
+        histogram!(DELIVERY_LATENCY_SECONDS).record(latency.as_secs_f64());
+        tracing::trace!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no, "delivered");
+    }
+    for (topic, n) in counts {
+        counter!(DELIVERED, "topic" => topic.to_owned()).increment(n);
+    }
+}
+
+pub fn retry_scheduled(worker: &WorkerId, m: &ClaimedMessage, reason: &str, delay: Duration) {
+    counter!(RETRIED, "topic" => m.topic.clone()).increment(1);
+    tracing::warn!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
+        retry_in_ms = delay.as_millis(), reason, "delivery failed; will retry (dead-lettered if out of attempts)");
+}
+
+pub fn rejected(worker: &WorkerId, m: &ClaimedMessage, reason: &str) {
+    counter!(DEAD_LETTERED, "topic" => m.topic.clone()).increment(1);
+    tracing::warn!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
+        reason, "destination rejected the message; dead-lettered");
+}
+
+pub fn lease_lost(worker: &WorkerId, m: &ClaimedMessage) {
+    counter!(LEASE_LOST, "topic" => m.topic.clone()).increment(1);
+    tracing::info!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
+        "lease lost before completion; the outcome belongs to whoever holds it now");
+}
+
+pub fn released(worker: &WorkerId, batch: &[ClaimedMessage], released: i32) {
+    for (topic, n) in by_topic(batch.iter()) {
+        counter!(RELEASED, "topic" => topic.to_owned()).increment(n);
+    }
+    tracing::info!(worker_id = %worker, messages = batch.len(), released, "released undelivered leases");
+}
+
+pub fn repaired(worker: &WorkerId, repair: Repair) {
+    counter!(REPAIR_REQUEUED).increment(u64::from(repair.requeued.unsigned_abs()));
+    counter!(REPAIR_DEAD_LETTERED).increment(u64::from(repair.dead_lettered.unsigned_abs()));
+    if repair.requeued > 0 || repair.dead_lettered > 0 {
+        tracing::info!(worker_id = %worker, requeued = repair.requeued, dead_lettered = repair.dead_lettered,
+            "repaired expired leases");
+    }
+}
+
+pub fn database_error(worker: &WorkerId, operation: &'static str, error: &dyn std::fmt::Display) {
+    counter!(DATABASE_ERRORS, "operation" => operation).increment(1);
+    tracing::warn!(worker_id = %worker, operation, error = %error, "database call failed");
+}
+
+pub fn pool(status: PoolStatus) {
+    #[allow(clippy::cast_precision_loss)] // pool sizes are tiny
+    {
+        gauge!(POOL_CONNECTIONS, "state" => "open").set(status.size as f64);
+        gauge!(POOL_CONNECTIONS, "state" => "idle").set(status.available as f64);
+        gauge!(POOL_CONNECTIONS, "state" => "max").set(status.max_size as f64);
+    }
+}
