@@ -114,3 +114,109 @@ pub fn sqlstate(result: Result<impl std::fmt::Debug, tokio_postgres::Error>) -> 
         }
     }
 }
+
+/// A relayer process started from the built binary; killed if the test ends early.
+pub struct Relayer {
+    pub child: std::process::Child,
+    pub worker_id: String,
+    pub log: std::path::PathBuf,
+}
+
+impl Relayer {
+    /// `outbox-relay run --worker-id <id> <args>` against `db`, logs to a file.
+    pub fn start(db: &TestDb, worker_id: &str, args: &[&str]) -> Relayer {
+        let dir = db.scratch_dir();
+        let log = dir.join(format!("{worker_id}.log"));
+        let stderr = std::fs::File::create(&log).expect("log file");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .arg("run")
+            .args(["--worker-id", worker_id])
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn outbox-relay");
+        Relayer {
+            child,
+            worker_id: worker_id.to_owned(),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`TERM`, `KILL`, `STOP`, `CONT`) with kill(1).
+    pub fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([format!("-{name}"), self.pid().to_string()])
+            .status()
+            .expect("kill(1)")
+            .success();
+        assert!(ok, "kill -{name} {}", self.pid());
+    }
+
+    /// Waits up to `limit` for the process to exit; returns its exit code.
+    pub async fn exit_code(&mut self, limit: std::time::Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} did not exit within {limit:?}; log:\n{}",
+                self.worker_id,
+                self.log_text()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Relayer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl TestDb {
+    /// A directory for this test's files (sink output, logs), next to the target dir.
+    pub fn scratch_dir(&self) -> std::path::PathBuf {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(&self.name);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+}
+
+/// Polls `check` every 50 ms until it is true; panics naming `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: std::time::Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}

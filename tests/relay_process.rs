@@ -1,0 +1,647 @@
+//! The relayer as users run it: real processes of the built binary, real connections, real
+//! signals (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), checked against the attempt log and the
+//! file sink's output.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::{Relayer, TestDb, eventually, free_port};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// Inserts `n` messages (payload `{"n": i}`, every `keyed_every`-th with one of 50 keys).
+async fn fill(c: &Client, n: i64, keyed_every: i64) -> Vec<Uuid> {
+    c.query(
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+         SELECT 'load', CASE WHEN i % $2 = 0 THEN 'k' || (i % 50) END, \
+                convert_to(json_build_object('n', i)::text, 'UTF8') \
+           FROM generate_series(1, $1::bigint) AS i RETURNING outbox_id",
+        &[&n, &keyed_every],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+async fn pending(c: &Client) -> i64 {
+    c.query_one("SELECT count(*) FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn leases_of(c: &Client, worker: &str) -> Vec<Uuid> {
+    c.query(
+        "SELECT outbox_id FROM outbox.messages WHERE claimed_by = $1",
+        &[&worker],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// The JSON lines written by the file sink.
+fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
+        .collect()
+}
+
+fn ids(lines: &[serde_json::Value]) -> Vec<Uuid> {
+    lines
+        .iter()
+        .map(|l| l["outbox_id"].as_str().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// "attempt_no:STATE:worker" per attempt of each message.
+async fn histories(c: &Client) -> HashMap<Uuid, Vec<String>> {
+    let mut h: HashMap<Uuid, Vec<String>> = HashMap::new();
+    for r in c
+        .query(
+            "SELECT outbox_id, attempt_no || ':' || state || ':' || worker_id \
+             FROM outbox.attempts ORDER BY outbox_id, attempt_no",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        h.entry(r.get(0)).or_default().push(r.get(1));
+    }
+    h
+}
+
+fn file_args(path: &std::path::Path) -> Vec<String> {
+    vec![
+        "--sink".into(),
+        "file".into(),
+        "--sink-file".into(),
+        path.display().to_string(),
+        "--no-telemetry".into(),
+    ]
+}
+
+fn start(db: &TestDb, worker: &str, args: &[String]) -> Relayer {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Relayer::start(db, worker, &args)
+}
+
+fn with(base: &[String], more: &[&str]) -> Vec<String> {
+    base.iter()
+        .cloned()
+        .chain(more.iter().map(|s| (*s).to_owned()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn four_workers_drain_50000_messages_exactly_once() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let all: HashSet<Uuid> = fill(&c, 50_000, 10).await.into_iter().collect();
+    let out = db.scratch_dir().join("out.jsonl");
+    let args = with(&file_args(&out), &["--batch-size", "500"]);
+    let mut workers: Vec<Relayer> = (0..4)
+        .map(|i| start(&db, &format!("drain-{i}"), &args))
+        .collect();
+
+    eventually(3 * MINUTE, "the outbox to drain", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    for w in &workers {
+        w.signal("TERM");
+    }
+    for w in &mut workers {
+        assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    }
+
+    let delivered = ids(&lines(&out));
+    assert_eq!(delivered.len(), 50_000, "one line per message");
+    let distinct: HashSet<Uuid> = delivered.into_iter().collect();
+    assert_eq!(distinct, all, "every message delivered, none twice");
+    let h = histories(&c).await;
+    assert_eq!(h.len(), 50_000);
+    assert!(
+        h.values()
+            .all(|a| a.len() == 1 && a[0].starts_with("1:DISPATCHED:drain-")),
+        "every history is exactly 1:DISPATCHED"
+    );
+    let used: HashSet<&str> = h
+        .values()
+        .map(|a| a[0].rsplit(':').next().unwrap())
+        .collect();
+    assert!(used.len() > 1, "work was shared: {used:?}");
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_with_leases_loses_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let all: HashSet<Uuid> = fill(&c, 20_000, 10).await.into_iter().collect();
+    let dir = db.scratch_dir();
+    let lease = [
+        "--lease-secs",
+        "3",
+        "--repair-interval-secs",
+        "1",
+        "--batch-size",
+        "100",
+    ];
+
+    let victim_out = dir.join("victim.jsonl");
+    let mut victim = start(&db, "victim", &with(&file_args(&victim_out), &lease));
+    eventually(MINUTE, "the victim to hold leases", || async {
+        !leases_of(&c, "victim").await.is_empty()
+    })
+    .await;
+    victim.signal("KILL");
+    assert_eq!(victim.exit_code(MINUTE).await, None, "killed by a signal");
+    let killed: HashSet<Uuid> = leases_of(&c, "victim").await.into_iter().collect();
+    assert!(!killed.is_empty(), "the victim died holding leases");
+
+    let outs: Vec<_> = (0..2)
+        .map(|i| dir.join(format!("survivor-{i}.jsonl")))
+        .collect();
+    let mut survivors: Vec<Relayer> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, out)| {
+            start(
+                &db,
+                &format!("survivor-{i}"),
+                &with(&file_args(out), &lease),
+            )
+        })
+        .collect();
+    eventually(
+        3 * MINUTE,
+        "the survivors to deliver everything",
+        || async { pending(&c).await == 0 },
+    )
+    .await;
+    for s in &survivors {
+        s.signal("TERM");
+    }
+    for s in &mut survivors {
+        assert_eq!(s.exit_code(MINUTE).await, Some(0), "{}", s.log_text());
+    }
+
+    let mut seen: HashMap<Uuid, usize> = HashMap::new();
+    for out in outs.iter().chain([&victim_out]) {
+        for id in ids(&lines(out)) {
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    let delivered: HashSet<Uuid> = seen.keys().copied().collect();
+    assert_eq!(delivered, all, "nothing is lost");
+    let duplicates: HashSet<Uuid> = seen
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        duplicates.is_subset(&killed),
+        "only messages of the killed batch may arrive twice"
+    );
+    let h = histories(&c).await;
+    for id in &killed {
+        let history = &h[id];
+        assert_eq!(history.len(), 2, "{history:?}");
+        assert_eq!(history[0], "1:ZOMBIE_REQUEUE:victim");
+        assert!(
+            history[1].starts_with("2:DISPATCHED:survivor-"),
+            "{history:?}"
+        );
+    }
+    assert!(
+        h.iter()
+            .filter(|(id, _)| !killed.contains(id))
+            .all(|(_, a)| a.len() == 1 && a[0].starts_with("1:DISPATCHED")),
+        "messages outside the killed batch have one attempt"
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_worker_is_fenced_when_it_wakes_up() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let all: HashSet<Uuid> = fill(&c, 10, 1_000_000).await.into_iter().collect();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    // The destination takes 4 s; the lease is 2 s: frozen, the worker cannot extend it.
+    let mut frozen = Relayer::start(
+        &db,
+        "frozen",
+        &[
+            "--sink",
+            "null",
+            "--null-latency-ms",
+            "4000",
+            "--lease-secs",
+            "2",
+            "--batch-size",
+            "10",
+            "--telemetry-addr",
+            &addr,
+        ],
+    );
+    eventually(MINUTE, "the frozen worker to hold all leases", || async {
+        leases_of(&c, "frozen").await.len() == 10
+    })
+    .await;
+    frozen.signal("STOP");
+
+    let out = db.scratch_dir().join("rescuer.jsonl");
+    let mut rescuer = start(
+        &db,
+        "rescuer",
+        &with(
+            &file_args(&out),
+            &["--lease-secs", "2", "--repair-interval-secs", "1"],
+        ),
+    );
+    eventually(MINUTE, "the rescuer to deliver everything", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    frozen.signal("CONT");
+
+    let metrics_url = format!("http://{addr}/metrics");
+    eventually(
+        MINUTE,
+        "the woken worker to count 10 lost leases",
+        || async { lease_lost_total(&metrics_url).await == Some(10.0) },
+    )
+    .await;
+    assert!(
+        frozen.log_text().contains("lease lost"),
+        "{}",
+        frozen.log_text()
+    );
+
+    let rescued: HashSet<Uuid> = ids(&lines(&out)).into_iter().collect();
+    assert_eq!(rescued, all);
+    for (id, history) in histories(&c).await {
+        assert_eq!(
+            history,
+            ["1:ZOMBIE_REQUEUE:frozen", "2:DISPATCHED:rescuer"],
+            "{id}: the frozen worker's outcome was refused"
+        );
+    }
+    for w in [&frozen, &rescuer] {
+        w.signal("TERM");
+    }
+    assert_eq!(
+        frozen.exit_code(MINUTE).await,
+        Some(0),
+        "{}",
+        frozen.log_text()
+    );
+    assert_eq!(
+        rescuer.exit_code(MINUTE).await,
+        Some(0),
+        "{}",
+        rescuer.log_text()
+    );
+    db.finish().await;
+}
+
+/// Sum of `outbox_lease_lost_total` over topics, scraped from /metrics.
+async fn lease_lost_total(url: &str) -> Option<f64> {
+    let body = http_get(url).await?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("outbox_lease_lost_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+/// A minimal HTTP/1.0 GET (the body), enough for /metrics.
+async fn http_get(url: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/')?;
+    let mut s = tokio::net::TcpStream::connect(host).await.ok()?;
+    s.write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.ok()?;
+    buf.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_under_load_releases_what_it_cannot_finish_and_exits_0() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, 5_000, 10).await;
+    // Each batch takes 1.5 s at the destination; the shutdown deadline is 0.3 s.
+    let mut w = Relayer::start(
+        &db,
+        "busy",
+        &[
+            "--sink",
+            "null",
+            "--null-latency-ms",
+            "1500",
+            "--batch-size",
+            "200",
+            "--shutdown-timeout-ms",
+            "300",
+            "--no-telemetry",
+        ],
+    );
+    eventually(MINUTE, "the worker to hold leases", || async {
+        leases_of(&c, "busy").await.len() >= 200
+    })
+    .await;
+    let started = std::time::Instant::now();
+    w.signal("TERM");
+    assert_eq!(
+        w.exit_code(Duration::from_secs(10)).await,
+        Some(0),
+        "{}",
+        w.log_text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "exits soon after the deadline"
+    );
+    assert!(
+        leases_of(&c, "busy").await.is_empty(),
+        "every lease was given back"
+    );
+    assert!(w.log_text().contains("released"), "{}", w.log_text());
+
+    // Nothing is left for repair: no message ever gets a ZOMBIE_REQUEUE.
+    c.execute(
+        "UPDATE outbox.messages SET lease_expires_at = now() - interval '1 minute' \
+         WHERE lease_token IS NOT NULL",
+        &[],
+    )
+    .await
+    .unwrap();
+    let repaired: i32 = c
+        .query_one("SELECT requeued FROM outbox.repair_expired_leases()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(repaired, 0);
+    let (dispatched, other): (i64, i64) = c
+        .query_one(
+            "SELECT count(*) FILTER (WHERE state = 'DISPATCHED'), count(*) FILTER (WHERE state <> 'DISPATCHED') \
+             FROM outbox.attempts",
+            &[],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(other, 0, "released messages count no attempt");
+    assert_eq!(
+        pending(&c).await + dispatched,
+        5_000,
+        "every message delivered or pending"
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_in_flight_deliveries_finish_within_the_deadline() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, 2_000, 10).await;
+    let mut w = Relayer::start(
+        &db,
+        "graceful",
+        &[
+            "--sink",
+            "null",
+            "--null-latency-ms",
+            "700",
+            "--batch-size",
+            "100",
+            "--shutdown-timeout-ms",
+            "10000",
+            "--no-telemetry",
+        ],
+    );
+    eventually(MINUTE, "the worker to hold leases", || async {
+        !leases_of(&c, "graceful").await.is_empty()
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(
+        w.exit_code(Duration::from_secs(15)).await,
+        Some(0),
+        "{}",
+        w.log_text()
+    );
+    assert!(leases_of(&c, "graceful").await.is_empty());
+    let dispatched: i64 = c
+        .query_one(
+            "SELECT count(*) FROM outbox.attempts WHERE state = 'DISPATCHED'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        dispatched >= 100,
+        "the in-flight batches were completed, not dropped"
+    );
+    assert_eq!(pending(&c).await + dispatched, 2_000);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_key_order_holds_across_four_workers() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute(
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+         SELECT 'ordered', 'key-' || k, convert_to(json_build_object('key', k, 'n', n)::text, 'UTF8') \
+           FROM generate_series(1, 50) AS n, generate_series(1, 100) AS k ORDER BY n, k",
+        &[],
+    )
+    .await
+    .unwrap();
+    // One file for all four: each batch is one append, so the file is the arrival order.
+    let out = db.scratch_dir().join("ordered.jsonl");
+    let mut workers: Vec<Relayer> = (0..4)
+        .map(|i| start(&db, &format!("order-{i}"), &file_args(&out)))
+        .collect();
+    eventually(3 * MINUTE, "5000 keyed messages to drain", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    for w in &workers {
+        w.signal("TERM");
+    }
+    for w in &mut workers {
+        assert_eq!(w.exit_code(MINUTE).await, Some(0));
+    }
+    let mut arrivals: HashMap<i64, Vec<i64>> = HashMap::new();
+    for l in lines(&out) {
+        arrivals
+            .entry(l["payload"]["key"].as_i64().unwrap())
+            .or_default()
+            .push(l["payload"]["n"].as_i64().unwrap());
+    }
+    assert_eq!(arrivals.len(), 100);
+    for (key, ns) in &arrivals {
+        assert_eq!(
+            *ns,
+            (1..=50).collect::<Vec<_>>(),
+            "key {key} arrived out of order"
+        );
+    }
+    let workers_used: i64 = c
+        .query_one("SELECT count(DISTINCT worker_id) FROM outbox.attempts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(workers_used > 1, "several workers took part");
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_the_destination_rejects_are_dead_lettered_with_the_reason() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let good: HashSet<Uuid> = fill(&c, 100, 1_000_000).await.into_iter().collect();
+    let mut bad = HashSet::new();
+    for i in 0..5 {
+        // Claims to be JSON, is not.
+        let id: Uuid = c
+            .query_one(
+                "SELECT outbox.enqueue('load', convert_to('{{broken ' || $1::text, 'UTF8'), \
+                 p_content_type => 'application/json')",
+                &[&i.to_string()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        bad.insert(id);
+    }
+    let out = db.scratch_dir().join("out.jsonl");
+    let mut w = start(&db, "picky", &file_args(&out));
+    eventually(
+        MINUTE,
+        "everything to be delivered or dead-lettered",
+        || async { pending(&c).await == 0 },
+    )
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+
+    let delivered: HashSet<Uuid> = ids(&lines(&out)).into_iter().collect();
+    assert_eq!(
+        delivered, good,
+        "the good messages are delivered, the bad are not"
+    );
+    let dead: HashMap<Uuid, String> = c
+        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(dead.keys().copied().collect::<HashSet<_>>(), bad);
+    assert!(
+        dead.values().all(|e| e.contains("not valid JSON")),
+        "{dead:?}"
+    );
+    let h = histories(&c).await;
+    assert!(bad.iter().all(|id| h[id] == ["1:FAILED:picky"]));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_config_refuses_to_start_naming_the_setting() {
+    let db = TestDb::new().await;
+    let dir = db.scratch_dir();
+    let toml = dir.join("relay.toml");
+    std::fs::write(&toml, "batch_size = 100\nlease_seconds = 30\n").unwrap();
+    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+        (vec![], vec![("OUTBOX_BATCH_SIZE", "0")], "batch_size"),
+        (vec!["--lease-secs", "0"], vec![], "lease_secs"),
+        (vec!["--sink", "kafka"], vec![], "sink"),
+        (vec!["--sink", "file"], vec![], "sink_file"),
+        (
+            vec!["--retry-multiplier", "0.1"],
+            vec![],
+            "retry_multiplier",
+        ),
+        (
+            vec!["--telemetry-addr", "not-an-address"],
+            vec![],
+            "telemetry_addr",
+        ),
+        (
+            vec!["--config", toml.to_str().unwrap()],
+            vec![],
+            "lease_seconds",
+        ),
+        (vec!["--batch-size", "many"], vec![], "--batch-size"),
+    ];
+    for (args, env, setting) in cases {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .arg("run")
+            .args(&args)
+            .envs(env.iter().copied())
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "{args:?} {env:?} must refuse to start"
+        );
+        assert!(
+            stderr.contains(setting),
+            "{args:?} {env:?}: {stderr:?} must name {setting}"
+        );
+    }
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_password_never_reaches_the_logs() {
+    let log = std::env::temp_dir().join(format!("outbox-secret-{}.log", std::process::id()));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["run", "--no-telemetry"])
+        .env(
+            "DATABASE_URL",
+            "postgres://relay:s3cret-pw@127.0.0.1:1/outbox",
+        )
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    eventually(
+        MINUTE,
+        "a failed connection attempt to be logged",
+        || async { text().contains("database not reachable") },
+    )
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = text();
+    assert!(logged.contains("relay:***@127.0.0.1:1"), "{logged}");
+    assert!(!logged.contains("s3cret"), "{logged}");
+    let _ = std::fs::remove_file(&log);
+}
