@@ -575,7 +575,9 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
     let dir = db.scratch_dir();
     let toml = dir.join("relay.toml");
     std::fs::write(&toml, "batch_size = 100\nlease_seconds = 30\n").unwrap();
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    // (flags, environment, the setting the error must name)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (vec![], vec![("OUTBOX_BATCH_SIZE", "0")], "batch_size"),
         (vec!["--lease-secs", "0"], vec![], "lease_secs"),
         (vec!["--sink", "kafka"], vec![], "sink"),
