@@ -3,7 +3,7 @@
 CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
-.PHONY: help build test lint fmt verify run migrate bench clean
+.PHONY: help build test lint fmt verify run migrate bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -25,3 +25,11 @@ verify: lint test ## lint, then test
 
 migrate: ## apply the schema migrations to DATABASE_URL (or the local Postgres)
 	$(WITH_PG) $(CARGO) run --release --quiet -- migrate
+
+run: ## migrate the local Postgres, enqueue samples, relay them to stdout (Ctrl-C stops)
+	$(WITH_PG) scripts/run-local.sh
+
+BENCH_ARGS ?=
+bench: ## benchmark drain throughput, backlog flatness, latency and memory (BENCH_ARGS=...)
+	$(CARGO) build --release
+	$(WITH_PG) target/release/outbox-relay bench $(BENCH_ARGS)

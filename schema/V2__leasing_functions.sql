@@ -198,6 +198,11 @@ BEGIN
     END IF;
 
     PERFORM pg_advisory_xact_lock(hashtext('outbox.claim_outbox_batch'));
+    -- The claim's commit does not wait for its WAL flush (transaction-local setting), so the
+    -- turn passes to the next claimer sooner. A claim lost in a crash only makes its
+    -- messages claimable again: the worker's completion is then refused and the message is
+    -- delivered again (at-least-once); completions keep synchronous commits.
+    PERFORM set_config('synchronous_commit', 'off', true);
 
     RETURN QUERY
     UPDATE outbox.messages AS m
