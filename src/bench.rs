@@ -25,7 +25,7 @@ use crate::config::{RawConfig, Settings};
 use crate::message::{ClaimedMessage, Outcome};
 use crate::relay::Relay;
 use crate::sink::Sink;
-use crate::store::Store;
+use crate::store::{Store, with_database};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct Options {
@@ -199,6 +199,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
         shutdown_relays(&shutdown, relays).await;
         fill(&sql, o.big_backlog).await?;
         sql.batch_execute("VACUUM ANALYZE outbox.messages").await?;
+        settle(&sql).await;
         let shutdown = CancellationToken::new();
         let relays = start_relays(url, o, &recorder, &shutdown)?;
         let measured = o.messages.min(o.big_backlog);
@@ -221,6 +222,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
         shutdown_relays(&shutdown, relays).await;
         sql.batch_execute("TRUNCATE outbox.messages").await?;
         sql.batch_execute("VACUUM ANALYZE outbox.messages").await?;
+        settle(&sql).await;
         // 4. Latency under a steady rate.
         let shutdown = CancellationToken::new();
         let relays = start_relays(url, o, &recorder, &shutdown)?;
@@ -402,6 +404,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Flushes dirty buffers before a measurement, so a checkpoint triggered by the previous
+/// phase's writes does not land in it (needs superuser or pg_checkpoint; skipped otherwise).
+async fn settle(sql: &tokio_postgres::Client) {
+    if let Err(e) = sql.batch_execute("CHECKPOINT").await {
+        eprintln!("bench: CHECKPOINT not run ({e}); figures may include checkpoint I/O");
+    }
+}
+
 fn per_sec(n: u64, t: Duration) -> f64 {
     n as f64 / t.as_secs_f64()
 }
@@ -433,19 +443,4 @@ async fn connect(url: &str) -> Result<tokio_postgres::Client> {
         let _ = connection.await;
     });
     Ok(client)
-}
-
-/// `url` with its database name replaced by `db`.
-fn with_database(url: &str, db: &str) -> String {
-    let (main, query) = url
-        .split_once('?')
-        .map_or((url, None), |(m, q)| (m, Some(q)));
-    let scheme_end = main.find("://").map_or(0, |i| i + 3);
-    let base = main[scheme_end..]
-        .find('/')
-        .map_or(main, |i| &main[..scheme_end + i]);
-    match query {
-        Some(q) => format!("{base}/{db}?{q}"),
-        None => format!("{base}/{db}"),
-    }
 }

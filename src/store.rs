@@ -404,6 +404,21 @@ fn claimed_from_row(r: &Row) -> ClaimedMessage {
     }
 }
 
+/// `url` (a `postgres://` URL) with its database name replaced by `db`.
+pub fn with_database(url: &str, db: &str) -> String {
+    let (main, query) = url
+        .split_once('?')
+        .map_or((url, None), |(m, q)| (m, Some(q)));
+    let scheme_end = main.find("://").map_or(0, |i| i + 3);
+    let base = main[scheme_end..]
+        .find('/')
+        .map_or(main, |i| &main[..scheme_end + i]);
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
+    }
+}
+
 /// The URL with any password replaced by `***`, for logs and error messages.
 pub fn redact_url(url: &str) -> String {
     // postgres://user:secret@host/db → postgres://user:***@host/db
@@ -435,7 +450,16 @@ pub fn redact_url(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{redact_url, with_database};
+
+    #[test]
+    fn swaps_the_database_name_and_keeps_the_query() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/postgres?sslmode=require", "x"),
+            "postgres://u@h:5432/x?sslmode=require"
+        );
+        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+    }
 
     #[test]
     fn redacts_passwords_in_every_url_form() {

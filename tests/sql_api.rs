@@ -9,6 +9,7 @@ use common::{TestDb, sqlstate};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
+#[derive(Clone)]
 struct Claimed {
     id: Uuid,
     token: Uuid,
@@ -206,23 +207,10 @@ async fn wrong_worker_wrong_token_and_expired_lease_are_fenced_and_write_nothing
 
     let wrong_token = Claimed {
         token: Uuid::new_v4(),
-        ..m
+        ..m.clone()
     };
     let (code, _) = sqlstate(complete(&c, &wrong_token, "w1", "DISPATCHED", None).await);
     assert_eq!(code, "P7002");
-    let m = Claimed {
-        token: wrong_token.token,
-        ..wrong_token
-    };
-    let real_token: Uuid = c
-        .query_one("SELECT lease_token FROM outbox.messages", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let m = Claimed {
-        token: real_token,
-        ..m
-    };
 
     c.execute(
         "UPDATE outbox.messages SET lease_expires_at = now() - interval '1 second'",
@@ -241,7 +229,7 @@ async fn wrong_worker_wrong_token_and_expired_lease_are_fenced_and_write_nothing
         .unwrap();
     assert_eq!(
         still,
-        ("w1".to_owned(), real_token),
+        ("w1".to_owned(), m.token),
         "the fenced calls changed nothing"
     );
     db.finish().await;
@@ -548,29 +536,16 @@ async fn stale_worker_is_fenced_after_repair_and_reclaim() {
     assert_eq!(code, "P7002");
     let (code, _) = sqlstate(complete(&c, &stale, "w1", "FAILED", Some("x")).await);
     assert_eq!(code, "P7002");
-    let stale_with_new_owner = Claimed {
+    let old_token_new_owner = Claimed {
         token: stale.token,
-        ..fresh
+        ..fresh.clone()
     };
-    let (code, _) = sqlstate(complete(&c, &stale_with_new_owner, "w2", "DISPATCHED", None).await);
+    let (code, _) = sqlstate(complete(&c, &old_token_new_owner, "w2", "DISPATCHED", None).await);
     assert_eq!(
         code, "P7002",
         "the old token is refused even from the new owner"
     );
 
-    let fresh = Claimed {
-        token: stale_with_new_owner.token,
-        ..stale_with_new_owner
-    };
-    let fresh_token: Uuid = c
-        .query_one("SELECT lease_token FROM outbox.messages", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let fresh = Claimed {
-        token: fresh_token,
-        ..fresh
-    };
     assert_eq!(
         complete(&c, &fresh, "w2", "DISPATCHED", None)
             .await

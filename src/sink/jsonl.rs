@@ -171,10 +171,8 @@ impl Sink for JsonLines {
                     *o = Some(delivered.clone());
                 }
             }
-            outcomes
-                .into_iter()
-                .map(|o| o.unwrap_or(Outcome::Delivered))
-                .collect()
+            // Every message has an outcome now: its render error or the write's result.
+            outcomes.into_iter().flatten().collect()
         })
     }
 

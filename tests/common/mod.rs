@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use outbox_relay::store::Store;
+use outbox_relay::store::{Store, with_database};
 use tokio_postgres::{Client, NoTls};
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -17,23 +17,6 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 pub fn base_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
-}
-
-/// `url` with its database name replaced by `db`.
-pub fn with_database(url: &str, db: &str) -> String {
-    let (main, query) = match url.split_once('?') {
-        Some((m, q)) => (m, Some(q)),
-        None => (url, None),
-    };
-    let scheme_end = main.find("://").map_or(0, |i| i + 3);
-    let base = match main[scheme_end..].find('/') {
-        Some(i) => &main[..scheme_end + i],
-        None => main,
-    };
-    match query {
-        Some(q) => format!("{base}/{db}?{q}"),
-        None => format!("{base}/{db}"),
-    }
 }
 
 pub struct TestDb {
