@@ -139,9 +139,11 @@ $$;
 
 -- claim_outbox_batch: leases up to p_batch_size ready messages to p_worker_id.
 --
--- Ready = available_at <= now(), not leased, topic in p_topics (when given), and the head of
--- its key: no earlier message with the same message_key is still in outbox.messages (leased,
--- delayed or waiting for a retry). So a batch holds at most one message per key.
+-- Ready = available_at <= now(), not leased, topic in p_topics (when given) and matching none
+-- of the LIKE patterns in p_exclude_topics (when given: the relayer passes the topics whose
+-- destination is down, so their attempts are not burnt), and the head of its key: no
+-- earlier message with the same message_key is still in outbox.messages (leased, delayed or
+-- waiting for a retry). So a batch holds at most one message per key.
 -- Each message gets a fresh random lease_token and lease_expires_at = now() + lease.
 -- attempt_no is the number the attempt being started will get.
 --
@@ -167,7 +169,8 @@ CREATE FUNCTION outbox.claim_outbox_batch(
     p_batch_size integer,
     p_worker_id text,
     p_lease_seconds integer,
-    p_topics text[] DEFAULT NULL
+    p_topics text[] DEFAULT NULL,
+    p_exclude_topics text[] DEFAULT NULL
 ) RETURNS TABLE (
     outbox_id uuid,
     lease_token uuid,
@@ -215,6 +218,7 @@ BEGIN
                 WHERE c.available_at <= now()
                   AND c.lease_token IS NULL
                   AND (p_topics IS NULL OR c.topic = ANY (p_topics))
+                  AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics))
                   AND (c.message_key IS NULL OR NOT EXISTS (
                           SELECT 1
                             FROM outbox.messages AS e

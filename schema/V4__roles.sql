@@ -39,7 +39,7 @@ GRANT EXECUTE ON FUNCTION
     TO outbox_producer, outbox_relay;
 
 GRANT EXECUTE ON FUNCTION
-    outbox.claim_outbox_batch(integer, text, integer, text[]),
+    outbox.claim_outbox_batch(integer, text, integer, text[], text[]),
     outbox.complete_outbox_attempt(uuid, uuid, text, outbox.attempt_state, text, timestamptz),
     outbox.complete_outbox_batch(text, uuid[], uuid[], outbox.attempt_state[], text[], timestamptz[]),
     outbox.extend_outbox_leases(text, uuid[], uuid[], integer),

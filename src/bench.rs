@@ -24,6 +24,7 @@ use uuid::Uuid;
 use crate::config::{RawConfig, Settings};
 use crate::message::{ClaimedMessage, Outcome};
 use crate::relay::Relay;
+use crate::route::Router;
 use crate::sink::Sink;
 use crate::store::{Store, with_database};
 
@@ -258,7 +259,8 @@ fn start_relays(
             ..RawConfig::default()
         })?;
         let store = Store::connect(url, settings.pool_size)?;
-        let relay = Relay::new(settings, store, sink.clone());
+        let router = Router::single("bench", sink.clone(), settings.circuit);
+        let relay = Relay::new(settings, store, Arc::new(router));
         relays.push(tokio::spawn(relay.run(shutdown.clone())));
     }
     Ok(relays)

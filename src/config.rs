@@ -3,6 +3,7 @@
 //! read into [`RawConfig`] (every field optional, unknown TOML keys refused) and validated
 //! once into [`Settings`], with errors that name the setting and its allowed range.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -94,6 +95,68 @@ pub struct RawConfig {
     /// Log format: human or json [default: human].
     #[arg(long, env = "OUTBOX_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Consecutive retryable failures that open a destination's circuit, 1..=10000 [default: 5].
+    #[arg(long, env = "OUTBOX_CIRCUIT_FAILURES")]
+    pub circuit_failures: Option<u32>,
+    /// Time an open circuit waits before a probe, 100..=3600000 ms [default: 5000].
+    #[arg(long, env = "OUTBOX_CIRCUIT_COOLDOWN_MS")]
+    pub circuit_cooldown_ms: Option<u64>,
+    /// Named destinations (TOML only: `[destinations.NAME]` with `type = ...`).
+    #[arg(skip)]
+    pub destinations: Option<BTreeMap<String, DestinationConfig>>,
+    /// Topic routes, first match wins (TOML only: `[[routes]]` with `topic` and `destination`).
+    #[arg(skip)]
+    pub routes: Option<Vec<RouteConfig>>,
+}
+
+/// One destination as written in the TOML file.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum DestinationConfig {
+    Stdout {},
+    File {
+        path: PathBuf,
+        fsync: Option<bool>,
+    },
+    Null {
+        latency_ms: Option<u64>,
+    },
+    /// POST to `url` (`{topic}` is replaced by the topic).
+    Http {
+        url: String,
+        timeout_ms: Option<u64>,
+        /// Standard Webhooks signing secret (`whsec_` + base64).
+        signing_secret: Option<String>,
+        headers: Option<BTreeMap<String, String>>,
+        concurrency: Option<usize>,
+    },
+    /// Publish to JetStream subject `subject` (`{topic}` replaced) [default: `{topic}`].
+    Nats {
+        url: Option<String>,
+        subject: Option<String>,
+        timeout_ms: Option<u64>,
+    },
+    /// Publish to RabbitMQ `exchange` with `routing_key` (`{topic}` replaced).
+    Amqp {
+        url: Option<String>,
+        exchange: Option<String>,
+        routing_key: Option<String>,
+    },
+    /// XADD to Redis stream `stream` (`{topic}` replaced) [default: `outbox:{topic}`].
+    Redis {
+        url: Option<String>,
+        stream: Option<String>,
+        maxlen: Option<usize>,
+        timeout_ms: Option<u64>,
+    },
+}
+
+/// One `[[routes]]` entry: `topic` is an exact topic, `prefix.*`, or `*` (everything).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub topic: String,
+    pub destination: String,
 }
 
 impl RawConfig {
@@ -130,16 +193,118 @@ impl RawConfig {
             telemetry_addr: self.telemetry_addr.or(fallback.telemetry_addr),
             no_telemetry: self.no_telemetry.or(fallback.no_telemetry),
             log_format: self.log_format.or(fallback.log_format),
+            circuit_failures: self.circuit_failures.or(fallback.circuit_failures),
+            circuit_cooldown_ms: self.circuit_cooldown_ms.or(fallback.circuit_cooldown_ms),
+            destinations: self.destinations.or(fallback.destinations),
+            routes: self.routes.or(fallback.routes),
         }
     }
 }
 
-/// Where delivered messages go.
+/// One destination, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SinkSettings {
     Stdout,
-    File { path: PathBuf, fsync: bool },
-    Null { latency: Duration },
+    File {
+        path: PathBuf,
+        fsync: bool,
+    },
+    Null {
+        latency: Duration,
+    },
+    Http {
+        url: String,
+        timeout: Duration,
+        signing_secret: Option<Vec<u8>>,
+        headers: Vec<(String, String)>,
+        concurrency: usize,
+    },
+    Nats {
+        url: String,
+        subject: String,
+        timeout: Duration,
+    },
+    Amqp {
+        url: String,
+        exchange: String,
+        routing_key: String,
+    },
+    Redis {
+        url: String,
+        stream: String,
+        maxlen: Option<usize>,
+        timeout: Duration,
+    },
+}
+
+/// Which topics a route takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopicPattern {
+    Exact(String),
+    /// `orders.*`: every topic starting with `orders.`.
+    Prefix(String),
+    /// `*`: every topic (a default route).
+    Any,
+}
+
+impl TopicPattern {
+    pub fn parse(pattern: &str) -> Result<Self, ConfigError> {
+        match pattern {
+            "" => Err(invalid("routes", "a route's topic must not be empty")),
+            "*" => Ok(TopicPattern::Any),
+            p if p.ends_with('*') => {
+                let prefix = &p[..p.len() - 1];
+                if prefix.contains('*') {
+                    return Err(invalid(
+                        "routes",
+                        format!("topic pattern {p:?}: only a trailing * is supported"),
+                    ));
+                }
+                Ok(TopicPattern::Prefix(prefix.to_owned()))
+            }
+            p if p.contains('*') => Err(invalid(
+                "routes",
+                format!("topic pattern {p:?}: only a trailing * is supported"),
+            )),
+            p => Ok(TopicPattern::Exact(p.to_owned())),
+        }
+    }
+
+    pub fn matches(&self, topic: &str) -> bool {
+        match self {
+            TopicPattern::Exact(t) => t == topic,
+            TopicPattern::Prefix(p) => topic.starts_with(p.as_str()),
+            TopicPattern::Any => true,
+        }
+    }
+
+    /// The same pattern for SQL `LIKE` (with `\` escaping `%`, `_` and `\`).
+    pub fn to_like(&self) -> String {
+        let escape = |s: &str| {
+            s.replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        };
+        match self {
+            TopicPattern::Exact(t) => escape(t),
+            TopicPattern::Prefix(p) => format!("{}%", escape(p)),
+            TopicPattern::Any => "%".to_owned(),
+        }
+    }
+}
+
+/// A named destination and its circuit-breaker thresholds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DestinationSettings {
+    pub name: String,
+    pub sink: SinkSettings,
+}
+
+/// Circuit breaker thresholds, the same for every destination.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CircuitSettings {
+    pub failures: u32,
+    pub cooldown: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,7 +326,10 @@ pub struct RetrySettings {
 pub struct Settings {
     pub database_url: String,
     pub worker_id: WorkerId,
-    pub sink: SinkSettings,
+    pub destinations: Vec<DestinationSettings>,
+    /// First match wins; the index is into `destinations`.
+    pub routes: Vec<(TopicPattern, usize)>,
+    pub circuit: CircuitSettings,
     pub topics: Option<Vec<String>>,
     pub batch_size: i32,
     pub max_batches_in_flight: usize,
@@ -198,35 +366,13 @@ fn to_i32(setting: &'static str, value: u32) -> Result<i32, ConfigError> {
 
 impl Settings {
     pub fn from_raw(raw: RawConfig) -> Result<Settings, ConfigError> {
+        let (destinations, routes) = destinations_and_routes(&raw)?;
         let worker_id = match raw.worker_id {
             Some(id) if id.trim().is_empty() => {
                 return Err(invalid("worker_id", "must not be empty"));
             }
             Some(id) => WorkerId::new(id),
             None => default_worker_id(),
-        };
-        let sink = match raw.sink.as_deref().unwrap_or("stdout") {
-            "stdout" => SinkSettings::Stdout,
-            "file" => SinkSettings::File {
-                path: raw
-                    .sink_file
-                    .ok_or_else(|| invalid("sink_file", "is required when sink = \"file\""))?,
-                fsync: raw.sink_file_fsync.unwrap_or(true),
-            },
-            "null" => SinkSettings::Null {
-                latency: Duration::from_millis(in_range(
-                    "null_latency_ms",
-                    raw.null_latency_ms.unwrap_or(0),
-                    0,
-                    600_000,
-                )?),
-            },
-            other => {
-                return Err(invalid(
-                    "sink",
-                    format!("unknown sink {other:?}; expected stdout, file or null"),
-                ));
-            }
         };
         if let Some(topics) = &raw.topics
             && (topics.is_empty() || topics.iter().any(|t| t.trim().is_empty()))
@@ -282,7 +428,22 @@ impl Settings {
                 .database_url
                 .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
             worker_id,
-            sink,
+            destinations,
+            routes,
+            circuit: CircuitSettings {
+                failures: in_range(
+                    "circuit_failures",
+                    raw.circuit_failures.unwrap_or(5),
+                    1,
+                    10_000,
+                )?,
+                cooldown: Duration::from_millis(in_range(
+                    "circuit_cooldown_ms",
+                    raw.circuit_cooldown_ms.unwrap_or(5000),
+                    100,
+                    3_600_000,
+                )?),
+            },
             topics: raw.topics,
             batch_size: to_i32(
                 "batch_size",
@@ -334,6 +495,209 @@ impl Settings {
     }
 }
 
+/// The destinations and routes: from `[destinations]`/`[[routes]]` when given, otherwise
+/// the one `--sink` taking every topic.
+#[allow(clippy::type_complexity)]
+fn destinations_and_routes(
+    raw: &RawConfig,
+) -> Result<(Vec<DestinationSettings>, Vec<(TopicPattern, usize)>), ConfigError> {
+    let Some(configured) = &raw.destinations else {
+        if raw.routes.is_some() {
+            return Err(invalid(
+                "routes",
+                "routes need [destinations.NAME] tables to point at",
+            ));
+        }
+        let sink = single_sink(raw)?;
+        let name = match sink {
+            SinkSettings::File { .. } => "file",
+            SinkSettings::Null { .. } => "null",
+            _ => "stdout",
+        };
+        return Ok((
+            vec![DestinationSettings {
+                name: name.to_owned(),
+                sink,
+            }],
+            vec![(TopicPattern::Any, 0)],
+        ));
+    };
+    if raw.sink.is_some() {
+        return Err(invalid(
+            "sink",
+            "give either --sink or [destinations] tables, not both",
+        ));
+    }
+    if configured.is_empty() {
+        return Err(invalid(
+            "destinations",
+            "at least one destination is needed",
+        ));
+    }
+    let mut destinations = Vec::new();
+    for (name, d) in configured {
+        destinations.push(DestinationSettings {
+            name: name.clone(),
+            sink: destination(name, d)?,
+        });
+    }
+    let routes = raw
+        .routes
+        .as_deref()
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| {
+            invalid(
+                "routes",
+                "at least one [[routes]] entry (topic, destination) is needed",
+            )
+        })?;
+    let mut parsed = Vec::new();
+    for r in routes {
+        let index = destinations
+            .iter()
+            .position(|d| d.name == r.destination)
+            .ok_or_else(|| {
+                invalid(
+                    "routes",
+                    format!(
+                        "route {:?} points at unknown destination {:?}",
+                        r.topic, r.destination
+                    ),
+                )
+            })?;
+        parsed.push((TopicPattern::parse(&r.topic)?, index));
+    }
+    Ok((destinations, parsed))
+}
+
+fn single_sink(raw: &RawConfig) -> Result<SinkSettings, ConfigError> {
+    Ok(match raw.sink.as_deref().unwrap_or("stdout") {
+        "stdout" => SinkSettings::Stdout,
+        "file" => SinkSettings::File {
+            path: raw
+                .sink_file
+                .clone()
+                .ok_or_else(|| invalid("sink_file", "is required when sink = \"file\""))?,
+            fsync: raw.sink_file_fsync.unwrap_or(true),
+        },
+        "null" => SinkSettings::Null {
+            latency: Duration::from_millis(in_range(
+                "null_latency_ms",
+                raw.null_latency_ms.unwrap_or(0),
+                0,
+                600_000,
+            )?),
+        },
+        other => {
+            return Err(invalid(
+                "sink",
+                format!(
+                    "unknown sink {other:?}; expected stdout, file or null (other destinations: [destinations] in the config file)"
+                ),
+            ));
+        }
+    })
+}
+
+fn timeout(setting: &'static str, ms: Option<u64>, default: u64) -> Result<Duration, ConfigError> {
+    Ok(Duration::from_millis(in_range(
+        setting,
+        ms.unwrap_or(default),
+        1,
+        600_000,
+    )?))
+}
+
+/// Validates one `[destinations.NAME]` table.
+fn destination(name: &str, d: &DestinationConfig) -> Result<SinkSettings, ConfigError> {
+    let template = |value: Option<&String>, default: &str| {
+        value.cloned().unwrap_or_else(|| default.to_owned())
+    };
+    Ok(match d {
+        DestinationConfig::Stdout {} => SinkSettings::Stdout,
+        DestinationConfig::File { path, fsync } => SinkSettings::File {
+            path: path.clone(),
+            fsync: fsync.unwrap_or(true),
+        },
+        DestinationConfig::Null { latency_ms } => SinkSettings::Null {
+            latency: Duration::from_millis(latency_ms.unwrap_or(0)),
+        },
+        DestinationConfig::Http {
+            url,
+            timeout_ms,
+            signing_secret,
+            headers,
+            concurrency,
+        } => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid(
+                    "destinations",
+                    format!("{name}: url {url:?} must start with http:// or https://"),
+                ));
+            }
+            let signing_secret = signing_secret
+                .as_deref()
+                .map(|s| webhook_secret(name, s))
+                .transpose()?;
+            SinkSettings::Http {
+                url: url.clone(),
+                timeout: timeout("destinations.timeout_ms", *timeout_ms, 10_000)?,
+                signing_secret,
+                headers: headers.clone().unwrap_or_default().into_iter().collect(),
+                concurrency: in_range(
+                    "destinations.concurrency",
+                    concurrency.unwrap_or(64),
+                    1,
+                    1024,
+                )?,
+            }
+        }
+        DestinationConfig::Nats {
+            url,
+            subject,
+            timeout_ms,
+        } => SinkSettings::Nats {
+            url: template(url.as_ref(), "nats://127.0.0.1:4222"),
+            subject: template(subject.as_ref(), "{topic}"),
+            timeout: timeout("destinations.timeout_ms", *timeout_ms, 10_000)?,
+        },
+        DestinationConfig::Amqp {
+            url,
+            exchange,
+            routing_key,
+        } => SinkSettings::Amqp {
+            url: template(url.as_ref(), "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            exchange: template(exchange.as_ref(), ""),
+            routing_key: template(routing_key.as_ref(), "{topic}"),
+        },
+        DestinationConfig::Redis {
+            url,
+            stream,
+            maxlen,
+            timeout_ms,
+        } => SinkSettings::Redis {
+            url: template(url.as_ref(), "redis://127.0.0.1:6379"),
+            stream: template(stream.as_ref(), "outbox:{topic}"),
+            maxlen: *maxlen,
+            timeout: timeout("destinations.timeout_ms", *timeout_ms, 5_000)?,
+        },
+    })
+}
+
+/// A Standard Webhooks secret: `whsec_` followed by base64 (the key bytes).
+fn webhook_secret(name: &str, secret: &str) -> Result<Vec<u8>, ConfigError> {
+    use base64::Engine;
+    let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
+    base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|e| {
+            invalid(
+                "destinations",
+                format!("{name}: signing_secret must be whsec_ followed by base64 ({e})"),
+            )
+        })
+}
+
 /// `host-pid-random`: unique per process, readable in `outbox.in_flight`.
 fn default_worker_id() -> WorkerId {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -357,7 +721,8 @@ mod tests {
     #[test]
     fn defaults_work_against_a_local_postgres() {
         let s = settings(RawConfig::default()).unwrap();
-        assert_eq!(s.sink, SinkSettings::Stdout);
+        assert_eq!(s.destinations[0].sink, SinkSettings::Stdout);
+        assert_eq!(s.routes, vec![(TopicPattern::Any, 0)]);
         assert_eq!((s.batch_size, s.lease_secs), (500, 30));
         assert_eq!(s.telemetry_addr, Some("127.0.0.1:9187".parse().unwrap()));
         assert!(

@@ -12,14 +12,14 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::sink::Sink;
+use crate::route::Router as Destinations;
 use crate::store::Store;
 
 #[derive(Clone)]
 struct Probe {
     metrics: PrometheusHandle,
     store: Store,
-    sink: Arc<dyn Sink>,
+    router: Arc<Destinations>,
 }
 
 /// Binds `addr` now (so a taken port fails the start) and serves until `shutdown`.
@@ -27,7 +27,7 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: PrometheusHandle,
     store: Store,
-    sink: Arc<dyn Sink>,
+    router: Arc<Destinations>,
     shutdown: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await.map_err(|e| {
@@ -43,7 +43,7 @@ pub async fn serve(
         .with_state(Probe {
             metrics,
             store,
-            sink,
+            router,
         });
     tracing::info!(%addr, "telemetry listening (/metrics, /healthz, /readyz)");
     Ok(tokio::spawn(async move {
@@ -63,13 +63,19 @@ async fn render_metrics(State(probe): State<Probe>) -> String {
 
 async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
     let database = probe.store.ping().await.map_err(|e| e.to_string());
-    let sink = probe.sink.ready().await;
-    let line = |name: &str, r: &Result<(), String>| match r {
-        Ok(()) => format!("{name}: ok\n"),
-        Err(e) => format!("{name}: {e}\n"),
+    let mut ok = database.is_ok();
+    let mut body = match &database {
+        Ok(()) => "database: ok\n".to_owned(),
+        Err(e) => format!("database: {e}\n"),
     };
-    let body = line("database", &database) + &line(&format!("sink {}", probe.sink.name()), &sink);
-    let status = if database.is_ok() && sink.is_ok() {
+    for (name, circuit, ready) in probe.router.readiness().await {
+        ok &= ready.is_ok();
+        match ready {
+            Ok(()) => body += &format!("destination {name}: ok (circuit {circuit:?})\n"),
+            Err(e) => body += &format!("destination {name}: {e} (circuit {circuit:?})\n"),
+        }
+    }
+    let status = if ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -8,6 +8,8 @@
 //! - [`schema`]: the embedded SQL migrations.
 //! - [`store`]: the only module that talks SQL: pool, SQL API calls, typed errors.
 //! - [`sink`]: destinations behind one small trait.
+//! - [`route`]: topic → destination routing; the relay's one sink.
+//! - [`circuit`]: a circuit breaker per destination.
 //! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down.
 //! - [`retry`]: backoff with full jitter for retryable failures.
 //! - [`janitor`]: periodic repair of expired leases.
@@ -17,6 +19,7 @@
 //! - [`bench`]: the throughput and latency benchmark.
 
 pub mod bench;
+pub mod circuit;
 pub mod config;
 pub mod http;
 pub mod janitor;
@@ -24,6 +27,7 @@ pub mod logging;
 pub mod message;
 pub mod relay;
 pub mod retry;
+pub mod route;
 pub mod schema;
 pub mod sink;
 pub mod store;

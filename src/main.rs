@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -11,8 +12,9 @@ use tokio_util::sync::CancellationToken;
 use outbox_relay::config::{RawConfig, Settings};
 use outbox_relay::message::{NewMessage, OutboxId};
 use outbox_relay::relay::Relay;
+use outbox_relay::route::Router;
 use outbox_relay::store::{Store, redact_url};
-use outbox_relay::{bench, http, logging, sink, telemetry};
+use outbox_relay::{bench, http, logging, telemetry};
 
 #[derive(Parser)]
 #[command(
@@ -202,7 +204,7 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
 
     let store = Store::connect(&settings.database_url, settings.pool_size)?;
     tracing::info!(worker_id = %settings.worker_id, database = %redact_url(&settings.database_url),
-        sink = ?settings.sink, batch_size = settings.batch_size, lease_secs = settings.lease_secs,
+        destinations = ?settings.destinations.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), batch_size = settings.batch_size, lease_secs = settings.lease_secs,
         "starting");
     wait_for_database(&store, &shutdown).await;
     if shutdown.is_cancelled() {
@@ -213,15 +215,26 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
             tracing::info!(migration = %name, "applied");
         }
     }
-    let sink = sink::from_settings(&settings.sink)?;
     let metrics = telemetry::install();
+    let router = Arc::new(Router::new(
+        &settings.destinations,
+        settings.routes.clone(),
+        settings.circuit,
+    )?);
     let listener = match settings.telemetry_addr {
-        Some(addr) => {
-            Some(http::serve(addr, metrics, store.clone(), sink.clone(), shutdown.clone()).await?)
-        }
+        Some(addr) => Some(
+            http::serve(
+                addr,
+                metrics,
+                store.clone(),
+                router.clone(),
+                shutdown.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
-    Relay::new(settings, store, sink).run(shutdown).await;
+    Relay::new(settings, store, router).run(shutdown).await;
     if let Some(listener) = listener {
         listener.abort();
     }

@@ -23,6 +23,7 @@ use crate::config::Settings;
 use crate::message::{
     AttemptState, ClaimedMessage, Completion, LeaseToken, OutboxId, Outcome, WorkerId,
 };
+use crate::route::Router;
 use crate::sink::Sink;
 use crate::store::{Store, StoreError};
 use crate::{janitor, retry, telemetry};
@@ -103,13 +104,13 @@ impl LeaseBook {
 pub struct Relay {
     settings: Arc<Settings>,
     store: Store,
-    sink: Arc<dyn Sink>,
+    sink: Arc<Router>,
     leases: Arc<LeaseBook>,
     wake: Arc<Notify>,
 }
 
 impl Relay {
-    pub fn new(settings: Settings, store: Store, sink: Arc<dyn Sink>) -> Self {
+    pub fn new(settings: Settings, store: Store, sink: Arc<Router>) -> Self {
         Self {
             settings: Arc::new(settings),
             store,
@@ -141,6 +142,7 @@ impl Relay {
                 self.worker(),
                 self.settings.lease_secs,
                 self.settings.topics.as_deref(),
+                self.sink.paused_topics().as_deref(),
             )
             .await?;
         if !batch.is_empty() {

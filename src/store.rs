@@ -193,22 +193,30 @@ impl Store {
         Ok(OutboxId(row.get(0)))
     }
 
-    /// `outbox.claim_outbox_batch`: leases up to `batch_size` ready messages.
+    /// `outbox.claim_outbox_batch`: leases up to `batch_size` ready messages of `topics`
+    /// (all when `None`) whose topic matches none of the LIKE patterns in `exclude`.
     pub async fn claim(
         &self,
         batch_size: i32,
         worker: &WorkerId,
         lease_secs: i32,
         topics: Option<&[String]>,
+        exclude: Option<&[String]>,
     ) -> Result<Vec<ClaimedMessage>> {
         let client = self.client().await?;
         let stmt = client
-            .prepare_cached("SELECT * FROM outbox.claim_outbox_batch($1, $2, $3, $4)")
+            .prepare_cached("SELECT * FROM outbox.claim_outbox_batch($1, $2, $3, $4, $5)")
             .await?;
         let rows = client
             .query(
                 &stmt,
-                &[&batch_size, &worker.as_str(), &lease_secs, &topics],
+                &[
+                    &batch_size,
+                    &worker.as_str(),
+                    &lease_secs,
+                    &topics,
+                    &exclude,
+                ],
             )
             .await?;
         Ok(rows.iter().map(claimed_from_row).collect())

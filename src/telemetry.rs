@@ -26,6 +26,7 @@ pub const REPAIR_REQUEUED: &str = "outbox_repair_requeued_total";
 pub const REPAIR_DEAD_LETTERED: &str = "outbox_repair_dead_lettered_total";
 pub const DATABASE_ERRORS: &str = "outbox_database_errors_total";
 pub const POOL_CONNECTIONS: &str = "outbox_db_pool_connections";
+pub const CIRCUIT_STATE: &str = "outbox_destination_circuit_state";
 
 /// Installs the global Prometheus recorder (once per process) and returns its handle.
 pub fn install() -> PrometheusHandle {
@@ -133,5 +134,21 @@ pub fn pool(status: PoolStatus) {
         gauge!(POOL_CONNECTIONS, "state" => "open").set(status.size as f64);
         gauge!(POOL_CONNECTIONS, "state" => "idle").set(status.available as f64);
         gauge!(POOL_CONNECTIONS, "state" => "max").set(status.max_size as f64);
+    }
+}
+
+pub fn circuit_changed(destination: &str, state: crate::circuit::State) {
+    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(state.as_gauge());
+    match state {
+        crate::circuit::State::Open => tracing::warn!(
+            destination,
+            "circuit open: not claiming its topics until a probe succeeds"
+        ),
+        crate::circuit::State::HalfOpen => {
+            tracing::info!(destination, "circuit half-open: probing")
+        }
+        crate::circuit::State::Closed => {
+            tracing::info!(destination, "circuit closed: destination is back")
+        }
     }
 }

@@ -1,0 +1,181 @@
+//! Which destination each message goes to. Routes are tried in order and the first whose
+//! pattern matches the topic wins; a message no route takes is dead-lettered with a reason
+//! saying so (never retried forever, never dropped). The router is the relay's one sink: it
+//! splits a batch by destination, publishes the parts concurrently and puts the outcomes
+//! back in batch order. It also knows which topics to stop claiming while a destination's
+//! circuit is open.
+
+use std::sync::Arc;
+
+use futures_util::future::{BoxFuture, join_all};
+use metrics::gauge;
+
+use crate::circuit::{Breaker, State};
+use crate::config::{CircuitSettings, DestinationSettings, TopicPattern};
+use crate::message::{ClaimedMessage, Outcome};
+use crate::sink::{self, Sink, SinkError};
+
+pub struct Destination {
+    pub name: String,
+    pub sink: Arc<dyn Sink>,
+    breaker: Breaker,
+}
+
+pub struct Router {
+    destinations: Vec<Destination>,
+    routes: Vec<(TopicPattern, usize)>,
+}
+
+impl Router {
+    /// Builds every destination's sink.
+    pub fn new(
+        destinations: &[DestinationSettings],
+        routes: Vec<(TopicPattern, usize)>,
+        circuit: CircuitSettings,
+    ) -> Result<Self, SinkError> {
+        let destinations = destinations
+            .iter()
+            .map(|d| {
+                Ok(Destination {
+                    name: d.name.clone(),
+                    sink: sink::from_settings(&d.sink)?,
+                    breaker: Breaker::new(circuit),
+                })
+            })
+            .collect::<Result<Vec<_>, SinkError>>()?;
+        for d in &destinations {
+            gauge!(crate::telemetry::CIRCUIT_STATE, "destination" => d.name.clone())
+                .set(State::Closed.as_gauge());
+        }
+        Ok(Self {
+            destinations,
+            routes,
+        })
+    }
+
+    /// One sink taking every topic (for tools and benchmarks).
+    pub fn single(name: &str, sink: Arc<dyn Sink>, circuit: CircuitSettings) -> Self {
+        Self {
+            destinations: vec![Destination {
+                name: name.to_owned(),
+                sink,
+                breaker: Breaker::new(circuit),
+            }],
+            routes: vec![(TopicPattern::Any, 0)],
+        }
+    }
+
+    fn route(&self, topic: &str) -> Option<usize> {
+        self.routes
+            .iter()
+            .find(|(p, _)| p.matches(topic))
+            .map(|(_, d)| *d)
+    }
+
+    /// LIKE patterns of the topics whose destination does not admit work now (open
+    /// circuit); `None` when every destination does. A pattern of a later route may also
+    /// hold back topics an earlier route sends elsewhere: they wait, they are not lost.
+    pub fn paused_topics(&self) -> Option<Vec<String>> {
+        let paused: Vec<String> = self
+            .routes
+            .iter()
+            .filter(|(_, d)| !self.destinations[*d].breaker.admits())
+            .map(|(p, _)| p.to_like())
+            .collect();
+        (!paused.is_empty()).then_some(paused)
+    }
+
+    /// Each destination's name, circuit state and readiness (for /readyz).
+    pub async fn readiness(&self) -> Vec<(String, State, Result<(), String>)> {
+        join_all(
+            self.destinations
+                .iter()
+                .map(|d| async move { (d.name.clone(), d.breaker.state(), d.sink.ready().await) }),
+        )
+        .await
+    }
+
+    pub fn names(&self) -> String {
+        self.destinations
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl Sink for Router {
+    fn name(&self) -> &'static str {
+        "router"
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+            let mut parts: Vec<(Vec<usize>, Vec<ClaimedMessage>)> =
+                vec![(Vec::new(), Vec::new()); self.destinations.len()];
+            for (i, m) in batch.iter().enumerate() {
+                match self.route(&m.topic) {
+                    Some(d) => {
+                        parts[d].0.push(i);
+                        parts[d].1.push(m.clone());
+                    }
+                    None => {
+                        outcomes[i] = Some(Outcome::Permanent {
+                            reason: format!(
+                                "no route for topic {:?}: add a [[routes]] entry (or a \"*\" default route)",
+                                m.topic
+                            ),
+                        });
+                    }
+                }
+            }
+            let published = join_all(
+                parts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (idx, _))| !idx.is_empty())
+                    .map(|(d, (idx, messages))| async move {
+                        let destination = &self.destinations[d];
+                        destination.breaker.start();
+                        let result = destination.sink.publish(messages).await;
+                        if let Some(state) = destination.breaker.record(&result) {
+                            crate::telemetry::circuit_changed(&destination.name, state);
+                        }
+                        (idx, result)
+                    }),
+            )
+            .await;
+            for (idx, result) in published {
+                for (i, outcome) in idx.iter().zip(result) {
+                    outcomes[*i] = Some(outcome);
+                }
+            }
+            outcomes
+                .into_iter()
+                .map(|o| {
+                    o.unwrap_or_else(|| Outcome::Retryable {
+                        reason: "destination returned too few outcomes".into(),
+                        retry_after: None,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let problems: Vec<String> = self
+                .readiness()
+                .await
+                .into_iter()
+                .filter_map(|(name, _, r)| r.err().map(|e| format!("{name}: {e}")))
+                .collect();
+            if problems.is_empty() {
+                Ok(())
+            } else {
+                Err(problems.join("; "))
+            }
+        })
+    }
+}

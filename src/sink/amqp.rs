@@ -1,0 +1,140 @@
+//! The `amqp` destination (RabbitMQ): publisher confirms on, persistent delivery,
+//! `message_id` = outbox_id, `mandatory` so that a message no queue is bound for comes back
+//! (permanent: it would otherwise be dropped silently). A message is delivered when the
+//! broker confirms it; a nack or a lost connection is retryable.
+
+use futures_util::future::BoxFuture;
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+use super::{Sink, SinkError, install_tls_provider};
+use crate::message::{ClaimedMessage, Outcome};
+
+pub struct Amqp {
+    url: String,
+    exchange: String,
+    routing_key: String,
+    channel: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+}
+
+impl Amqp {
+    pub fn new(url: &str, exchange: &str, routing_key: &str) -> Result<Self, SinkError> {
+        install_tls_provider();
+        if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+            return Err(SinkError {
+                sink: "amqp",
+                problem: "url must start with amqp:// or amqps://".into(),
+            });
+        }
+        Ok(Self {
+            url: url.to_owned(),
+            exchange: exchange.to_owned(),
+            routing_key: routing_key.to_owned(),
+            channel: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    async fn channel(&self) -> Result<Channel, String> {
+        let mut slot = self.channel.lock().await;
+        if let Some((connection, channel)) = slot.as_ref()
+            && connection.status().connected()
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        let connection = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .map_err(|e| format!("amqp connect: {e}"))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| format!("amqp channel: {e}"))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| format!("amqp confirm_select: {e}"))?;
+        *slot = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+}
+
+impl Sink for Amqp {
+    fn name(&self) -> &'static str {
+        "amqp"
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let retry = |reason: String| Outcome::Retryable {
+                reason,
+                retry_after: None,
+            };
+            let channel = match self.channel().await {
+                Ok(c) => c,
+                Err(reason) => return vec![retry(reason); batch.len()],
+            };
+            let mut confirms = Vec::with_capacity(batch.len());
+            for m in batch {
+                let routing_key = self.routing_key.replace("{topic}", &m.topic);
+                let mut headers = FieldTable::default();
+                headers.insert(
+                    "outbox-topic".into(),
+                    AMQPValue::LongString(LongString::from(m.topic.as_str())),
+                );
+                headers.insert("outbox-attempt".into(), AMQPValue::LongInt(m.attempt_no));
+                if let Some(key) = &m.key {
+                    headers.insert(
+                        "outbox-key".into(),
+                        AMQPValue::LongString(LongString::from(key.as_str())),
+                    );
+                }
+                let properties = BasicProperties::default()
+                    .with_message_id(ShortString::from(m.id.to_string()))
+                    .with_delivery_mode(2)
+                    .with_content_type(ShortString::from(m.content_type.as_str()))
+                    .with_headers(headers);
+                let sent = channel
+                    .basic_publish(
+                        ShortString::from(self.exchange.as_str()),
+                        ShortString::from(routing_key.as_str()),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        &m.payload,
+                        properties,
+                    )
+                    .await;
+                confirms.push((routing_key, sent));
+            }
+            let mut outcomes = Vec::with_capacity(batch.len());
+            for (routing_key, sent) in confirms {
+                let outcome = match sent {
+                    Err(e) => retry(format!("amqp publish: {e}")),
+                    Ok(confirm) => match confirm.await {
+                        Ok(Confirmation::Ack(None)) => Outcome::Delivered,
+                        Ok(Confirmation::Ack(Some(returned))) => Outcome::Permanent {
+                            reason: format!(
+                                "unroutable: exchange {:?} has no queue bound for routing key {routing_key:?} ({})",
+                                self.exchange, returned.reply_text
+                            ),
+                        },
+                        Ok(Confirmation::Nack(_)) => retry("the broker nacked the message".into()),
+                        Ok(Confirmation::NotRequested) => {
+                            retry("publisher confirms are off".into())
+                        }
+                        Err(e) => retry(format!("amqp confirm: {e}")),
+                    },
+                };
+                outcomes.push(outcome);
+            }
+            outcomes
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { self.channel().await.map(|_| ()) })
+    }
+}

@@ -1,0 +1,490 @@
+//! Destinations against the real servers on this machine (Redis 127.0.0.1:6379, NATS with
+//! JetStream 127.0.0.1:4222, RabbitMQ 127.0.0.1:5672, and an HTTP server the test starts),
+//! driven through the built binary with a TOML config of destinations and routes.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Relayer, TestDb, eventually};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// Fails (never skips) when a server the test needs does not answer.
+async fn require(name: &str, addr: &str, how: &str) {
+    if tokio::net::TcpStream::connect(addr).await.is_err() {
+        panic!("{name} is not reachable on {addr}; start it with: {how} (.ci/run starts it)");
+    }
+}
+
+async fn fill(c: &Client, topic: &str, n: i64) -> HashSet<Uuid> {
+    c.query(
+        "INSERT INTO outbox.messages (topic, payload) \
+         SELECT $1, convert_to(json_build_object('n', i)::text, 'UTF8') \
+           FROM generate_series(1, $2::bigint) AS i RETURNING outbox_id",
+        &[&topic, &n],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+async fn pending(c: &Client) -> i64 {
+    c.query_one("SELECT count(*) FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn histories(c: &Client) -> Vec<String> {
+    c.query(
+        "SELECT string_agg(attempt_no || ':' || state, ' ' ORDER BY attempt_no) \
+         FROM outbox.attempts GROUP BY outbox_id ORDER BY 1",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Runs a relayer with `config` (TOML) until the outbox is empty, then stops it.
+async fn relay_until_drained(db: &TestDb, c: &Client, config: &str, extra: &[&str]) -> Relayer {
+    let path = db.scratch_dir().join("relay.toml");
+    std::fs::write(&path, config).unwrap();
+    let path = path.display().to_string();
+    let mut args = vec![
+        "--config",
+        &path,
+        "--no-telemetry",
+        "--retry-base-ms",
+        "50",
+        "--retry-cap-ms",
+        "200",
+    ];
+    args.extend_from_slice(extra);
+    let mut w = Relayer::start(db, "dest", &args);
+    eventually(2 * MINUTE, "the outbox to drain", || async {
+        pending(c).await == 0
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    w
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_streams_receive_5000_messages_exactly_once() {
+    require("Redis", "127.0.0.1:6379", "redis-server --daemonize yes").await;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let ids = fill(&c, "orders", 5000).await;
+    let stream_prefix = format!("outbox-test:{}", db.name);
+    let config = format!(
+        "[destinations.streams]\ntype = \"redis\"\nstream = \"{stream_prefix}:{{topic}}\"\n\n\
+         [[routes]]\ntopic = \"*\"\ndestination = \"streams\"\n"
+    );
+    relay_until_drained(&db, &c, &config, &[]).await;
+
+    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut r = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{stream_prefix}:orders");
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let got: Vec<Uuid> = entries
+        .ids
+        .iter()
+        .map(|e| e.get::<String>("outbox_id").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(got.len(), 5000, "one entry per message");
+    assert_eq!(got.into_iter().collect::<HashSet<_>>(), ids);
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(histories(&c).await.iter().all(|h| h == "1:DISPATCHED"));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_jetstream_receives_5000_once_and_drops_a_redelivery() {
+    require("NATS", "127.0.0.1:4222", "nats-server -js").await;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let ids = fill(&c, "orders", 5000).await;
+    let prefix = db.name.replace('_', "-");
+    let nats = async_nats::connect("127.0.0.1:4222").await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let mut stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: prefix.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let config = format!(
+        "[destinations.events]\ntype = \"nats\"\nsubject = \"{prefix}.{{topic}}\"\n\n\
+         [destinations.nowhere]\ntype = \"nats\"\nsubject = \"no-stream-{prefix}.{{topic}}\"\n\n\
+         [[routes]]\ntopic = \"lost.*\"\ndestination = \"nowhere\"\n\n\
+         [[routes]]\ntopic = \"*\"\ndestination = \"events\"\n"
+    );
+    let lost = fill(&c, "lost.one", 3).await;
+    relay_until_drained(&db, &c, &config, &[]).await;
+
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.state.messages, 5000);
+    // Redeliver one already-delivered outbox_id: JetStream's duplicate window drops it.
+    let one = ids.iter().next().unwrap().to_string();
+    let ack = js
+        .send_publish(
+            format!("{prefix}.orders"),
+            async_nats::jetstream::message::PublishMessage::build()
+                .payload("again".into())
+                .message_id(&one),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(ack.duplicate, "same Nats-Msg-Id within the window");
+    assert_eq!(stream.info().await.unwrap().state.messages, 5000);
+
+    let dead: Vec<(Uuid, String)> = c
+        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), lost);
+    assert!(
+        dead.iter().all(|d| d.1.contains("no JetStream stream")),
+        "{dead:?}"
+    );
+    js.delete_stream(&prefix).await.unwrap();
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_confirms_5000_messages_and_reports_unroutable_ones() {
+    use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+    require("RabbitMQ", "127.0.0.1:5672", "rabbitmq-server -detached").await;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let ids = fill(&c, "orders", 5000).await;
+    let unroutable = fill(&c, "nobody.listens", 2).await;
+    let queue = format!("{}-orders", db.name);
+    let conn =
+        lapin::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", Default::default())
+            .await
+            .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        queue.as_str().into(),
+        QueueDeclareOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    // Default exchange: the routing key is the queue name.
+    let config = format!(
+        "[destinations.rabbit]\ntype = \"amqp\"\nexchange = \"\"\nrouting_key = \"{}-{{topic}}\"\n\n\
+         [[routes]]\ntopic = \"*\"\ndestination = \"rabbit\"\n",
+        db.name
+    );
+    relay_until_drained(&db, &c, &config, &[]).await;
+
+    let mut got = HashSet::new();
+    while let Some(m) = ch
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        let id = m
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            m.delivery.properties.delivery_mode(),
+            &Some(2),
+            "persistent"
+        );
+        assert!(
+            got.insert(id.parse::<Uuid>().unwrap()),
+            "{id} arrived twice"
+        );
+    }
+    assert_eq!(got, ids);
+    let dead: Vec<(Uuid, String)> = c
+        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), unroutable);
+    assert!(dead.iter().all(|d| d.1.contains("unroutable")), "{dead:?}");
+    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    db.finish().await;
+}
+
+/// What the test HTTP server saw, and how it answers.
+#[derive(Default)]
+struct Hook {
+    requests: Vec<(axum::http::HeaderMap, Vec<u8>)>,
+    /// Status codes to answer first, in order; then 200.
+    script: Vec<u16>,
+    /// Status for every request to topic `rejected`.
+    down: bool,
+}
+
+async fn start_hook(hook: Arc<Mutex<Hook>>) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::http::StatusCode;
+    let app = axum::Router::new().route(
+        "/hooks/{topic}",
+        axum::routing::post(
+            |axum::extract::Path(topic): axum::extract::Path<String>,
+             axum::extract::State(hook): axum::extract::State<Arc<Mutex<Hook>>>,
+             headers: axum::http::HeaderMap,
+             body: axum::body::Bytes| async move {
+                let mut h = hook.lock().unwrap();
+                if h.down {
+                    return StatusCode::SERVICE_UNAVAILABLE;
+                }
+                h.requests.push((headers, body.to_vec()));
+                if topic == "rejected" {
+                    return StatusCode::BAD_REQUEST;
+                }
+                if h.script.is_empty() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::from_u16(h.script.remove(0)).unwrap()
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks/{{topic}}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app.with_state(hook)).await.unwrap();
+    });
+    (url, server)
+}
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_webhooks_5000_exactly_once_signed_retried_and_rejected() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let ids = fill(&c, "orders", 5000).await;
+    let rejected = fill(&c, "rejected", 1).await;
+    let hook = Arc::new(Mutex::new(Hook {
+        script: vec![503],
+        ..Hook::default()
+    }));
+    let (url, _server) = start_hook(hook.clone()).await;
+    let config = format!(
+        "[destinations.hooks]\ntype = \"http\"\nurl = \"{url}\"\nsigning_secret = \"{SECRET}\"\n\n\
+         [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
+    );
+    relay_until_drained(&db, &c, &config, &[]).await;
+
+    {
+        let h = hook.lock().unwrap();
+        let key =
+            |hm: &axum::http::HeaderMap, n: &str| hm.get(n).map(|v| v.to_str().unwrap().to_owned());
+        let delivered: HashSet<Uuid> = h
+            .requests
+            .iter()
+            .filter(|(hm, _)| key(hm, "outbox-topic").as_deref() == Some("orders"))
+            .map(|(hm, _)| key(hm, "idempotency-key").unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(delivered, ids, "every message reached the server");
+        assert_eq!(
+            h.requests.len(),
+            5000 + 1 + 1,
+            "5000 + one 503 retried + one rejected"
+        );
+
+        // Verify every signature independently (Standard Webhooks: HMAC-SHA256, base64).
+        use base64::Engine;
+        use hmac::Mac;
+        let secret = base64::engine::general_purpose::STANDARD
+            .decode(SECRET.trim_start_matches("whsec_"))
+            .unwrap();
+        for (hm, body) in &h.requests {
+            let id = key(hm, "webhook-id").unwrap();
+            assert_eq!(Some(id.clone()), key(hm, "idempotency-key"));
+            let ts = key(hm, "webhook-timestamp").unwrap();
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&secret).unwrap();
+            mac.update(format!("{id}.{ts}.").as_bytes());
+            mac.update(body);
+            let expected =
+                base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+            assert_eq!(
+                key(hm, "webhook-signature").unwrap(),
+                format!("v1,{expected}")
+            );
+        }
+    }
+
+    let mut hist = histories(&c).await;
+    hist.sort();
+    assert_eq!(
+        hist.iter()
+            .filter(|h| *h == "1:RETRYABLE 2:DISPATCHED")
+            .count(),
+        1,
+        "503 then 200"
+    );
+    assert_eq!(
+        hist.iter().filter(|h| *h == "1:FAILED").count(),
+        1,
+        "400 dead-letters"
+    );
+    assert_eq!(hist.iter().filter(|h| *h == "1:DISPATCHED").count(), 4999);
+    let dead: Vec<(Uuid, String)> = c
+        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), rejected);
+    assert!(dead[0].1.contains("400"), "{dead:?}");
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_down_destination_opens_the_circuit_and_nothing_is_attempted_until_it_is_back() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let hook = Arc::new(Mutex::new(Hook {
+        down: true,
+        ..Hook::default()
+    }));
+    let (url, _server) = start_hook(hook.clone()).await;
+    let config = format!(
+        "[destinations.hooks]\ntype = \"http\"\nurl = \"{url}\"\n\n\
+         [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
+    );
+    let path = db.scratch_dir().join("relay.toml");
+    std::fs::write(&path, config).unwrap();
+    let path = path.display().to_string();
+    let ids = fill(&c, "orders", 200).await;
+    let mut w = Relayer::start(
+        &db,
+        "breaker",
+        &[
+            "--config",
+            &path,
+            "--no-telemetry",
+            "--retry-base-ms",
+            "10",
+            "--retry-cap-ms",
+            "20",
+            "--circuit-failures",
+            "3",
+            "--circuit-cooldown-ms",
+            "2000",
+            "--batch-size",
+            "50",
+        ],
+    );
+    eventually(MINUTE, "the circuit to open", || async {
+        w.log_text().contains("circuit open")
+    })
+    .await;
+    let attempts = || async {
+        c.query_one("SELECT count(*) FROM outbox.attempts", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let at_open = attempts().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        attempts().await,
+        at_open,
+        "no attempts while the circuit is open"
+    );
+
+    hook.lock().unwrap().down = false;
+    eventually(
+        MINUTE,
+        "everything to be delivered once it is back",
+        || async { pending(&c).await == 0 },
+    )
+    .await;
+    assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
+    let delivered: HashSet<Uuid> = hook
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .map(|(hm, _)| {
+            hm.get("idempotency-key")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(delivered, ids);
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_no_route_takes_is_dead_lettered_with_the_reason() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let out = db.scratch_dir().join("orders.jsonl");
+    let config = format!(
+        "[destinations.files]\ntype = \"file\"\npath = \"{}\"\n\n\
+         [[routes]]\ntopic = \"orders.*\"\ndestination = \"files\"\n",
+        out.display()
+    );
+    let routed = fill(&c, "orders.created", 10).await;
+    let stray = fill(&c, "payments", 2).await;
+    relay_until_drained(&db, &c, &config, &[]).await;
+    let lines = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(lines.lines().count(), routed.len());
+    let dead: Vec<(Uuid, String)> = c
+        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), stray);
+    assert!(
+        dead.iter()
+            .all(|d| d.1.contains("no route for topic \"payments\"")),
+        "{dead:?}"
+    );
+    db.finish().await;
+}
