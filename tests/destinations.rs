@@ -259,6 +259,11 @@ struct Hook {
 }
 
 async fn start_hook(hook: Arc<Mutex<Hook>>) -> (String, tokio::task::JoinHandle<()>) {
+    start_hook_on(hook, 0).await
+}
+
+/// The test webhook server on 127.0.0.1:`port` (0: any free port).
+async fn start_hook_on(hook: Arc<Mutex<Hook>>, port: u16) -> (String, tokio::task::JoinHandle<()>) {
     use axum::http::StatusCode;
     let app = axum::Router::new().route(
         "/hooks/{topic}",
@@ -283,7 +288,9 @@ async fn start_hook(hook: Arc<Mutex<Hook>>) -> (String, tokio::task::JoinHandle<
             },
         ),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
     let url = format!("http://{}/hooks/{{topic}}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move {
         axum::serve(listener, app.with_state(hook)).await.unwrap();
@@ -377,22 +384,27 @@ async fn http_webhooks_5000_exactly_once_signed_retried_and_rejected() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_down_destination_opens_the_circuit_and_nothing_is_attempted_until_it_is_back() {
+async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_it_is_back() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let hook = Arc::new(Mutex::new(Hook {
-        down: true,
-        ..Hook::default()
-    }));
-    let (url, _server) = start_hook(hook.clone()).await;
+    let hook = Arc::new(Mutex::new(Hook::default()));
+    let (url, server) = start_hook(hook.clone()).await;
+    let port: u16 = url
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     let config = format!(
-        "[destinations.hooks]\ntype = \"http\"\nurl = \"{url}\"\n\n\
+        "[destinations.hooks]\ntype = \"http\"\nurl = \"{url}\"\ntimeout_ms = 1000\n\n\
          [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
     );
     let path = db.scratch_dir().join("relay.toml");
     std::fs::write(&path, config).unwrap();
     let path = path.display().to_string();
-    let ids = fill(&c, "orders", 200).await;
     let mut w = Relayer::start(
         &db,
         "breaker",
@@ -412,6 +424,16 @@ async fn a_down_destination_opens_the_circuit_and_nothing_is_attempted_until_it_
             "50",
         ],
     );
+    let first = fill(&c, "orders", 100).await;
+    eventually(MINUTE, "the first messages to be delivered", || async {
+        pending(&c).await == 0
+    })
+    .await;
+
+    // The destination goes away mid-run.
+    server.abort();
+    let _ = server.await;
+    let rest = fill(&c, "orders", 200).await;
     eventually(MINUTE, "the circuit to open", || async {
         w.log_text().contains("circuit open")
     })
@@ -430,7 +452,8 @@ async fn a_down_destination_opens_the_circuit_and_nothing_is_attempted_until_it_
         "no attempts while the circuit is open"
     );
 
-    hook.lock().unwrap().down = false;
+    // It comes back on the same address: everything is delivered, no restart needed.
+    let (_, _server) = start_hook_on(hook.clone(), port).await;
     eventually(
         MINUTE,
         "everything to be delivered once it is back",
@@ -452,7 +475,105 @@ async fn a_down_destination_opens_the_circuit_and_nothing_is_attempted_until_it_
                 .unwrap()
         })
         .collect();
-    assert_eq!(delivered, ids);
+    assert_eq!(delivered, first.union(&rest).copied().collect());
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_connection_loss_and_a_stalled_server_are_survived() {
+    require("Redis", "127.0.0.1:6379", "redis-server --daemonize yes").await;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let stream = format!("outbox-test:{}", db.name);
+    let config = format!(
+        "[destinations.streams]\ntype = \"redis\"\nstream = \"{stream}\"\ntimeout_ms = 300\n\n\
+         [[routes]]\ntopic = \"*\"\ndestination = \"streams\"\n"
+    );
+    let path = db.scratch_dir().join("relay.toml");
+    std::fs::write(&path, config).unwrap();
+    let path = path.display().to_string();
+    let mut w = Relayer::start(
+        &db,
+        "redis-loss",
+        &[
+            "--config",
+            &path,
+            "--no-telemetry",
+            "--retry-base-ms",
+            "10",
+            "--retry-cap-ms",
+            "20",
+            "--circuit-failures",
+            "2",
+            "--circuit-cooldown-ms",
+            "1000",
+            "--batch-size",
+            "50",
+        ],
+    );
+    let admin = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut r = admin.get_multiplexed_async_connection().await.unwrap();
+    let mut ids = fill(&c, "orders", 100).await;
+    eventually(MINUTE, "the first messages", || async {
+        pending(&c).await == 0
+    })
+    .await;
+
+    // The server closes our connection.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(killed >= 1);
+    ids.extend(fill(&c, "orders", 100).await);
+    eventually(MINUTE, "delivery after reconnecting", || async {
+        pending(&c).await == 0
+    })
+    .await;
+
+    // The server stalls (answers nothing for 4 s): timeouts open the circuit.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(4000)
+        .arg("ALL")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    ids.extend(fill(&c, "orders", 100).await);
+    eventually(MINUTE, "the circuit to open", || async {
+        w.log_text().contains("circuit open")
+    })
+    .await;
+    eventually(MINUTE, "delivery after the stall", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
+
+    let mut r = admin.get_multiplexed_async_connection().await.unwrap();
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let got: HashSet<Uuid> = entries
+        .ids
+        .iter()
+        .map(|e| e.get::<String>("outbox_id").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(got, ids, "every message arrived (at least once)");
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut r)
+        .await
+        .unwrap();
     w.signal("TERM");
     assert_eq!(w.exit_code(MINUTE).await, Some(0));
     db.finish().await;
@@ -486,5 +607,114 @@ async fn a_topic_no_route_takes_is_dead_lettered_with_the_reason() {
             .all(|d| d.1.contains("no route for topic \"payments\"")),
         "{dead:?}"
     );
+    db.finish().await;
+}
+
+/// Closes the RabbitMQ connection of process `pid` from the server side.
+fn close_rabbit_connection_of(pid: u32) -> bool {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args([
+            "list_connections",
+            "--quiet",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .expect("rabbitmqctl (installed with rabbitmq-server)");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let needle = format!("outbox-relay pid {pid}\"");
+    let Some(line) = listing.lines().find(|l| l.contains(&needle)) else {
+        return false;
+    };
+    let connection = line.split('\t').next().unwrap().trim();
+    std::process::Command::new("rabbitmqctl")
+        .args([
+            "close_connection",
+            connection,
+            "closed by the connection-loss test",
+        ])
+        .status()
+        .expect("rabbitmqctl close_connection")
+        .success()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_closing_the_connection_server_side_is_survived() {
+    use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+    require("RabbitMQ", "127.0.0.1:5672", "rabbitmq-server -detached").await;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let queue = format!("{}-loss", db.name);
+    let conn =
+        lapin::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", Default::default())
+            .await
+            .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        queue.as_str().into(),
+        QueueDeclareOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let config = format!(
+        "[destinations.rabbit]\ntype = \"amqp\"\nrouting_key = \"{queue}\"\n\n\
+         [[routes]]\ntopic = \"*\"\ndestination = \"rabbit\"\n"
+    );
+    let path = db.scratch_dir().join("relay.toml");
+    std::fs::write(&path, config).unwrap();
+    let path = path.display().to_string();
+    let mut w = Relayer::start(
+        &db,
+        "rabbit-loss",
+        &[
+            "--config",
+            &path,
+            "--no-telemetry",
+            "--retry-base-ms",
+            "10",
+            "--retry-cap-ms",
+            "50",
+        ],
+    );
+    let mut ids = fill(&c, "orders", 100).await;
+    eventually(MINUTE, "the first messages", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    assert!(
+        close_rabbit_connection_of(w.pid()),
+        "the relayer's connection was found and closed"
+    );
+    ids.extend(fill(&c, "orders", 100).await);
+    eventually(MINUTE, "delivery over a new connection", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+
+    let mut got = HashSet::new();
+    while let Some(m) = ch
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        got.insert(
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string()
+                .parse::<Uuid>()
+                .unwrap(),
+        );
+    }
+    assert_eq!(got, ids, "every message confirmed (at least once)");
+    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
     db.finish().await;
 }

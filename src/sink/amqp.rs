@@ -44,7 +44,10 @@ impl Amqp {
         {
             return Ok(channel.clone());
         }
-        let connection = Connection::connect(&self.url, ConnectionProperties::default())
+        // Named so an operator (or a test) can find this process's connection in RabbitMQ.
+        let properties = ConnectionProperties::default()
+            .with_connection_name(format!("outbox-relay pid {}", std::process::id()).into());
+        let connection = Connection::connect(&self.url, properties)
             .await
             .map_err(|e| format!("amqp connect: {e}"))?;
         let channel = connection
