@@ -47,11 +47,18 @@ pub struct Options {
     /// Length of the latency measurement, seconds.
     #[arg(long, default_value_t = 30)]
     pub latency_secs: u64,
+    /// Destination: null (measures the relayer and Postgres), or a local server: http (a
+    /// server the bench starts), nats (127.0.0.1:4222), amqp (127.0.0.1:5672), redis
+    /// (127.0.0.1:6379). With a server, only the drain and latency figures are measured.
+    #[arg(long, default_value = "null", value_parser = ["null", "http", "nats", "amqp", "redis"])]
+    pub destination: String,
 }
 
 /// A null destination that counts deliveries and, while recording, notes when each
 /// message was acknowledged.
 struct Recorder {
+    /// The destination measured; `None` acknowledges everything at once.
+    inner: Option<Arc<dyn Sink>>,
     delivered: AtomicU64,
     target: AtomicU64,
     done: Notify,
@@ -60,8 +67,9 @@ struct Recorder {
 }
 
 impl Recorder {
-    fn new() -> Arc<Self> {
+    fn new(inner: Option<Arc<dyn Sink>>) -> Arc<Self> {
         Arc::new(Self {
+            inner,
             delivered: AtomicU64::new(0),
             target: AtomicU64::new(u64::MAX),
             done: Notify::new(),
@@ -96,18 +104,26 @@ impl Sink for Recorder {
 
     fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
+            let outcomes = match &self.inner {
+                Some(sink) => sink.publish(batch).await,
+                None => vec![Outcome::Delivered; batch.len()],
+            };
+            let now = Instant::now();
+            let delivered: Vec<Uuid> = batch
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| **o == Outcome::Delivered)
+                .map(|(m, _)| m.id.0)
+                .collect();
             if self.recording.load(Ordering::Relaxed) {
-                let now = Instant::now();
-                lock(&self.acks).extend(batch.iter().map(|m| (m.id.0, now)));
+                lock(&self.acks).extend(delivered.iter().map(|id| (*id, now)));
             }
-            let total = self
-                .delivered
-                .fetch_add(batch.len() as u64, Ordering::SeqCst)
-                + batch.len() as u64;
+            let n = delivered.len() as u64;
+            let total = self.delivered.fetch_add(n, Ordering::SeqCst) + n;
             if total >= self.target.load(Ordering::SeqCst) {
                 self.done.notify_waiters();
             }
-            vec![Outcome::Delivered; batch.len()]
+            outcomes
         })
     }
 
@@ -150,6 +166,25 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
             .get::<_, String>(0)
     );
 
+    if o.destination != "null" {
+        let (sink, cleanup) = destination(&o.destination).await?;
+        let recorder = Recorder::new(Some(sink));
+        let shutdown = CancellationToken::new();
+        let relays = start_relays(url, o, &recorder, &shutdown)?;
+        let t = drain(&sql, &recorder, o.messages).await?;
+        report(
+            &format!("relay drain into {} (local server)", o.destination),
+            o.messages,
+            o.messages,
+            t,
+            o.workers,
+        );
+        latency(url, &recorder, o).await?;
+        shutdown_relays(&shutdown, relays).await;
+        cleanup.run().await;
+        return Ok(());
+    }
+
     // 1. The floor: no relayer.
     fill(&sql, o.messages).await?;
     let started = Instant::now();
@@ -173,7 +208,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     );
 
     // 2. The relayer.
-    let recorder = Recorder::new();
+    let recorder = Recorder::new(None);
     let shutdown = CancellationToken::new();
     let relays = start_relays(url, o, &recorder, &shutdown)?;
     let rate = drain(&sql, &recorder, o.messages).await?;
@@ -404,6 +439,131 @@ async fn latency(url: &str, recorder: &Arc<Recorder>, o: &Options) -> Result<()>
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What a destination benchmark leaves behind and removes afterwards.
+enum Cleanup {
+    Nothing,
+    NatsStream(async_nats::jetstream::Context),
+    AmqpQueue(lapin::Channel),
+    RedisStream(redis::aio::MultiplexedConnection),
+}
+
+impl Cleanup {
+    async fn run(self) {
+        let _ = match self {
+            Cleanup::Nothing => Ok(()),
+            Cleanup::NatsStream(js) => js
+                .delete_stream(BENCH_TARGET)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Cleanup::AmqpQueue(ch) => ch
+                .queue_delete(
+                    BENCH_TARGET.into(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Cleanup::RedisStream(mut r) => redis::cmd("DEL")
+                .arg(format!("{BENCH_TARGET}:bench"))
+                .query_async::<()>(&mut r)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+    }
+}
+
+/// Stream, queue and subject prefix the destination benchmarks use.
+const BENCH_TARGET: &str = "outbox-bench";
+
+/// The sink for a destination benchmark, with whatever it needs on the server.
+async fn destination(kind: &str) -> Result<(Arc<dyn Sink>, Cleanup)> {
+    use crate::config::SinkSettings;
+    let timeout = Duration::from_secs(10);
+    Ok(match kind {
+        "http" => {
+            let app =
+                axum::Router::new().route("/hooks/{topic}", axum::routing::post(|| async { "ok" }));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let url = format!("http://{}/hooks/{{topic}}", listener.local_addr()?);
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+            let settings = SinkSettings::Http {
+                url,
+                timeout,
+                signing_secret: None,
+                headers: vec![],
+                concurrency: 64,
+            };
+            (crate::sink::from_settings(&settings)?, Cleanup::Nothing)
+        }
+        "nats" => {
+            let js = async_nats::jetstream::new(
+                async_nats::connect("127.0.0.1:4222")
+                    .await
+                    .context("NATS on 127.0.0.1:4222")?,
+            );
+            let _ = js.delete_stream(BENCH_TARGET).await;
+            js.create_stream(async_nats::jetstream::stream::Config {
+                name: BENCH_TARGET.into(),
+                subjects: vec![format!("{BENCH_TARGET}.>")],
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("create JetStream stream: {e}"))?;
+            let settings = SinkSettings::Nats {
+                url: "nats://127.0.0.1:4222".into(),
+                subject: format!("{BENCH_TARGET}.{{topic}}"),
+                timeout,
+            };
+            (
+                crate::sink::from_settings(&settings)?,
+                Cleanup::NatsStream(js),
+            )
+        }
+        "amqp" => {
+            let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+            let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+                .await
+                .context("RabbitMQ on 127.0.0.1:5672")?;
+            let ch = conn.create_channel().await?;
+            ch.queue_declare(
+                BENCH_TARGET.into(),
+                lapin::options::QueueDeclareOptions::default(),
+                Default::default(),
+            )
+            .await?;
+            let settings = SinkSettings::Amqp {
+                url: url.into(),
+                exchange: String::new(),
+                routing_key: BENCH_TARGET.into(),
+            };
+            (
+                crate::sink::from_settings(&settings)?,
+                Cleanup::AmqpQueue(ch),
+            )
+        }
+        "redis" => {
+            let r = redis::Client::open("redis://127.0.0.1:6379")?
+                .get_multiplexed_async_connection()
+                .await
+                .context("Redis on 127.0.0.1:6379")?;
+            let settings = SinkSettings::Redis {
+                url: "redis://127.0.0.1:6379".into(),
+                stream: format!("{BENCH_TARGET}:{{topic}}"),
+                maxlen: Some(100_000),
+                timeout,
+            };
+            (
+                crate::sink::from_settings(&settings)?,
+                Cleanup::RedisStream(r),
+            )
+        }
+        other => anyhow::bail!("unknown destination {other}"),
+    })
 }
 
 /// Flushes dirty buffers before a measurement, so a checkpoint triggered by the previous
