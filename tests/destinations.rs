@@ -419,7 +419,7 @@ async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_
             "--circuit-failures",
             "3",
             "--circuit-cooldown-ms",
-            "2000",
+            "3000",
             "--batch-size",
             "50",
         ],
@@ -444,6 +444,22 @@ async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_
             .unwrap()
             .get::<_, i64>(0)
     };
+    // Batches claimed before the circuit opened still finish (and record their attempts).
+    eventually(
+        MINUTE,
+        "batches claimed before the circuit opened to settle",
+        || async {
+            c.query_one(
+                "SELECT count(*) FROM outbox.messages WHERE lease_token IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+                == 0
+        },
+    )
+    .await;
     let at_open = attempts().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
@@ -483,12 +499,35 @@ async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_connection_loss_and_a_stalled_server_are_survived() {
-    require("Redis", "127.0.0.1:6379", "redis-server --daemonize yes").await;
+    // A Redis of its own: the test kills its connections and freezes it.
+    let port = common::free_port();
+    let server = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server (Debian package redis-server) must be installed");
+    let server = KillOnDrop(server);
+    let url = format!("redis://127.0.0.1:{port}");
+    eventually(MINUTE, "the test's redis-server to answer", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
     let db = TestDb::new().await;
     let c = db.client().await;
     let stream = format!("outbox-test:{}", db.name);
     let config = format!(
-        "[destinations.streams]\ntype = \"redis\"\nstream = \"{stream}\"\ntimeout_ms = 300\n\n\
+        "[destinations.streams]\ntype = \"redis\"\nurl = \"{url}\"\nstream = \"{stream}\"\ntimeout_ms = 300\n\n\
          [[routes]]\ntopic = \"*\"\ndestination = \"streams\"\n"
     );
     let path = db.scratch_dir().join("relay.toml");
@@ -513,7 +552,7 @@ async fn redis_connection_loss_and_a_stalled_server_are_survived() {
             "50",
         ],
     );
-    let admin = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let admin = redis::Client::open(url.as_str()).unwrap();
     let mut r = admin.get_multiplexed_async_connection().await.unwrap();
     let mut ids = fill(&c, "orders", 100).await;
     eventually(MINUTE, "the first messages", || async {
@@ -536,19 +575,21 @@ async fn redis_connection_loss_and_a_stalled_server_are_survived() {
     })
     .await;
 
-    // The server stalls (answers nothing for 4 s): timeouts open the circuit.
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(4000)
-        .arg("ALL")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    // The server stalls (frozen: accepts nothing, answers nothing): timeouts open the circuit.
+    let pid = server.0.id().to_string();
+    let signal = |name: &str| {
+        std::process::Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap();
+    };
+    signal("-STOP");
     ids.extend(fill(&c, "orders", 100).await);
     eventually(MINUTE, "the circuit to open", || async {
         w.log_text().contains("circuit open")
     })
     .await;
+    signal("-CONT");
     eventually(MINUTE, "delivery after the stall", || async {
         pending(&c).await == 0
     })
@@ -576,6 +617,7 @@ async fn redis_connection_loss_and_a_stalled_server_are_survived() {
         .unwrap();
     w.signal("TERM");
     assert_eq!(w.exit_code(MINUTE).await, Some(0));
+    drop(server);
     db.finish().await;
 }
 
@@ -608,6 +650,16 @@ async fn a_topic_no_route_takes_is_dead_lettered_with_the_reason() {
         "{dead:?}"
     );
     db.finish().await;
+}
+
+/// A server process the test started, stopped however the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Closes the RabbitMQ connection of process `pid` from the server side.
