@@ -770,3 +770,103 @@ async fn rabbitmq_closing_the_connection_server_side_is_survived() {
         .unwrap();
     db.finish().await;
 }
+
+/// A nats-server with JetStream of the test's own, on `port`, storing in `dir`.
+fn start_nats(port: u16, dir: &std::path::Path) -> KillOnDrop {
+    let child = std::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .or_else(|_| {
+            std::process::Command::new("/usr/sbin/nats-server")
+                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+                .arg(dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+        })
+        .expect("nats-server (Debian package nats-server) must be installed");
+    KillOnDrop(child)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nats_server_restart_mid_run_is_survived_and_deduplicated() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let port = common::free_port();
+    let store = db.scratch_dir().join("jetstream");
+    let server = start_nats(port, &store);
+    let url = format!("nats://127.0.0.1:{port}");
+    eventually(MINUTE, "the test's nats-server to answer", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "RESTART".into(),
+        subjects: vec!["restart.>".into()],
+        duplicate_window: Duration::from_secs(120),
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let config = format!(
+        "[destinations.events]\ntype = \"nats\"\nurl = \"{url}\"\nsubject = \"restart.{{topic}}\"\ntimeout_ms = 500\n\n\
+         [[routes]]\ntopic = \"*\"\ndestination = \"events\"\n"
+    );
+    let path = db.scratch_dir().join("relay.toml");
+    std::fs::write(&path, config).unwrap();
+    let path = path.display().to_string();
+    let mut w = Relayer::start(
+        &db,
+        "nats-restart",
+        &[
+            "--config",
+            &path,
+            "--no-telemetry",
+            "--retry-base-ms",
+            "10",
+            "--retry-cap-ms",
+            "50",
+            "--circuit-failures",
+            "2",
+            "--circuit-cooldown-ms",
+            "500",
+        ],
+    );
+    let mut ids = fill(&c, "orders", 100).await;
+    eventually(MINUTE, "the first messages", || async {
+        pending(&c).await == 0
+    })
+    .await;
+
+    // The server goes away mid-run, then comes back on the same port and store.
+    drop(server);
+    ids.extend(fill(&c, "orders", 100).await);
+    eventually(MINUTE, "the circuit to open", || async {
+        w.log_text().contains("circuit open")
+    })
+    .await;
+    let _server = start_nats(port, &store);
+    eventually(MINUTE, "delivery after the restart", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    let mut stream = js.get_stream("RESTART").await.unwrap();
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        ids.len() as u64,
+        "every message stored once: redeliveries were dropped by Nats-Msg-Id"
+    );
+    db.finish().await;
+}

@@ -86,7 +86,10 @@ impl Sink for Nats {
                     ];
                 }
             };
-            // Send every message first, then collect the acks: one round trip per batch.
+            // Send every message first, then collect the acks: one round trip per batch. One
+            // deadline covers the whole batch, so a dead server costs one timeout, not one
+            // per message.
+            let deadline = tokio::time::Instant::now() + self.timeout;
             let mut pending = Vec::with_capacity(batch.len());
             for m in batch {
                 let subject = self.subject.replace("{topic}", &m.topic);
@@ -101,18 +104,27 @@ impl Sink for Nats {
                     .payload(m.payload.clone().into())
                     .headers(headers)
                     .message_id(m.id.to_string());
-                pending.push((
-                    subject.clone(),
-                    context.send_publish(subject, publish).await,
-                ));
+                // While the client is reconnecting, sending waits: bound it like the ack.
+                let sent = tokio::time::timeout_at(
+                    deadline,
+                    context.send_publish(subject.clone(), publish),
+                )
+                .await;
+                pending.push((subject, sent));
             }
+            let timed_out = |subject: &str| Outcome::Retryable {
+                reason: format!("publish to {subject}: no answer within {:?}", self.timeout),
+                retry_after: None,
+            };
             let mut outcomes = Vec::with_capacity(batch.len());
             for (subject, sent) in pending {
                 outcomes.push(match sent {
-                    Err(e) => self.classify(&subject, &e),
-                    Ok(ack) => match ack.await {
-                        Ok(_) => Outcome::Delivered,
-                        Err(e) => self.classify(&subject, &e),
+                    Err(_) => timed_out(&subject),
+                    Ok(Err(e)) => self.classify(&subject, &e),
+                    Ok(Ok(ack)) => match tokio::time::timeout_at(deadline, ack).await {
+                        Err(_) => timed_out(&subject),
+                        Ok(Ok(_)) => Outcome::Delivered,
+                        Ok(Err(e)) => self.classify(&subject, &e),
                     },
                 });
             }
