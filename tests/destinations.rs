@@ -55,6 +55,39 @@ async fn histories(c: &Client) -> Vec<String> {
     .collect()
 }
 
+/// Once the circuit is open and the batches claimed before it opened have settled, no
+/// attempt is recorded for a second (the cool-down of the callers is longer than that).
+async fn assert_no_attempts_while_open(c: &Client) {
+    eventually(
+        MINUTE,
+        "batches claimed before the circuit opened to settle",
+        || async {
+            c.query_one(
+                "SELECT count(*) FROM outbox.messages WHERE lease_token IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+                == 0
+        },
+    )
+    .await;
+    let attempts = || async {
+        c.query_one("SELECT count(*) FROM outbox.attempts", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let at_open = attempts().await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        attempts().await,
+        at_open,
+        "no attempts while the circuit is open"
+    );
+}
+
 /// Runs a relayer with `config` (TOML) until the outbox is empty, then stops it.
 async fn relay_until_drained(db: &TestDb, c: &Client, config: &str, extra: &[&str]) -> Relayer {
     let path = db.scratch_dir().join("relay.toml");
@@ -444,29 +477,7 @@ async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_
             .unwrap()
             .get::<_, i64>(0)
     };
-    // Batches claimed before the circuit opened still finish (and record their attempts).
-    eventually(
-        MINUTE,
-        "batches claimed before the circuit opened to settle",
-        || async {
-            c.query_one(
-                "SELECT count(*) FROM outbox.messages WHERE lease_token IS NOT NULL",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-                == 0
-        },
-    )
-    .await;
-    let at_open = attempts().await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(
-        attempts().await,
-        at_open,
-        "no attempts while the circuit is open"
-    );
+    assert_no_attempts_while_open(&c).await;
 
     // It comes back on the same address: everything is delivered, no restart needed.
     let (_, _server) = start_hook_on(hook.clone(), port).await;
@@ -547,7 +558,7 @@ async fn redis_connection_loss_and_a_stalled_server_are_survived() {
             "--circuit-failures",
             "2",
             "--circuit-cooldown-ms",
-            "1000",
+            "3000",
             "--batch-size",
             "50",
         ],
@@ -589,6 +600,7 @@ async fn redis_connection_loss_and_a_stalled_server_are_survived() {
         w.log_text().contains("circuit open")
     })
     .await;
+    assert_no_attempts_while_open(&c).await;
     signal("-CONT");
     eventually(MINUTE, "delivery after the stall", || async {
         pending(&c).await == 0
@@ -836,7 +848,7 @@ async fn a_nats_server_restart_mid_run_is_survived_and_deduplicated() {
             "--circuit-failures",
             "2",
             "--circuit-cooldown-ms",
-            "500",
+            "3000",
         ],
     );
     let mut ids = fill(&c, "orders", 100).await;
@@ -852,6 +864,7 @@ async fn a_nats_server_restart_mid_run_is_survived_and_deduplicated() {
         w.log_text().contains("circuit open")
     })
     .await;
+    assert_no_attempts_while_open(&c).await;
     let _server = start_nats(port, &store);
     eventually(MINUTE, "delivery after the restart", || async {
         pending(&c).await == 0
