@@ -471,12 +471,6 @@ async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_
         w.log_text().contains("circuit open")
     })
     .await;
-    let attempts = || async {
-        c.query_one("SELECT count(*) FROM outbox.attempts", &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
     assert_no_attempts_while_open(&c).await;
 
     // It comes back on the same address: everything is delivered, no restart needed.

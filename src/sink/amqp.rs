@@ -3,6 +3,8 @@
 //! (permanent: it would otherwise be dropped silently). A message is delivered when the
 //! broker confirms it; a nack or a lost connection is retryable.
 
+use std::collections::HashMap;
+
 use futures_util::future::BoxFuture;
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -112,27 +114,44 @@ impl Sink for Amqp {
                     .await;
                 confirms.push((routing_key, sent));
             }
-            let mut outcomes = Vec::with_capacity(batch.len());
+            // A returned (unroutable) message may be handed back with the confirm of another
+            // message of the batch (the broker acks several at once), so returns are matched
+            // to messages by their message_id, the outbox_id.
+            let mut answers = Vec::with_capacity(batch.len());
+            let mut returned: HashMap<String, String> = HashMap::new();
             for (routing_key, sent) in confirms {
-                let outcome = match sent {
-                    Err(e) => retry(format!("amqp publish: {e}")),
+                let answer = match sent {
+                    Err(e) => Err(format!("amqp publish: {e}")),
                     Ok(confirm) => match confirm.await {
-                        Ok(Confirmation::Ack(None)) => Outcome::Delivered,
-                        Ok(Confirmation::Ack(Some(returned))) => Outcome::Permanent {
-                            reason: format!(
-                                "unroutable: exchange {:?} has no queue bound for routing key {routing_key:?} ({})",
-                                self.exchange, returned.reply_text
-                            ),
-                        },
-                        Ok(Confirmation::Nack(_)) => retry("the broker nacked the message".into()),
-                        Ok(Confirmation::NotRequested) => {
-                            retry("publisher confirms are off".into())
+                        Ok(Confirmation::Ack(r)) => {
+                            if let Some(r) = r
+                                && let Some(id) = r.properties.message_id()
+                            {
+                                returned.insert(id.to_string(), format!(
+                                    "unroutable: exchange {:?} has no queue bound for routing key {routing_key:?} ({})",
+                                    self.exchange, r.reply_text
+                                ));
+                            }
+                            Ok(())
                         }
-                        Err(e) => retry(format!("amqp confirm: {e}")),
+                        Ok(Confirmation::Nack(_)) => Err("the broker nacked the message".into()),
+                        Ok(Confirmation::NotRequested) => Err("publisher confirms are off".into()),
+                        Err(e) => Err(format!("amqp confirm: {e}")),
                     },
                 };
-                outcomes.push(outcome);
+                answers.push(answer);
             }
+            let outcomes: Vec<Outcome> = batch
+                .iter()
+                .zip(answers)
+                .map(
+                    |(m, answer)| match (answer, returned.remove(&m.id.to_string())) {
+                        (_, Some(reason)) => Outcome::Permanent { reason },
+                        (Ok(()), None) => Outcome::Delivered,
+                        (Err(reason), None) => retry(reason),
+                    },
+                )
+                .collect();
             outcomes
         })
     }
