@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Relayer, TestDb, eventually};
+use common::{Relayer, TestDb, eventually, pending};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
@@ -33,13 +33,6 @@ async fn fill(c: &Client, topic: &str, n: i64) -> HashSet<Uuid> {
     .iter()
     .map(|r| r.get(0))
     .collect()
-}
-
-async fn pending(c: &Client) -> i64 {
-    c.query_one("SELECT count(*) FROM outbox.messages", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 async fn histories(c: &Client) -> Vec<String> {
@@ -88,22 +81,21 @@ async fn assert_no_attempts_while_open(c: &Client) {
     );
 }
 
-/// Runs a relayer with `config` (TOML) until the outbox is empty, then stops it.
-async fn relay_until_drained(db: &TestDb, c: &Client, config: &str, extra: &[&str]) -> Relayer {
-    let path = db.scratch_dir().join("relay.toml");
+/// Starts a relayer with `config` (TOML, written to the test's directory) and `extra` flags.
+fn start_with_config(db: &TestDb, worker: &str, config: &str, extra: &[&str]) -> Relayer {
+    let path = db.scratch_dir().join(format!("{worker}.toml"));
     std::fs::write(&path, config).unwrap();
     let path = path.display().to_string();
-    let mut args = vec![
-        "--config",
-        &path,
-        "--no-telemetry",
-        "--retry-base-ms",
-        "50",
-        "--retry-cap-ms",
-        "200",
-    ];
+    let mut args = vec!["--config", &path, "--no-telemetry"];
     args.extend_from_slice(extra);
-    let mut w = Relayer::start(db, "dest", &args);
+    Relayer::start(db, worker, &args)
+}
+
+/// Runs a relayer with `config` (TOML) until the outbox is empty, then stops it.
+async fn relay_until_drained(db: &TestDb, c: &Client, config: &str, extra: &[&str]) -> Relayer {
+    let mut args = vec!["--retry-base-ms", "50", "--retry-cap-ms", "200"];
+    args.extend_from_slice(extra);
+    let mut w = start_with_config(db, "dest", config, &args);
     eventually(2 * MINUTE, "the outbox to drain", || async {
         pending(c).await == 0
     })
@@ -435,16 +427,11 @@ async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_
         "[destinations.hooks]\ntype = \"http\"\nurl = \"{url}\"\ntimeout_ms = 1000\n\n\
          [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
     );
-    let path = db.scratch_dir().join("relay.toml");
-    std::fs::write(&path, config).unwrap();
-    let path = path.display().to_string();
-    let mut w = Relayer::start(
+    let mut w = start_with_config(
         &db,
         "breaker",
+        &config,
         &[
-            "--config",
-            &path,
-            "--no-telemetry",
             "--retry-base-ms",
             "10",
             "--retry-cap-ms",
@@ -535,16 +522,11 @@ async fn redis_connection_loss_and_a_stalled_server_are_survived() {
         "[destinations.streams]\ntype = \"redis\"\nurl = \"{url}\"\nstream = \"{stream}\"\ntimeout_ms = 300\n\n\
          [[routes]]\ntopic = \"*\"\ndestination = \"streams\"\n"
     );
-    let path = db.scratch_dir().join("relay.toml");
-    std::fs::write(&path, config).unwrap();
-    let path = path.display().to_string();
-    let mut w = Relayer::start(
+    let mut w = start_with_config(
         &db,
         "redis-loss",
+        &config,
         &[
-            "--config",
-            &path,
-            "--no-telemetry",
             "--retry-base-ms",
             "10",
             "--retry-cap-ms",
@@ -720,21 +702,11 @@ async fn rabbitmq_closing_the_connection_server_side_is_survived() {
         "[destinations.rabbit]\ntype = \"amqp\"\nrouting_key = \"{queue}\"\n\n\
          [[routes]]\ntopic = \"*\"\ndestination = \"rabbit\"\n"
     );
-    let path = db.scratch_dir().join("relay.toml");
-    std::fs::write(&path, config).unwrap();
-    let path = path.display().to_string();
-    let mut w = Relayer::start(
+    let mut w = start_with_config(
         &db,
         "rabbit-loss",
-        &[
-            "--config",
-            &path,
-            "--no-telemetry",
-            "--retry-base-ms",
-            "10",
-            "--retry-cap-ms",
-            "50",
-        ],
+        &config,
+        &["--retry-base-ms", "10", "--retry-cap-ms", "50"],
     );
     let mut ids = fill(&c, "orders", 100).await;
     eventually(MINUTE, "the first messages", || async {
@@ -825,16 +797,11 @@ async fn a_nats_server_restart_mid_run_is_survived_and_deduplicated() {
         "[destinations.events]\ntype = \"nats\"\nurl = \"{url}\"\nsubject = \"restart.{{topic}}\"\ntimeout_ms = 500\n\n\
          [[routes]]\ntopic = \"*\"\ndestination = \"events\"\n"
     );
-    let path = db.scratch_dir().join("relay.toml");
-    std::fs::write(&path, config).unwrap();
-    let path = path.display().to_string();
-    let mut w = Relayer::start(
+    let mut w = start_with_config(
         &db,
         "nats-restart",
+        &config,
         &[
-            "--config",
-            &path,
-            "--no-telemetry",
             "--retry-base-ms",
             "10",
             "--retry-cap-ms",

@@ -7,7 +7,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::{Relayer, TestDb, eventually, free_port};
+use common::{Relayer, TestDb, eventually, free_port, pending};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
@@ -27,13 +27,6 @@ async fn fill(c: &Client, n: i64, keyed_every: i64) -> Vec<Uuid> {
     .iter()
     .map(|r| r.get(0))
     .collect()
-}
-
-async fn pending(c: &Client) -> i64 {
-    c.query_one("SELECT count(*) FROM outbox.messages", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 async fn leases_of(c: &Client, worker: &str) -> Vec<Uuid> {

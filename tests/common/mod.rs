@@ -196,6 +196,14 @@ where
     }
 }
 
+/// Messages still in `outbox.messages` (ready, delayed or leased).
+pub async fn pending(c: &Client) -> i64 {
+    c.query_one("SELECT count(*) FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
