@@ -15,9 +15,9 @@ use crate::config::{CircuitSettings, DestinationSettings, TopicPattern};
 use crate::message::{ClaimedMessage, Outcome};
 use crate::sink::{self, Sink, SinkError};
 
-pub struct Destination {
-    pub name: String,
-    pub sink: Arc<dyn Sink>,
+struct Destination {
+    name: String,
+    sink: Arc<dyn Sink>,
     breaker: Breaker,
 }
 
@@ -93,14 +93,6 @@ impl Router {
                 .map(|d| async move { (d.name.clone(), d.breaker.state(), d.sink.ready().await) }),
         )
         .await
-    }
-
-    pub fn names(&self) -> String {
-        self.destinations
-            .iter()
-            .map(|d| d.name.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
     }
 }
 
