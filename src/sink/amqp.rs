@@ -38,8 +38,9 @@ impl Amqp {
         })
     }
 
-    async fn channel(&self) -> Result<Channel, String> {
-        let mut slot = self.channel.lock().await;
+    /// The channel, (re)connecting when needed. The caller holds `slot` for a whole batch:
+    /// returned messages are drained per channel, so batches must not share it at once.
+    async fn channel(&self, slot: &mut Option<(Connection, Channel)>) -> Result<Channel, String> {
         if let Some((connection, channel)) = slot.as_ref()
             && connection.status().connected()
             && channel.status().connected()
@@ -76,7 +77,8 @@ impl Sink for Amqp {
                 reason,
                 retry_after: None,
             };
-            let channel = match self.channel().await {
+            let mut slot = self.channel.lock().await;
+            let channel = match self.channel(&mut slot).await {
                 Ok(c) => c,
                 Err(reason) => return vec![retry(reason); batch.len()],
             };
@@ -115,8 +117,9 @@ impl Sink for Amqp {
                 confirms.push((routing_key, sent));
             }
             // A returned (unroutable) message may be handed back with the confirm of another
-            // message of the batch (the broker acks several at once), so returns are matched
-            // to messages by their message_id, the outbox_id.
+            // message, or with none (the broker acks several at once), so returns are
+            // collected from the confirms and from the channel, and matched to messages by
+            // their message_id, the outbox_id.
             let mut answers = Vec::with_capacity(batch.len());
             let mut returned: HashMap<String, String> = HashMap::new();
             for (routing_key, sent) in confirms {
@@ -141,6 +144,25 @@ impl Sink for Amqp {
                 };
                 answers.push(answer);
             }
+            // Every message returned since the last batch (this batch: the channel is ours).
+            match channel.wait_for_confirms().await {
+                Ok(drained) => {
+                    for r in drained {
+                        if let Some(id) = r.properties.message_id() {
+                            returned.entry(id.to_string()).or_insert_with(|| {
+                                format!(
+                                    "unroutable: exchange {:?} has no queue bound for it ({})",
+                                    self.exchange, r.reply_text
+                                )
+                            });
+                        }
+                    }
+                }
+                Err(e) => {
+                    return vec![retry(format!("amqp confirms: {e}")); batch.len()];
+                }
+            }
+            drop(slot);
             let outcomes: Vec<Outcome> = batch
                 .iter()
                 .zip(answers)
@@ -157,6 +179,10 @@ impl Sink for Amqp {
     }
 
     fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move { self.channel().await.map(|_| ()) })
+        Box::pin(async move {
+            self.channel(&mut *self.channel.lock().await)
+                .await
+                .map(|_| ())
+        })
     }
 }
