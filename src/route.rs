@@ -96,6 +96,19 @@ impl Router {
     }
 }
 
+impl Router {
+    /// Publishes to destination `d` through its circuit breaker.
+    async fn publish_to(&self, d: usize, messages: &[ClaimedMessage]) -> Vec<Outcome> {
+        let destination = &self.destinations[d];
+        destination.breaker.start();
+        let result = destination.sink.publish(messages).await;
+        if let Some(state) = destination.breaker.record(&result) {
+            crate::telemetry::circuit_changed(&destination.name, state);
+        }
+        result
+    }
+}
+
 impl Sink for Router {
     fn name(&self) -> &'static str {
         "router"
@@ -103,14 +116,21 @@ impl Sink for Router {
 
     fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
+            let routes: Vec<Option<usize>> = batch.iter().map(|m| self.route(&m.topic)).collect();
+            // The usual case, one destination for the whole batch: hand it the batch as is.
+            if let Some(Some(d)) = routes.first()
+                && routes.iter().all(|r| *r == Some(*d))
+            {
+                return self.publish_to(*d, batch).await;
+            }
             let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
             let mut parts: Vec<(Vec<usize>, Vec<ClaimedMessage>)> =
                 vec![(Vec::new(), Vec::new()); self.destinations.len()];
-            for (i, m) in batch.iter().enumerate() {
-                match self.route(&m.topic) {
+            for (i, (m, route)) in batch.iter().zip(&routes).enumerate() {
+                match route {
                     Some(d) => {
-                        parts[d].0.push(i);
-                        parts[d].1.push(m.clone());
+                        parts[*d].0.push(i);
+                        parts[*d].1.push(m.clone());
                     }
                     None => {
                         outcomes[i] = Some(Outcome::Permanent {
@@ -128,13 +148,7 @@ impl Sink for Router {
                     .enumerate()
                     .filter(|(_, (idx, _))| !idx.is_empty())
                     .map(|(d, (idx, messages))| async move {
-                        let destination = &self.destinations[d];
-                        destination.breaker.start();
-                        let result = destination.sink.publish(messages).await;
-                        if let Some(state) = destination.breaker.record(&result) {
-                            crate::telemetry::circuit_changed(&destination.name, state);
-                        }
-                        (idx, result)
+                        (idx, self.publish_to(d, messages).await)
                     }),
             )
             .await;
