@@ -22,17 +22,7 @@ async fn require(name: &str, addr: &str, how: &str) {
 }
 
 async fn fill(c: &Client, topic: &str, n: i64) -> HashSet<Uuid> {
-    c.query(
-        "INSERT INTO outbox.messages (topic, payload) \
-         SELECT $1, convert_to(json_build_object('n', i)::text, 'UTF8') \
-           FROM generate_series(1, $2::bigint) AS i RETURNING outbox_id",
-        &[&topic, &n],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    common::fill(c, topic, n, None).await.into_iter().collect()
 }
 
 async fn histories(c: &Client) -> Vec<String> {
@@ -189,13 +179,7 @@ async fn nats_jetstream_receives_5000_once_and_drops_a_redelivery() {
     assert!(ack.duplicate, "same Nats-Msg-Id within the window");
     assert_eq!(stream.info().await.unwrap().state.messages, 5000);
 
-    let dead: Vec<(Uuid, String)> = c
-        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let dead = common::dead_letters(&c).await;
     assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), lost);
     assert!(
         dead.iter().all(|d| d.1.contains("no JetStream stream")),
@@ -207,25 +191,14 @@ async fn nats_jetstream_receives_5000_once_and_drops_a_redelivery() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rabbitmq_confirms_5000_messages_and_reports_unroutable_ones() {
-    use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::options::QueueDeleteOptions;
     require("RabbitMQ", "127.0.0.1:5672", "rabbitmq-server -detached").await;
     let db = TestDb::new().await;
     let c = db.client().await;
     let ids = fill(&c, "orders", 5000).await;
     let unroutable = fill(&c, "nobody.listens", 2).await;
     let queue = format!("{}-orders", db.name);
-    let conn =
-        lapin::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", Default::default())
-            .await
-            .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.as_str().into(),
-        QueueDeclareOptions::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let (_conn, ch) = declare_queue(&queue).await;
     // Default exchange: the routing key is the queue name.
     let config = format!(
         "[destinations.rabbit]\ntype = \"amqp\"\nexchange = \"\"\nrouting_key = \"{}-{{topic}}\"\n\n\
@@ -234,12 +207,54 @@ async fn rabbitmq_confirms_5000_messages_and_reports_unroutable_ones() {
     );
     relay_until_drained(&db, &c, &config, &[]).await;
 
-    let mut got = HashSet::new();
+    let received = take_message_ids(&ch, &queue).await;
+    let got: HashSet<Uuid> = received.iter().copied().collect();
+    assert_eq!(got.len(), received.len(), "a message arrived twice");
+    assert_eq!(got, ids);
+    let dead = common::dead_letters(&c).await;
+    assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), unroutable);
+    assert!(dead.iter().all(|d| d.1.contains("unroutable")), "{dead:?}");
+    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    db.finish().await;
+}
+
+/// A RabbitMQ queue named `queue` (declared on the default exchange, so the routing key
+/// is the queue name), with the connection and channel that declared it.
+async fn declare_queue(queue: &str) -> (lapin::Connection, lapin::Channel) {
+    let conn =
+        lapin::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", Default::default())
+            .await
+            .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        queue.into(),
+        lapin::options::QueueDeclareOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    (conn, ch)
+}
+
+/// Takes every message from `queue`; returns their message_ids (outbox_ids) in order,
+/// checking each was published persistent.
+async fn take_message_ids(ch: &lapin::Channel, queue: &str) -> Vec<Uuid> {
+    let mut ids = Vec::new();
     while let Some(m) = ch
-        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
         .await
         .unwrap()
     {
+        assert_eq!(
+            m.delivery.properties.delivery_mode(),
+            &Some(2),
+            "persistent"
+        );
         let id = m
             .delivery
             .properties
@@ -247,30 +262,9 @@ async fn rabbitmq_confirms_5000_messages_and_reports_unroutable_ones() {
             .as_ref()
             .unwrap()
             .to_string();
-        assert_eq!(
-            m.delivery.properties.delivery_mode(),
-            &Some(2),
-            "persistent"
-        );
-        assert!(
-            got.insert(id.parse::<Uuid>().unwrap()),
-            "{id} arrived twice"
-        );
+        ids.push(id.parse().unwrap());
     }
-    assert_eq!(got, ids);
-    let dead: Vec<(Uuid, String)> = c
-        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), unroutable);
-    assert!(dead.iter().all(|d| d.1.contains("unroutable")), "{dead:?}");
-    ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .unwrap();
-    db.finish().await;
+    ids
 }
 
 /// What the test HTTP server saw, and how it answers.
@@ -396,13 +390,7 @@ async fn http_webhooks_5000_exactly_once_signed_retried_and_rejected() {
         "400 dead-letters"
     );
     assert_eq!(hist.iter().filter(|h| *h == "1:DISPATCHED").count(), 4999);
-    let dead: Vec<(Uuid, String)> = c
-        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let dead = common::dead_letters(&c).await;
     assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), rejected);
     assert!(dead[0].1.contains("400"), "{dead:?}");
     db.finish().await;
@@ -624,13 +612,7 @@ async fn a_topic_no_route_takes_is_dead_lettered_with_the_reason() {
     relay_until_drained(&db, &c, &config, &[]).await;
     let lines = std::fs::read_to_string(&out).unwrap();
     assert_eq!(lines.lines().count(), routed.len());
-    let dead: Vec<(Uuid, String)> = c
-        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let dead = common::dead_letters(&c).await;
     assert_eq!(dead.iter().map(|d| d.0).collect::<HashSet<_>>(), stray);
     assert!(
         dead.iter()
@@ -681,23 +663,12 @@ fn close_rabbit_connection_of(pid: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rabbitmq_closing_the_connection_server_side_is_survived() {
-    use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::options::QueueDeleteOptions;
     require("RabbitMQ", "127.0.0.1:5672", "rabbitmq-server -detached").await;
     let db = TestDb::new().await;
     let c = db.client().await;
     let queue = format!("{}-loss", db.name);
-    let conn =
-        lapin::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", Default::default())
-            .await
-            .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.as_str().into(),
-        QueueDeclareOptions::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let (_conn, ch) = declare_queue(&queue).await;
     let config = format!(
         "[destinations.rabbit]\ntype = \"amqp\"\nrouting_key = \"{queue}\"\n\n\
          [[routes]]\ntopic = \"*\"\ndestination = \"rabbit\"\n"
@@ -725,23 +696,7 @@ async fn rabbitmq_closing_the_connection_server_side_is_survived() {
     w.signal("TERM");
     assert_eq!(w.exit_code(MINUTE).await, Some(0));
 
-    let mut got = HashSet::new();
-    while let Some(m) = ch
-        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
-        .await
-        .unwrap()
-    {
-        got.insert(
-            m.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .to_string()
-                .parse::<Uuid>()
-                .unwrap(),
-        );
-    }
+    let got: HashSet<Uuid> = take_message_ids(&ch, &queue).await.into_iter().collect();
     assert_eq!(got, ids, "every message confirmed (at least once)");
     ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
         .await

@@ -196,6 +196,33 @@ where
     }
 }
 
+/// Inserts `n` messages on `topic` with payload `{"n": i}`; with `keyed_every = Some(k)`
+/// every k-th message gets one of 50 keys. Returns their ids in enqueue order.
+pub async fn fill(c: &Client, topic: &str, n: i64, keyed_every: Option<i64>) -> Vec<uuid::Uuid> {
+    c.query(
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+         SELECT $1, CASE WHEN i % $3::bigint = 0 THEN 'k' || (i % 50) END, \
+                convert_to(json_build_object('n', i)::text, 'UTF8') \
+           FROM generate_series(1, $2::bigint) AS i RETURNING outbox_id",
+        &[&topic, &n, &keyed_every],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Every dead letter: (outbox_id, last_error).
+pub async fn dead_letters(c: &Client) -> Vec<(uuid::Uuid, String)> {
+    c.query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
 /// Messages still in `outbox.messages` (ready, delayed or leased).
 pub async fn pending(c: &Client) -> i64 {
     c.query_one("SELECT count(*) FROM outbox.messages", &[])
