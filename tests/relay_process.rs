@@ -7,27 +7,11 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::{Relayer, TestDb, eventually, free_port, pending};
+use common::{Relayer, TestDb, dead_letters, eventually, fill, free_port, pending};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-/// Inserts `n` messages (payload `{"n": i}`, every `keyed_every`-th with one of 50 keys).
-async fn fill(c: &Client, n: i64, keyed_every: i64) -> Vec<Uuid> {
-    c.query(
-        "INSERT INTO outbox.messages (topic, message_key, payload) \
-         SELECT 'load', CASE WHEN i % $2 = 0 THEN 'k' || (i % 50) END, \
-                convert_to(json_build_object('n', i)::text, 'UTF8') \
-           FROM generate_series(1, $1::bigint) AS i RETURNING outbox_id",
-        &[&n, &keyed_every],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
-}
 
 async fn leases_of(c: &Client, worker: &str) -> Vec<Uuid> {
     c.query(
@@ -100,7 +84,10 @@ fn with(base: &[String], more: &[&str]) -> Vec<String> {
 async fn four_workers_drain_50000_messages_exactly_once() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let all: HashSet<Uuid> = fill(&c, 50_000, 10).await.into_iter().collect();
+    let all: HashSet<Uuid> = fill(&c, "load", 50_000, Some(10))
+        .await
+        .into_iter()
+        .collect();
     let out = db.scratch_dir().join("out.jsonl");
     let args = with(&file_args(&out), &["--batch-size", "500"]);
     let mut workers: Vec<Relayer> = (0..4)
@@ -141,7 +128,10 @@ async fn four_workers_drain_50000_messages_exactly_once() {
 async fn a_worker_killed_with_leases_loses_nothing() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let all: HashSet<Uuid> = fill(&c, 20_000, 10).await.into_iter().collect();
+    let all: HashSet<Uuid> = fill(&c, "load", 20_000, Some(10))
+        .await
+        .into_iter()
+        .collect();
     let dir = db.scratch_dir();
     let lease = [
         "--lease-secs",
@@ -153,13 +143,30 @@ async fn a_worker_killed_with_leases_loses_nothing() {
     ];
 
     let victim_out = dir.join("victim.jsonl");
-    let mut victim = start(&db, "victim", &with(&file_args(&victim_out), &lease));
+    // Its own application_name, to see when its database sessions are gone.
+    let victim_url = format!("{}?application_name=victim", db.url);
+    let victim_args = with(&file_args(&victim_out), &lease);
+    let victim_args = with(&victim_args, &["--database-url", &victim_url]);
+    let mut victim = start(&db, "victim", &victim_args);
     eventually(MINUTE, "the victim to hold leases", || async {
         !leases_of(&c, "victim").await.is_empty()
     })
     .await;
     victim.signal("KILL");
     assert_eq!(victim.exit_code(MINUTE).await, None, "killed by a signal");
+    // A completion the victim sent just before dying may still run in its backend; the
+    // killed batch is what it holds once those sessions have ended.
+    eventually(MINUTE, "the victim's database sessions to end", || async {
+        c.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'victim'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+            == 0
+    })
+    .await;
     let killed: HashSet<Uuid> = leases_of(&c, "victim").await.into_iter().collect();
     assert!(!killed.is_empty(), "the victim died holding leases");
 
@@ -230,7 +237,7 @@ async fn a_worker_killed_with_leases_loses_nothing() {
 async fn a_frozen_worker_is_fenced_when_it_wakes_up() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let all: HashSet<Uuid> = fill(&c, 10, 1_000_000).await.into_iter().collect();
+    let all: HashSet<Uuid> = fill(&c, "load", 10, None).await.into_iter().collect();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     // The destination takes 4 s; the lease is 2 s: frozen, the worker cannot extend it.
@@ -340,7 +347,7 @@ async fn http_get(url: &str) -> Option<String> {
 async fn sigterm_under_load_releases_what_it_cannot_finish_and_exits_0() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    fill(&c, 5_000, 10).await;
+    fill(&c, "load", 5_000, Some(10)).await;
     // Each batch takes 1.5 s at the destination; the shutdown deadline is 0.3 s.
     let mut w = Relayer::start(
         &db,
@@ -415,7 +422,7 @@ async fn sigterm_under_load_releases_what_it_cannot_finish_and_exits_0() {
 async fn sigterm_lets_in_flight_deliveries_finish_within_the_deadline() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    fill(&c, 2_000, 10).await;
+    fill(&c, "load", 2_000, Some(10)).await;
     let mut w = Relayer::start(
         &db,
         "graceful",
@@ -514,7 +521,7 @@ async fn per_key_order_holds_across_four_workers() {
 async fn messages_the_destination_rejects_are_dead_lettered_with_the_reason() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let good: HashSet<Uuid> = fill(&c, 100, 1_000_000).await.into_iter().collect();
+    let good: HashSet<Uuid> = fill(&c, "load", 100, None).await.into_iter().collect();
     let mut bad = HashSet::new();
     for i in 0..5 {
         // Claims to be JSON, is not.
@@ -545,13 +552,7 @@ async fn messages_the_destination_rejects_are_dead_lettered_with_the_reason() {
         delivered, good,
         "the good messages are delivered, the bad are not"
     );
-    let dead: HashMap<Uuid, String> = c
-        .query("SELECT outbox_id, last_error FROM outbox.dead_letters", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let dead: HashMap<Uuid, String> = dead_letters(&c).await.into_iter().collect();
     assert_eq!(dead.keys().copied().collect::<HashSet<_>>(), bad);
     assert!(
         dead.values().all(|e| e.contains("not valid JSON")),
