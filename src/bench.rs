@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::connection::Target;
 use anyhow::{Context, Result};
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
-use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -600,9 +600,12 @@ fn peak_rss_mib() -> f64 {
 }
 
 async fn connect(url: &str) -> Result<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
+    let target = Target::parse(url).map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?;
+    target.connect().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot connect to {}: {}",
+            target.describe(),
+            target.explain(&e)
+        )
+    })
 }

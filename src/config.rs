@@ -160,11 +160,21 @@ pub struct RouteConfig {
 }
 
 impl RawConfig {
-    /// Reads a TOML file of the same settings (snake_case keys, plus `database_url`).
+    /// Reads a TOML file of the same settings (snake_case keys, plus `database_url`). Any
+    /// string value may refer to secrets as `${NAME}` (environment) or `${file:PATH}`; see
+    /// [`crate::secret`].
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| invalid("config", format!("cannot read {}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| invalid("config", format!("{}: {e}", path.display())))
+        let mut table: toml::Table = toml::from_str(&text)
+            .map_err(|e| invalid("config", format!("{}: {e}", path.display())))?;
+        for (key, value) in table.iter_mut() {
+            interpolate(key, value)
+                .map_err(|e| invalid("config", format!("{}: {e}", path.display())))?;
+        }
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| invalid("config", format!("{}: {e}", path.display())))
     }
 
     /// Field by field: `self` where set, else `fallback`.
@@ -199,6 +209,27 @@ impl RawConfig {
             routes: self.routes.or(fallback.routes),
         }
     }
+}
+
+/// Substitutes secrets in every string under `value`; errors name the setting's path.
+fn interpolate(path: &str, value: &mut toml::Value) -> Result<(), String> {
+    match value {
+        toml::Value::String(text) => {
+            *text = crate::secret::interpolate(text).map_err(|e| format!("{path}: {e}"))?;
+        }
+        toml::Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                interpolate(&format!("{path}[{i}]"), item)?;
+            }
+        }
+        toml::Value::Table(table) => {
+            for (key, item) in table.iter_mut() {
+                interpolate(&format!("{path}.{key}"), item)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// One destination, validated.

@@ -1,5 +1,7 @@
-//! The small HTTP listener: Prometheus `/metrics`, `/healthz` (the process is alive) and
-//! `/readyz` (the database answers and the sink is ready; 503 with the reason otherwise).
+//! The small HTTP listener: Prometheus `/metrics`, `/healthz` (the process is alive, from
+//! the moment it starts) and `/readyz` (the database answers with the schema this build
+//! needs and every destination is ready; 503 with the reasons otherwise). Also the client
+//! side of a probe, for container health checks.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,9 +35,15 @@ pub async fn serve(
     let listener = TcpListener::bind(addr).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
-            format!("telemetry_addr {addr} cannot be bound: {e}"),
+            format!(
+                "telemetry_addr {addr} cannot be bound: {e}. When several relayers run on one \
+                 host, give each its own address (--telemetry-addr {}:0 picks a free port and \
+                 logs it) or turn the listener off with --no-telemetry",
+                addr.ip()
+            ),
         )
     })?;
+    let bound = listener.local_addr()?;
     let app = Router::new()
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -45,7 +53,7 @@ pub async fn serve(
             store,
             router,
         });
-    tracing::info!(%addr, "telemetry listening (/metrics, /healthz, /readyz)");
+    tracing::info!(addr = %bound, "telemetry listening (/metrics, /healthz, /readyz)");
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -62,10 +70,10 @@ async fn render_metrics(State(probe): State<Probe>) -> String {
 }
 
 async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
-    let database = probe.store.ping().await.map_err(|e| e.to_string());
+    let database = probe.store.check_schema().await;
     let mut ok = database.is_ok();
     let mut body = match &database {
-        Ok(()) => "database: ok\n".to_owned(),
+        Ok(version) => format!("database: ok (schema version {version})\n"),
         Err(e) => format!("database: {e}\n"),
     };
     for (name, circuit, ready) in probe.router.readiness().await {
@@ -81,4 +89,45 @@ async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, body)
+}
+
+/// GETs `path` from the listener at `addr` (`0.0.0.0` means this host); returns the status
+/// code and body. Plain HTTP/1.0 over TCP: all a health check needs.
+pub async fn probe(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let target = match addr.parse::<SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => SocketAddr::new([127, 0, 0, 1].into(), a.port()),
+        Ok(a) => a,
+        Err(_) => tokio::net::lookup_host(addr).await?.next().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr}: no address"))
+        })?,
+    };
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(target).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {target}\r\n\r\n").as_bytes())
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(std::time::Duration::from_secs(5), exchange)
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("{target}: no answer in 5 s"),
+            )
+        })?
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{target}: {e}")))?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
 }

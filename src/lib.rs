@@ -6,6 +6,8 @@
 //! - [`config`]: settings from flags, `OUTBOX_*` variables and TOML, validated once.
 //! - [`message`]: domain types: ids, a claimed message, a sink's outcome.
 //! - [`schema`]: the embedded SQL migrations.
+//! - [`secret`]: `${NAME}`/`${file:PATH}` secrets in the config, URLs redacted for logs.
+//! - [`connection`]: connection strings, libpq's sslmode over rustls, connection errors in words.
 //! - [`store`]: the only module that talks SQL: pool, SQL API calls, typed errors.
 //! - [`sink`]: destinations behind one small trait.
 //! - [`route`]: topic → destination routing; the relay's one sink.
@@ -21,6 +23,7 @@
 pub mod bench;
 pub mod circuit;
 pub mod config;
+pub mod connection;
 pub mod http;
 pub mod janitor;
 pub mod logging;
@@ -29,6 +32,7 @@ pub mod relay;
 pub mod retry;
 pub mod route;
 pub mod schema;
+pub mod secret;
 pub mod sink;
 pub mod store;
 pub mod telemetry;

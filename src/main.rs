@@ -13,7 +13,8 @@ use outbox_relay::config::{RawConfig, Settings};
 use outbox_relay::message::{NewMessage, OutboxId};
 use outbox_relay::relay::Relay;
 use outbox_relay::route::Router;
-use outbox_relay::store::{Store, redact_url};
+use outbox_relay::secret::{read_secret_file, redact_url};
+use outbox_relay::store::{Store, StoreError};
 use outbox_relay::{bench, http, logging, telemetry};
 
 #[derive(Parser)]
@@ -26,6 +27,9 @@ struct Cli {
     /// Postgres URL of the database holding the outbox [default: postgres://postgres@127.0.0.1:5432/postgres].
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
+    /// File holding the Postgres URL (a mounted secret); also read from OUTBOX_DATABASE_URL_FILE.
+    #[arg(long, env = "DATABASE_URL_FILE", global = true)]
+    database_url_file: Option<PathBuf>,
     /// TOML file with settings (the `run` flags in snake_case, plus database_url).
     #[arg(long, env = "OUTBOX_CONFIG", global = true)]
     config: Option<PathBuf>,
@@ -84,6 +88,16 @@ enum Command {
     },
     /// Measure drain throughput, latency and memory (see `make bench`).
     Bench(bench::Options),
+    /// Ask a running relayer's /healthz (or /readyz) and exit 0 when it answers 200 (for
+    /// container HEALTHCHECKs: the image has no curl).
+    Healthcheck {
+        /// The relayer's telemetry address [default: OUTBOX_TELEMETRY_ADDR or 127.0.0.1:9187].
+        #[arg(long, env = "OUTBOX_TELEMETRY_ADDR")]
+        addr: Option<String>,
+        /// Ask /readyz instead of /healthz.
+        #[arg(long)]
+        ready: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -95,16 +109,52 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report(&e));
             ExitCode::from(2)
         }
+    }
+}
+
+/// The error and its causes, down to the first storage error: that one already says in
+/// words what its causes are (Postgres' message, SQLSTATE, the host), so the chain under it
+/// would only repeat it.
+fn report(e: &anyhow::Error) -> String {
+    let mut parts = Vec::new();
+    for cause in e.chain() {
+        parts.push(cause.to_string());
+        if cause.downcast_ref::<StoreError>().is_some() {
+            break;
+        }
+    }
+    parts.join(": ")
+}
+
+/// The database URL from `--database-url`/`DATABASE_URL`, or from the file named by
+/// `--database-url-file`/`DATABASE_URL_FILE`/`OUTBOX_DATABASE_URL_FILE`; not both.
+fn database_url(cli: &Cli) -> Result<Option<String>> {
+    let file = cli.database_url_file.clone().or_else(|| {
+        std::env::var_os("OUTBOX_DATABASE_URL_FILE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    match (&cli.database_url, file) {
+        (Some(_), Some(_)) => bail!(
+            "invalid setting database_url: give the URL (--database-url / DATABASE_URL) or a file \
+             holding it (--database-url-file / DATABASE_URL_FILE / OUTBOX_DATABASE_URL_FILE), \
+             not both"
+        ),
+        (Some(url), None) => Ok(Some(url.clone())),
+        (None, Some(path)) => read_secret_file(&path)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("invalid setting database_url_file: {e}")),
+        (None, None) => Ok(None),
     }
 }
 
 /// Flags and environment over the config file over defaults.
 fn settings(cli: &Cli, flags: RawConfig) -> Result<Settings> {
     let mut raw = RawConfig {
-        database_url: cli.database_url.clone(),
+        database_url: database_url(cli)?,
         ..flags
     };
     if let Some(path) = &cli.config {
@@ -114,9 +164,12 @@ fn settings(cli: &Cli, flags: RawConfig) -> Result<Settings> {
 }
 
 async fn dispatch(cli: Cli) -> Result<()> {
-    let quick_store = |cli: &Cli| -> Result<Store> {
+    // A store for the operator verbs, once the schema is known to be what this build needs.
+    let quick_store = async |cli: &Cli| -> Result<Store> {
         let s = settings(cli, RawConfig::default())?;
-        Ok(Store::connect(&s.database_url, 2)?)
+        let store = Store::connect(&s.database_url, 2)?;
+        store.check_schema().await?;
+        Ok(store)
     };
     match &cli.command {
         Command::Run {
@@ -127,7 +180,11 @@ async fn dispatch(cli: Cli) -> Result<()> {
             run(settings, *migrate).await
         }
         Command::Migrate => {
-            let applied = quick_store(&cli)?.migrate().await.context("migrate")?;
+            let s = settings(&cli, RawConfig::default())?;
+            let applied = Store::connect(&s.database_url, 2)?
+                .migrate()
+                .await
+                .context("migrate")?;
             if applied.is_empty() {
                 println!("schema is up to date");
             }
@@ -143,7 +200,8 @@ async fn dispatch(cli: Cli) -> Result<()> {
             max_attempts,
         } => {
             let payload = serde_json::from_str(payload).context("--payload is not valid JSON")?;
-            let id = quick_store(&cli)?
+            let id = quick_store(&cli)
+                .await?
                 .enqueue(&NewMessage {
                     topic: topic.clone(),
                     key: key.clone(),
@@ -157,7 +215,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Status { json } => {
-            let s = quick_store(&cli)?.status().await.context("status")?;
+            let s = quick_store(&cli).await?.status().await.context("status")?;
             if *json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
@@ -174,7 +232,11 @@ async fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Repair { limit } => {
-            let r = quick_store(&cli)?.repair(*limit).await.context("repair")?;
+            let r = quick_store(&cli)
+                .await?
+                .repair(*limit)
+                .await
+                .context("repair")?;
             println!("requeued {} dead_lettered {}", r.requeued, r.dead_lettered);
             Ok(())
         }
@@ -183,7 +245,8 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 bail!("replay needs --id, --topic or --all");
             }
             let ids: Vec<OutboxId> = ids.iter().copied().map(OutboxId).collect();
-            let n = quick_store(&cli)?
+            let n = quick_store(&cli)
+                .await?
                 .replay((!ids.is_empty()).then_some(&ids[..]), topic.as_deref())
                 .await
                 .context("replay")?;
@@ -193,6 +256,16 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;
             bench::run(&s.database_url, options).await
+        }
+        Command::Healthcheck { addr, ready } => {
+            let addr = addr.as_deref().unwrap_or("127.0.0.1:9187");
+            let path = if *ready { "/readyz" } else { "/healthz" };
+            let (status, body) = http::probe(addr, path).await?;
+            print!("{body}");
+            if status != 200 {
+                bail!("{path} on {addr} answered HTTP {status}");
+            }
+            Ok(())
         }
     }
 }
@@ -204,16 +277,11 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
 
     let store = Store::connect(&settings.database_url, settings.pool_size)?;
     tracing::info!(worker_id = %settings.worker_id, database = %redact_url(&settings.database_url),
+        sslmode = store.target().mode.as_str(),
         destinations = ?settings.destinations.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), batch_size = settings.batch_size, lease_secs = settings.lease_secs,
         "starting");
-    wait_for_database(&store, &shutdown).await;
-    if shutdown.is_cancelled() {
-        return Ok(());
-    }
-    if migrate {
-        for name in store.migrate().await.context("migrate")? {
-            tracing::info!(migration = %name, "applied");
-        }
+    if let Some(weakness) = store.target().weakness() {
+        tracing::warn!("{weakness}");
     }
     let metrics = telemetry::install();
     let router = Arc::new(Router::new(
@@ -221,6 +289,8 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
         settings.routes.clone(),
         settings.circuit,
     )?);
+    // The listener comes first: /healthz answers from the start (liveness must not depend on
+    // the database), and /readyz says why the relayer is not ready while it waits.
     let listener = match settings.telemetry_addr {
         Some(addr) => Some(
             http::serve(
@@ -234,23 +304,45 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
         ),
         None => None,
     };
-    Relay::new(settings, store, router).run(shutdown).await;
+    wait_for_database(&store, migrate, &shutdown).await?;
+    if !shutdown.is_cancelled() {
+        Relay::new(settings, store, router).run(shutdown).await;
+    }
     if let Some(listener) = listener {
         listener.abort();
     }
     Ok(())
 }
 
-/// Waits (with backoff, logging each failure) until the database answers or shutdown.
-async fn wait_for_database(store: &Store, shutdown: &CancellationToken) {
+/// Waits until the database answers with the schema this build needs (applying the
+/// migrations first when asked), logging the cause of each failure with the backoff, or
+/// until shutdown. Only a failed migration is fatal.
+async fn wait_for_database(
+    store: &Store,
+    migrate: bool,
+    shutdown: &CancellationToken,
+) -> Result<()> {
     let mut backoff = Duration::from_millis(200);
     loop {
-        match store.ping().await {
-            Ok(()) => return,
-            Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "database not reachable yet"),
+        let checked = async {
+            if migrate {
+                for name in store.migrate().await? {
+                    tracing::info!(migration = %name, "applied");
+                }
+            }
+            store.check_schema().await
+        };
+        match checked.await {
+            Ok(version) => {
+                tracing::info!(schema_version = version, "database ready");
+                return Ok(());
+            }
+            Err(e @ StoreError::Migration(_)) => return Err(e).context("migrate"),
+            Err(e) => tracing::warn!(error = %e, retry_in_ms = backoff.as_millis(),
+                "database not ready yet"),
         }
         tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return Ok(()),
             () = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));

@@ -7,3 +7,13 @@ refinery::embed_migrations!("schema");
 pub fn runner() -> refinery::Runner {
     migrations::runner().set_grouped(true)
 }
+
+/// The schema version this build needs: that of its newest embedded migration.
+pub fn version() -> i32 {
+    runner()
+        .get_migrations()
+        .iter()
+        .map(|m| m.version())
+        .max()
+        .unwrap_or(0)
+}

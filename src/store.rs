@@ -3,7 +3,6 @@
 //! SQLSTATEs of the SQL API (`P7002` lease lost, `P7001` invalid argument) into typed errors.
 //! Lease checks are never made here: the database makes them.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,13 +10,15 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Row};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::connection::Target;
 use crate::message::{
     ClaimedMessage, Completion, CompletionResult, LeaseToken, NewMessage, OutboxId, WorkerId,
 };
+use crate::secret::redact_url;
 
 /// Channel that `outbox.enqueue` notifies when a message is ready.
 pub const NOTIFY_CHANNEL: &str = "outbox_new";
@@ -31,15 +32,28 @@ pub enum StoreError {
     /// SQLSTATE P7001: an argument the SQL API refused; the message names it.
     #[error("{0}")]
     InvalidArgument(String),
-    /// The database URL could not be parsed.
+    /// The connection string (or its TLS settings) could not be used.
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
-    /// No connection could be had from the pool (database down, pool exhausted).
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
+    /// No connection could be made or had from the pool; `reason` says why in words
+    /// (Postgres' message and SQLSTATE, refused connection, TLS problem).
+    #[error("cannot connect to {target}: {reason}")]
+    Unavailable {
+        target: String,
+        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Any other database error (retry the operation later).
-    #[error("database error: {0}")]
-    Database(String),
+    #[error("database error: {message}")]
+    Database {
+        message: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The schema is missing, older than this build, or not readable by this login.
+    #[error("{0}")]
+    Schema(String),
     #[error("migration failed: {0}")]
     Migration(String),
 }
@@ -51,19 +65,28 @@ impl From<tokio_postgres::Error> for StoreError {
             Some(db) if db.code().code() == "P7001" => {
                 StoreError::InvalidArgument(db.message().into())
             }
-            Some(db) => StoreError::Database(format!("{} ({})", db.message(), db.code().code())),
-            None => StoreError::Database(e.to_string()),
+            Some(db) => StoreError::Database {
+                message: format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+                source: e,
+            },
+            None => StoreError::Database {
+                message: chain(&e),
+                source: e,
+            },
         }
     }
 }
 
-impl From<deadpool_postgres::PoolError> for StoreError {
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        match e {
-            deadpool_postgres::PoolError::Backend(e) => StoreError::Unavailable(e.to_string()),
-            other => StoreError::Unavailable(other.to_string()),
-        }
+/// An error and its causes, joined by ": " (tokio-postgres keeps the useful part in them).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text += ": ";
+        text += &cause.to_string();
+        source = cause.source();
     }
+    text
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -99,15 +122,17 @@ pub struct PoolStatus {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
-    config: tokio_postgres::Config,
+    target: Arc<Target>,
 }
 
 impl Store {
-    /// Builds a pool of at most `max_connections` to `url`. Connections are opened lazily,
-    /// so this fails only on a malformed URL; use [`Store::ping`] to check reachability.
+    /// Builds a pool of at most `max_connections` to `url` (TLS as its `sslmode` and the
+    /// `PG*` variables say; see [`crate::connection`]). Connections are opened lazily, so this
+    /// fails only on a malformed URL; use [`Store::ping`] to check reachability.
     pub fn connect(url: &str, max_connections: usize) -> Result<Self> {
-        let mut config = tokio_postgres::Config::from_str(url)
+        let mut target = Target::parse(url)
             .map_err(|e| StoreError::InvalidUrl(format!("{e} (in {})", redact_url(url))))?;
+        let config = &mut target.config;
         if config.get_application_name().is_none() {
             config.application_name("outbox-relay");
         }
@@ -115,8 +140,8 @@ impl Store {
             config.connect_timeout(Duration::from_secs(10));
         }
         let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
+            target.config.clone(),
+            target.tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -126,18 +151,72 @@ impl Store {
             .wait_timeout(Some(Duration::from_secs(30)))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        Ok(Self { pool, config })
+            .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+        Ok(Self {
+            pool,
+            target: Arc::new(target),
+        })
+    }
+
+    /// Where and how this store connects.
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
-        Ok(self.pool.get().await?)
+        self.pool.get().await.map_err(|e| self.unavailable(e))
+    }
+
+    fn unavailable(&self, e: deadpool_postgres::PoolError) -> StoreError {
+        let reason = match &e {
+            deadpool_postgres::PoolError::Backend(e) => self.target.explain(e),
+            deadpool_postgres::PoolError::Timeout(_) => {
+                "no connection became free in time (pool exhausted or the server is not \
+                 answering)"
+                    .to_owned()
+            }
+            other => other.to_string(),
+        };
+        StoreError::Unavailable {
+            target: self.target.describe(),
+            reason,
+            source: Box::new(e),
+        }
     }
 
     /// Applies the embedded migrations that are not applied yet; returns their names.
     /// A session advisory lock makes processes that start together migrate one at a time.
+    /// A login that cannot own the schema (such as one holding only `outbox_relay`) is
+    /// refused before anything runs, with a message that says which role to use.
     pub async fn migrate(&self) -> Result<Vec<String>> {
         let mut client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT current_user::text, \
+                        CASE WHEN n.oid IS NULL \
+                             THEN has_database_privilege(current_database(), 'CREATE') \
+                             ELSE pg_has_role(n.nspowner, 'USAGE') END, \
+                        pg_get_userbyid(n.nspowner)::text \
+                   FROM (SELECT 1) AS one \
+                   LEFT JOIN pg_namespace AS n ON n.nspname = 'outbox'",
+                &[],
+            )
+            .await?;
+        let (user, allowed, owner): (String, bool, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        if !allowed {
+            return Err(StoreError::Migration(match owner {
+                Some(owner) => format!(
+                    "login {user:?} cannot change schema outbox, which belongs to {owner:?}: run \
+                     `outbox-relay migrate` as {owner:?} (the DDL role); the relayer itself \
+                     needs only a login in outbox_relay"
+                ),
+                None => format!(
+                    "login {user:?} cannot create schema outbox (no CREATE right on the \
+                     database): run `outbox-relay migrate` as the database owner (the DDL role)"
+                ),
+            }));
+        }
         client
             .execute("SELECT pg_advisory_lock(hashtext('outbox.migrate'))", &[])
             .await?;
@@ -151,6 +230,67 @@ impl Store {
             .iter()
             .map(|m| m.to_string())
             .collect())
+    }
+
+    /// The schema's version, checked against what this build needs: an error names the
+    /// version found, the version needed and the command that fixes it. A newer schema is
+    /// accepted (migrations only add), so a fleet can be upgraded after its schema.
+    pub async fn check_schema(&self) -> Result<i32> {
+        let needed = crate::schema::version();
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT to_regnamespace('outbox') IS NOT NULL, \
+                        to_regprocedure('outbox.schema_version()') IS NOT NULL, \
+                        current_database()::text, current_user::text",
+                &[],
+            )
+            .await?;
+        let (schema, function, database, user): (bool, bool, String, String) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let fix = "run `outbox-relay migrate` (as the schema owner)";
+        if !schema {
+            return Err(StoreError::Schema(format!(
+                "schema outbox does not exist in database {database:?} (never migrated); this \
+                 build needs version {needed}: {fix}"
+            )));
+        }
+        let found = if function {
+            match client
+                .query_one("SELECT outbox.schema_version()", &[])
+                .await
+            {
+                Ok(row) => row.get::<_, Option<i32>>(0),
+                Err(e) if e.code().is_some_and(|c| c.code() == "42501") => {
+                    return Err(StoreError::Schema(format!(
+                        "login {user:?} may not use schema outbox: grant it one of the roles \
+                         outbox_relay, outbox_producer or outbox_reader"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            // Before version 5 there was no schema_version(); the history table says which.
+            client
+                .query_opt(
+                    "SELECT max(version) FROM refinery_schema_history \
+                      WHERE has_table_privilege('refinery_schema_history', 'SELECT')",
+                    &[],
+                )
+                .await
+                .ok()
+                .flatten()
+                .and_then(|row| row.get::<_, Option<i32>>(0))
+        };
+        match found {
+            Some(found) if found >= needed => Ok(found),
+            Some(found) => Err(StoreError::Schema(format!(
+                "schema outbox is at version {found}, this build needs {needed}: {fix}"
+            ))),
+            None => Err(StoreError::Schema(format!(
+                "schema outbox predates version 5, this build needs {needed}: {fix}"
+            ))),
+        }
     }
 
     /// `SELECT 1`: is the database reachable?
@@ -369,7 +509,16 @@ impl Store {
     }
 
     async fn listen_once(&self, wake: &Arc<Notify>) -> Result<()> {
-        let (client, mut connection) = self.config.connect(NoTls).await?;
+        let (client, mut connection) = self
+            .target
+            .config
+            .connect(self.target.tls.clone())
+            .await
+            .map_err(|e| StoreError::Unavailable {
+                target: self.target.describe(),
+                reason: self.target.explain(&e),
+                source: Box::new(e),
+            })?;
         let forward = wake.clone();
         let mut driver = tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -388,7 +537,11 @@ impl Store {
         drop(client);
         match ended {
             Ok(result) => Ok(result?),
-            Err(e) => Err(StoreError::Database(e.to_string())),
+            Err(e) => Err(StoreError::Unavailable {
+                target: self.target.describe(),
+                reason: "the notification listener's task ended".to_owned(),
+                source: Box::new(e),
+            }),
         }
     }
 }
@@ -427,38 +580,9 @@ pub fn with_database(url: &str, db: &str) -> String {
     }
 }
 
-/// The URL with any password replaced by `***`, for logs and error messages.
-pub fn redact_url(url: &str) -> String {
-    // postgres://user:secret@host/db → postgres://user:***@host/db
-    let mut out = match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((userinfo, host)) if !userinfo.contains('/') => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-                None => url.to_owned(),
-            },
-            _ => url.to_owned(),
-        },
-        None => url.to_owned(),
-    };
-    // key=value form and ?password= query parameters
-    for marker in ["password=", "PASSWORD="] {
-        while let Some(start) = out.find(marker) {
-            let value_start = start + marker.len();
-            if out[value_start..].starts_with("***") {
-                break;
-            }
-            let value_end = out[value_start..]
-                .find(['&', ' '])
-                .map_or(out.len(), |i| value_start + i);
-            out.replace_range(value_start..value_end, "***");
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{redact_url, with_database};
+    use super::with_database;
 
     #[test]
     fn swaps_the_database_name_and_keeps_the_query() {
@@ -467,25 +591,5 @@ mod tests {
             "postgres://u@h:5432/x?sslmode=require"
         );
         assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
-    }
-
-    #[test]
-    fn redacts_passwords_in_every_url_form() {
-        assert_eq!(
-            redact_url("postgres://relay:s3cret@db:5432/app"),
-            "postgres://relay:***@db:5432/app"
-        );
-        assert_eq!(
-            redact_url("postgres://db/app?user=relay&password=s3cret&sslmode=require"),
-            "postgres://db/app?user=relay&password=***&sslmode=require"
-        );
-        assert_eq!(
-            redact_url("host=db user=relay password=s3cret dbname=app"),
-            "host=db user=relay password=*** dbname=app"
-        );
-        assert_eq!(
-            redact_url("postgres://relay@db/app"),
-            "postgres://relay@db/app"
-        );
     }
 }

@@ -105,7 +105,11 @@ async fn an_unreachable_database_is_reported_as_unavailable() {
     let store =
         outbox_relay::store::Store::connect("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
     match store.ping().await {
-        Err(StoreError::Unavailable(_)) => {}
+        Err(e @ StoreError::Unavailable { .. }) => assert_eq!(
+            e.to_string(),
+            "cannot connect to 127.0.0.1:1 as \"nobody\", database \"none\": \
+             connection refused (127.0.0.1:1)"
+        ),
         other => panic!("expected Unavailable, got {other:?}"),
     }
     match outbox_relay::store::Store::connect("postgres://u:pw@host:notaport/db", 1) {

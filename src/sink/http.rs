@@ -16,6 +16,7 @@ use sha2::Sha256;
 
 use super::{Sink, SinkError, install_tls_provider};
 use crate::message::{ClaimedMessage, Outcome};
+use crate::secret::redact_url;
 
 pub struct Http {
     client: reqwest::Client,
@@ -95,7 +96,7 @@ impl Http {
             .await;
         match response {
             Err(e) => Outcome::Retryable {
-                reason: format!("POST {url}: {e}"),
+                reason: format!("POST {}: {}", redact_url(&url), e.without_url()),
                 retry_after: None,
             },
             Ok(r) => {
@@ -116,7 +117,7 @@ impl Http {
                     .chars()
                     .take(200)
                     .collect();
-                let reason = format!("POST {url}: HTTP {status} {body}")
+                let reason = format!("POST {}: HTTP {status} {body}", redact_url(&url))
                     .trim_end()
                     .to_owned();
                 if status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error() {

@@ -10,6 +10,7 @@ use futures_util::future::BoxFuture;
 
 use super::{Sink, SinkError};
 use crate::message::{ClaimedMessage, Outcome};
+use crate::secret::redact_url;
 
 pub struct Nats {
     url: String,
@@ -44,7 +45,7 @@ impl Nats {
             .request_timeout(Some(self.timeout))
             .connect(&self.url)
             .await
-            .map_err(|e| format!("nats connect {}: {e}", self.url))?;
+            .map_err(|e| format!("nats connect {}: {e}", redact_url(&self.url)))?;
         let mut context = jetstream::new(client);
         context.set_timeout(self.timeout);
         *slot = Some(context.clone());

@@ -1,0 +1,710 @@
+//! How the relayer reaches Postgres. libpq users set TLS with `sslmode`, `sslrootcert`,
+//! `sslcert`, `sslkey` and `sslnegotiation`, in the connection string or as `PGSSLMODE`, …
+//! environment variables. tokio-postgres knows only part of that (it refuses `verify-ca` and
+//! `verify-full` when parsing), so this module reads those settings itself, hands the rest
+//! of the string to tokio-postgres, and builds the rustls connector that enforces the mode.
+//! It also turns a failed connection into a sentence that says what is wrong.
+//!
+//! The modes keep libpq's meanings:
+//! - `disable`: plain TCP.
+//! - `prefer` (the default): TLS when the server offers it, plain otherwise.
+//! - `require`: TLS or nothing. Like libpq, the certificate is not checked unless a root
+//!   certificate is given (`sslrootcert`, or `~/.postgresql/root.crt` exists), in which case
+//!   the chain is checked as in `verify-ca`. This keeps `require` working against managed
+//!   services whose CA users never installed, the way it does for psql; it stops passive
+//!   eavesdropping, not an active man in the middle, and the relayer says so in its log.
+//! - `verify-ca`: TLS, and the server's chain must lead to a trusted root.
+//! - `verify-full`: `verify-ca`, and the certificate must name the host connected to.
+
+use std::io;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_postgres::config::{Host, SslNegotiation};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// The TLS settings of the connection string (and their `PG*` environment variables).
+const TLS_KEYS: [(&str, &str); 5] = [
+    ("sslmode", "PGSSLMODE"),
+    ("sslrootcert", "PGSSLROOTCERT"),
+    ("sslcert", "PGSSLCERT"),
+    ("sslkey", "PGSSLKEY"),
+    ("sslnegotiation", "PGSSLNEGOTIATION"),
+];
+
+/// libpq's `sslmode`, without `allow` (plain first, TLS on refusal), which tokio-postgres
+/// cannot do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self, String> {
+        Ok(match value {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            "allow" => {
+                return Err(
+                    "sslmode \"allow\" is not supported: use prefer (TLS when the \
+                            server offers it) or disable"
+                        .to_owned(),
+                );
+            }
+            other => {
+                return Err(format!(
+                    "invalid sslmode {other:?}: expected disable, prefer, require, verify-ca \
+                     or verify-full"
+                ));
+            }
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// A parsed connection string: where to connect, as whom, and how to secure it.
+#[derive(Clone)]
+pub struct Target {
+    pub config: tokio_postgres::Config,
+    pub tls: MakeRustlsConnect,
+    pub mode: SslMode,
+    /// What the server's certificate is checked against.
+    pub verification: Verification,
+}
+
+/// How much of the server's certificate is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verification {
+    /// Nothing (plain TCP, or TLS without a root certificate in prefer/require).
+    None,
+    /// The chain leads to a trusted root.
+    Chain,
+    /// The chain and the host name.
+    ChainAndHost,
+}
+
+impl Target {
+    /// Reads `url` (a `postgres://` URL or libpq `key=value` words), with libpq's `PG*`
+    /// variables from the process environment filling what it leaves out.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        Self::parse_with_env(url, |name| std::env::var(name).ok())
+    }
+
+    /// [`Target::parse`] with the environment given as a lookup.
+    pub fn parse_with_env(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let (rest, mut tls) = split_tls_settings(url)?;
+        for (key, variable) in TLS_KEYS {
+            if !tls.iter().any(|(k, _)| k == key)
+                && let Some(value) = env(variable).filter(|v| !v.is_empty())
+            {
+                tls.push((key.to_owned(), value));
+            }
+        }
+        let setting = |key: &str| {
+            tls.iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        let mode = SslMode::parse(setting("sslmode").unwrap_or("prefer"))?;
+        let mut config = tokio_postgres::Config::from_str(&rest).map_err(|e| describe_chain(&e))?;
+        if config.get_password().is_none()
+            && let Some(password) = env("PGPASSWORD")
+        {
+            config.password(password);
+        }
+        config.ssl_mode(match mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+        match setting("sslnegotiation") {
+            None | Some("postgres") => {}
+            Some("direct") if matches!(mode, SslMode::Disable | SslMode::Prefer) => {
+                return Err(format!(
+                    "sslnegotiation=direct needs sslmode=require or stronger (it is {})",
+                    mode.as_str()
+                ));
+            }
+            Some("direct") => {
+                config.ssl_negotiation(SslNegotiation::Direct);
+            }
+            Some(other) => {
+                return Err(format!(
+                    "invalid sslnegotiation {other:?}: expected postgres or direct"
+                ));
+            }
+        }
+        let home_file = |name: &str| {
+            std::env::var_os("HOME")
+                .map(|home| Path::new(&home).join(".postgresql").join(name))
+                .filter(|path| path.exists())
+        };
+        let roots = match setting("sslrootcert") {
+            Some("system") => Some(system_roots()?),
+            Some(path) => Some(file_roots(Path::new(path))?),
+            None if mode == SslMode::Disable => None,
+            None => match home_file("root.crt") {
+                Some(path) => Some(file_roots(&path)?),
+                None if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) => {
+                    return Err(format!(
+                        "sslmode={} needs a root certificate to check the server against: set \
+                         sslrootcert to a CA file, or sslrootcert=system for the platform's \
+                         trusted roots",
+                        mode.as_str()
+                    ));
+                }
+                None => None,
+            },
+        };
+        let client_auth = match (setting("sslcert"), setting("sslkey")) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some(client_identity(Path::new(cert), Path::new(key))?),
+            (Some(_), None) => return Err("sslcert is set but sslkey is not".to_owned()),
+            (None, Some(_)) => return Err("sslkey is set but sslcert is not".to_owned()),
+        };
+        let verification = match (mode, &roots) {
+            (SslMode::Disable, _) | (_, None) => Verification::None,
+            (SslMode::VerifyFull, Some(_)) => Verification::ChainAndHost,
+            (_, Some(_)) => Verification::Chain,
+        };
+        let tls = MakeRustlsConnect::new(client_config(verification, roots, client_auth)?);
+        Ok(Target {
+            config,
+            tls,
+            mode,
+            verification,
+        })
+    }
+
+    /// `host:port` of every host the connection may go to.
+    pub fn address(&self) -> String {
+        let ports = self.config.get_ports();
+        self.config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                let port = ports
+                    .get(i)
+                    .or_else(|| ports.first())
+                    .copied()
+                    .unwrap_or(5432);
+                match host {
+                    Host::Tcp(name) => format!("{name}:{port}"),
+                    Host::Unix(path) => format!("{}/.s.PGSQL.{port}", path.display()),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `127.0.0.1:5432 as "relay", database "app"`, for messages (never the password).
+    pub fn describe(&self) -> String {
+        let user = self.config.get_user().unwrap_or("(default user)");
+        let database = self.config.get_dbname().unwrap_or(user);
+        format!("{} as {user:?}, database {database:?}", self.address())
+    }
+
+    /// Why the log should warn about this connection's security, if it should.
+    pub fn weakness(&self) -> Option<String> {
+        match (self.mode, self.verification) {
+            (SslMode::Disable, _) => {
+                Some("sslmode=disable: the connection to Postgres is not encrypted".to_owned())
+            }
+            (mode, Verification::None) => Some(format!(
+                "sslmode={}: the server's certificate is not verified, so a man in the middle \
+                 goes unnoticed; use sslmode=verify-full with sslrootcert",
+                mode.as_str()
+            )),
+            _ => None,
+        }
+    }
+
+    /// One connection, its driver spawned on the runtime.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, connection) = self.config.connect(self.tls.clone()).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "database connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// Why connecting failed, in words: Postgres' own message and SQLSTATE, or what
+    /// happened on the network or in the TLS handshake.
+    pub fn explain(&self, e: &tokio_postgres::Error) -> String {
+        if let Some(db) = e.as_db_error() {
+            let code = db.code().code();
+            if code == "28000" && db.message().contains("no encryption") {
+                return format!(
+                    "the server requires TLS (it says: {} (SQLSTATE {code})); sslmode is {}: \
+                     set sslmode=require or stronger",
+                    db.message(),
+                    self.mode.as_str()
+                );
+            }
+            let mut text = format!("{} (SQLSTATE {code})", db.message());
+            if let Some(hint) = db.hint() {
+                text += &format!("; hint: {hint}");
+            }
+            return text;
+        }
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(cause) = source {
+            if let Some(io) = cause.downcast_ref::<io::Error>() {
+                if io.kind() == io::ErrorKind::ConnectionRefused {
+                    return format!("connection refused ({})", self.address());
+                }
+                if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                    return self.explain_tls(tls);
+                }
+            }
+            if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+                return self.explain_tls(tls);
+            }
+            if cause.to_string() == "server does not support TLS" {
+                return format!(
+                    "the server does not support TLS, and sslmode={} requires it",
+                    self.mode.as_str()
+                );
+            }
+            source = cause.source();
+        }
+        if self.config.get_ssl_negotiation() == SslNegotiation::Direct {
+            return format!(
+                "{} (sslnegotiation=direct needs Postgres 17 or later: use sslnegotiation=postgres \
+                 for older servers)",
+                describe_chain(e)
+            );
+        }
+        describe_chain(e)
+    }
+
+    fn explain_tls(&self, e: &rustls::Error) -> String {
+        let why = match e {
+            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+                "the server's certificate is not signed by a trusted CA (check sslrootcert)"
+                    .to_owned()
+            }
+            rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            ) => format!(
+                "the server's certificate does not name the host {} (sslmode=verify-full checks \
+                 the host name: connect by a name the certificate lists)",
+                self.address()
+            ),
+            rustls::Error::InvalidCertificate(CertificateError::Expired)
+            | rustls::Error::InvalidCertificate(CertificateError::ExpiredContext { .. }) => {
+                "the server's certificate has expired".to_owned()
+            }
+            _ => "the TLS handshake failed".to_owned(),
+        };
+        format!("{why} ({e})")
+    }
+}
+
+/// The error and every cause under it, joined by ": ".
+fn describe_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text += ": ";
+            text += &more;
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Splits the TLS settings from the rest of a connection string (URL or key=value).
+fn split_tls_settings(url: &str) -> Result<(String, Vec<(String, String)>), String> {
+    let is_tls = |key: &str| TLS_KEYS.iter().any(|(k, _)| *k == key);
+    let mut tls = Vec::new();
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok((url.to_owned(), tls));
+        };
+        let mut kept = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if is_tls(key) {
+                tls.push((key.to_owned(), percent_decode(value)));
+            } else {
+                kept.push(pair);
+            }
+        }
+        let rest = if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        return Ok((rest, tls));
+    }
+    let mut kept = Vec::new();
+    for (key, value) in key_values(url)? {
+        if is_tls(&key) {
+            tls.push((key, value));
+        } else {
+            kept.push(format!(
+                "{key}='{}'",
+                value.replace('\\', "\\\\").replace('\'', "\\'")
+            ));
+        }
+    }
+    Ok((kept.join(" "), tls))
+}
+
+/// libpq's `key=value` words: values may be single-quoted, with `\` escaping.
+fn key_values(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    let skip_spaces = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+    };
+    loop {
+        skip_spaces(&mut chars);
+        if chars.peek().is_none() {
+            return Ok(out);
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        skip_spaces(&mut chars);
+        if chars.next() != Some('=') {
+            return Err(format!(
+                "invalid connection string: missing \"=\" after {key:?}"
+            ));
+        }
+        skip_spaces(&mut chars);
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next() {
+                    Some('\\') => value.extend(chars.next()),
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                    None => {
+                        return Err(format!(
+                            "invalid connection string: unterminated quoted value of {key:?}"
+                        ));
+                    }
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.extend(chars.next());
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        out.push((key, value));
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                let (h, l) = (hex(h).unwrap_or(0), hex(l).unwrap_or(0));
+                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn file_roots(path: &Path) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
+    for cert in certs {
+        let cert = cert.map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "sslrootcert {}: no PEM certificate in the file",
+            path.display()
+        ));
+    }
+    Ok(roots)
+}
+
+fn system_roots() -> Result<RootCertStore, String> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    roots.add_parsable_certificates(found.certs);
+    if roots.is_empty() {
+        return Err(format!(
+            "sslrootcert=system: the platform has no trusted root certificates ({} errors; \
+             is the ca-certificates package installed?)",
+            found.errors.len()
+        ));
+    }
+    Ok(roots)
+}
+
+type ClientIdentity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+fn client_identity(cert: &Path, key: &Path) -> Result<ClientIdentity, String> {
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("sslcert {}: no PEM certificate", cert.display()));
+    }
+    let key =
+        PrivateKeyDer::from_pem_file(key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+    Ok((certs, key))
+}
+
+fn client_config(
+    verification: Verification,
+    roots: Option<RootCertStore>,
+    identity: Option<ClientIdentity>,
+) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let webpki = |roots: RootCertStore| {
+        WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            .build()
+            .map_err(|e| format!("sslrootcert: {e}"))
+    };
+    let verifier: Arc<dyn ServerCertVerifier> = match (verification, roots) {
+        (Verification::ChainAndHost, Some(roots)) => webpki(roots)?,
+        (Verification::Chain, Some(roots)) => Arc::new(ChainOnly(webpki(roots)?)),
+        _ => Arc::new(EncryptOnly(provider.clone())),
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match identity {
+        Some((certs, key)) => builder
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| format!("sslcert/sslkey: {e}"))?,
+        None => builder.with_no_client_auth(),
+    };
+    // Postgres 17 refuses direct TLS negotiation without this ALPN; earlier servers ignore it.
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(config)
+}
+
+/// `verify-ca`: the chain must lead to a trusted root; the host name is not checked.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // webpki checks the chain before the name, so a name error means the chain is good.
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// `prefer`/`require` without a root certificate: encryption with the server's key, whose
+/// certificate is not checked (libpq's behaviour). Handshake signatures are still verified.
+#[derive(Debug)]
+struct EncryptOnly(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for EncryptOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn tls_settings_leave_the_url_and_the_rest_stays() {
+        let (rest, tls) = split_tls_settings(
+            "postgres://u:p@h:5433/db?sslmode=verify-full&application_name=x&sslrootcert=%2Fca.pem",
+        )
+        .unwrap();
+        assert_eq!(rest, "postgres://u:p@h:5433/db?application_name=x");
+        assert_eq!(
+            tls,
+            vec![
+                ("sslmode".to_owned(), "verify-full".to_owned()),
+                ("sslrootcert".to_owned(), "/ca.pem".to_owned())
+            ]
+        );
+        let (rest, tls) =
+            split_tls_settings("host=h user='a b' sslmode = require password='it\\'s'").unwrap();
+        assert_eq!(rest, "host='h' user='a b' password='it\\'s'");
+        assert_eq!(tls, vec![("sslmode".to_owned(), "require".to_owned())]);
+        let config = tokio_postgres::Config::from_str(&rest).unwrap();
+        assert_eq!(config.get_password(), Some(&b"it's"[..]));
+    }
+
+    #[test]
+    fn modes_parse_with_libpq_names_and_bad_ones_are_named() {
+        let t = Target::parse_with_env("postgres://u@h/db", no_env).unwrap();
+        assert_eq!(
+            (t.mode, t.verification),
+            (SslMode::Prefer, Verification::None)
+        );
+        let t = Target::parse_with_env("postgres://u@h/db?sslmode=require", no_env).unwrap();
+        assert_eq!(
+            t.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        assert!(t.weakness().unwrap().contains("not verified"));
+        let e = Target::parse_with_env("postgres://u@h/db?sslmode=strict", no_env)
+            .err()
+            .unwrap();
+        assert!(e.contains("invalid sslmode \"strict\""), "{e}");
+        let e = Target::parse_with_env("postgres://u@h/db?sslmode=verify-full", no_env)
+            .err()
+            .unwrap();
+        // Unless ~/.postgresql/root.crt exists, verify-full has nothing to verify against.
+        if std::env::var_os("HOME")
+            .is_none_or(|h| !Path::new(&h).join(".postgresql/root.crt").exists())
+        {
+            assert!(e.contains("needs a root certificate"), "{e}");
+        }
+        let e = Target::parse_with_env("postgres://u@h/db?sslrootcert=/nonexistent.pem", no_env)
+            .err()
+            .unwrap();
+        assert!(e.contains("sslrootcert /nonexistent.pem"), "{e}");
+    }
+
+    #[test]
+    fn pg_environment_fills_what_the_url_leaves_out() {
+        let env = |name: &str| match name {
+            "PGSSLMODE" => Some("disable".to_owned()),
+            "PGPASSWORD" => Some("from-env".to_owned()),
+            _ => None,
+        };
+        let t = Target::parse_with_env("postgres://u@h/db", env).unwrap();
+        assert_eq!(t.mode, SslMode::Disable);
+        assert_eq!(t.config.get_password(), Some(&b"from-env"[..]));
+        let t = Target::parse_with_env("postgres://u:url@h/db?sslmode=require", env).unwrap();
+        assert_eq!(t.mode, SslMode::Require, "the URL wins over PGSSLMODE");
+        assert_eq!(t.config.get_password(), Some(&b"url"[..]));
+        assert_eq!(t.address(), "h:5432");
+        assert_eq!(t.describe(), "h:5432 as \"u\", database \"db\"");
+    }
+}
