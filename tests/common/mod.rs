@@ -108,6 +108,12 @@ pub struct Relayer {
 impl Relayer {
     /// `outbox-relay run --worker-id <id> <args>` against `db`, logs to a file.
     pub fn start(db: &TestDb, worker_id: &str, args: &[&str]) -> Relayer {
+        Relayer::start_with_url(db, &db.url, worker_id, args)
+    }
+
+    /// [`Relayer::start`] with another database URL (another login, or no database at all);
+    /// `db` gives the scratch directory for the log.
+    pub fn start_with_url(db: &TestDb, url: &str, worker_id: &str, args: &[&str]) -> Relayer {
         let dir = db.scratch_dir();
         let log = dir.join(format!("{worker_id}.log"));
         let stderr = std::fs::File::create(&log).expect("log file");
@@ -115,7 +121,7 @@ impl Relayer {
             .arg("run")
             .args(["--worker-id", worker_id])
             .args(args)
-            .env("DATABASE_URL", &db.url)
+            .env("DATABASE_URL", url)
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::null())
             .stderr(stderr)

@@ -1,0 +1,405 @@
+//! What a deployment relies on, checked on the built binary: probes that tell the truth
+//! (liveness from the start, readiness only with the database, the right schema and ready
+//! destinations), a schema version named when it is wrong, a telemetry port conflict that
+//! names the way out, a least-privilege login that relays but cannot migrate, and secrets
+//! that come from the environment or files and never show up in logs or `/readyz`.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{Relayer, TestDb, eventually, free_port};
+use outbox_relay::http::probe;
+use outbox_relay::store::with_database;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn relay(args: &[&str], url: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .output()
+        .expect("run outbox-relay")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `GET path` on the relayer's listener once it answers: (status, body).
+async fn get(port: u16, path: &str) -> (u16, String) {
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + MINUTE;
+    loop {
+        match probe(&addr, path).await {
+            Ok(answer) => return answer,
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "{addr}{path} did not answer: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts a relayer with its own telemetry port and a file sink.
+fn start(db: &TestDb, url: &str, worker: &str, port: u16, more: &[&str]) -> Relayer {
+    let out = db.scratch_dir().join(format!("{worker}.jsonl"));
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--telemetry-addr",
+        addr.as_str(),
+        "--sink",
+        "file",
+        "--sink-file",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(more);
+    Relayer::start_with_url(db, url, worker, &args)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healthz_answers_from_the_start_and_readyz_carries_the_database_error() {
+    let db = TestDb::new().await;
+    let closed = free_port();
+    let url = format!("postgres://postgres@127.0.0.1:{closed}/postgres");
+    let port = free_port();
+    let mut relayer = start(&db, &url, "unreachable", port, &[]);
+
+    assert_eq!(get(port, "/healthz").await, (200, "ok\n".to_owned()));
+    let (status, body) = get(port, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains(&format!(
+            "database: cannot connect to 127.0.0.1:{closed} as \"postgres\", database \
+             \"postgres\": connection refused (127.0.0.1:{closed})"
+        )),
+        "{body}"
+    );
+    eventually(MINUTE, "two logged retries", || async {
+        relayer.log_text().matches("database not ready yet").count() >= 2
+    })
+    .await;
+    let log = relayer.log_text();
+    assert!(log.contains("retry_in_ms"), "{log}");
+    assert!(log.contains("connection refused"), "{log}");
+
+    let healthcheck = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["healthcheck", "--addr", &format!("0.0.0.0:{port}")])
+        .output()
+        .unwrap();
+    assert!(
+        healthcheck.status.success(),
+        "{}",
+        text(&healthcheck.stderr)
+    );
+    let readiness = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args([
+            "healthcheck",
+            "--ready",
+            "--addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(readiness.status.code(), Some(2));
+    assert!(
+        text(&readiness.stderr).contains("/readyz on 127.0.0.1:"),
+        "{}",
+        text(&readiness.stderr)
+    );
+
+    relayer.signal("TERM");
+    assert_eq!(relayer.exit_code(MINUTE).await, Some(0));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // What a database migrated by the previous release looks like.
+    c.batch_execute(
+        "DROP FUNCTION outbox.schema_version(); \
+         DELETE FROM refinery_schema_history WHERE version = 5",
+    )
+    .await
+    .unwrap();
+    let needed = outbox_relay::schema::version();
+    let message = format!(
+        "schema outbox is at version 4, this build needs {needed}: run `outbox-relay migrate` \
+         (as the schema owner)"
+    );
+    for verb in [
+        &["status"][..],
+        &["repair"],
+        &["replay", "--all"],
+        &["enqueue", "--topic", "t", "--payload", "{}"],
+    ] {
+        let out = relay(verb, &db.url);
+        assert_eq!(out.status.code(), Some(2), "{verb:?}");
+        assert_eq!(text(&out.stderr), format!("error: {message}\n"), "{verb:?}");
+    }
+
+    let port = free_port();
+    let mut relayer = start(&db, &db.url, "old-schema", port, &[]);
+    let (status, body) = get(port, "/readyz").await;
+    assert_eq!(status, 503);
+    assert!(body.contains(&message), "{body}");
+
+    let out = relay(&["migrate"], &db.url);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "applied V5__schema_version\n");
+    eventually(MINUTE, "readiness after the migration", || async {
+        probe(&format!("127.0.0.1:{port}"), "/readyz")
+            .await
+            .is_ok_and(|(status, _)| status == 200)
+    })
+    .await;
+    let (_, body) = get(port, "/readyz").await;
+    assert!(
+        body.starts_with(&format!("database: ok (schema version {needed})\n")),
+        "{body}"
+    );
+
+    let never = format!("{}_never", db.name);
+    c.batch_execute(&format!("CREATE DATABASE {never}"))
+        .await
+        .unwrap();
+    let out = relay(&["status"], &with_database(&db.url, &never));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "error: schema outbox does not exist in database \"{never}\" (never migrated); this \
+             build needs version {needed}: run `outbox-relay migrate` (as the schema owner)\n"
+        )
+    );
+    c.batch_execute(&format!("DROP DATABASE {never}"))
+        .await
+        .unwrap();
+    relayer.signal("TERM");
+    assert_eq!(relayer.exit_code(MINUTE).await, Some(0));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_taken_telemetry_port_names_the_way_out_and_port_0_is_logged() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let mut first = start(&db, &db.url, "first", port, &[]);
+    assert_eq!(get(port, "/healthz").await.0, 200);
+    let mut second = start(&db, &db.url, "second", port, &[]);
+    assert_eq!(second.exit_code(MINUTE).await, Some(2));
+    let log = second.log_text();
+    assert!(
+        log.contains(&format!(
+            "error: telemetry_addr 127.0.0.1:{port} cannot be bound: Address already in use \
+             (os error 98). When several relayers run on one host, give each its own address \
+             (--telemetry-addr 127.0.0.1:0 picks a free port and logs it) or turn the listener \
+             off with --no-telemetry"
+        )),
+        "{log}"
+    );
+
+    let mut ephemeral = start(&db, &db.url, "ephemeral", 0, &[]);
+    let listening = |log: String| {
+        log.lines()
+            .find(|l| l.contains("telemetry listening"))
+            .and_then(|l| l.split("addr=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_owned)
+    };
+    eventually(MINUTE, "the bound address in the log", || async {
+        listening(ephemeral.log_text()).is_some()
+    })
+    .await;
+    let bound = listening(ephemeral.log_text()).unwrap();
+    assert!(!bound.ends_with(":0"), "{bound}");
+    assert_eq!(probe(&bound, "/healthz").await.unwrap().0, 200);
+
+    for r in [&mut first, &mut ephemeral] {
+        r.signal("TERM");
+        assert_eq!(r.exit_code(MINUTE).await, Some(0));
+    }
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_least_privilege_login_relays_but_cannot_migrate() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let relay_login = format!("{}_relay", db.name);
+    let producer_login = format!("{}_producer", db.name);
+    c.batch_execute(&format!(
+        "CREATE ROLE {relay_login} LOGIN IN ROLE outbox_relay; \
+         CREATE ROLE {producer_login} LOGIN IN ROLE outbox_producer;"
+    ))
+    .await
+    .unwrap();
+    let as_login = |login: &str| {
+        with_database(
+            &format!("postgres://{login}@127.0.0.1:{}/x", port_of(&db.url)),
+            &db.name,
+        )
+    };
+    let relay_url = as_login(&relay_login);
+    let producer_url = as_login(&producer_login);
+
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let out = relay(
+            &[
+                "enqueue",
+                "--topic",
+                "lp",
+                "--payload",
+                &format!("{{\"n\":{n}}}"),
+            ],
+            &producer_url,
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        ids.push(text(&out.stdout).trim().to_owned());
+    }
+    let port = free_port();
+    let mut relayer = start(&db, &relay_url, "least-privilege", port, &[]);
+    let out_file = db.scratch_dir().join("least-privilege.jsonl");
+    eventually(MINUTE, "the 20 messages to arrive", || async {
+        let written = std::fs::read_to_string(&out_file).unwrap_or_default();
+        ids.iter().all(|id| written.contains(id.as_str()))
+    })
+    .await;
+    assert_eq!(get(port, "/readyz").await.0, 200);
+    relayer.signal("TERM");
+    assert_eq!(relayer.exit_code(MINUTE).await, Some(0));
+    let log = relayer.log_text();
+    assert!(!log.contains("permission denied"), "{log}");
+
+    let out = relay(&["migrate"], &relay_url);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "error: migrate: migration failed: login \"{relay_login}\" cannot change schema \
+             outbox, which belongs to \"postgres\": run `outbox-relay migrate` as \"postgres\" \
+             (the DDL role); the relayer itself needs only a login in outbox_relay\n"
+        )
+    );
+    let out = relay(&["repair"], &producer_url);
+    assert!(
+        text(&out.stderr).contains("permission denied for function repair_expired_leases"),
+        "{}",
+        text(&out.stderr)
+    );
+    c.batch_execute(&format!(
+        "DROP ROLE {relay_login}; DROP ROLE {producer_login};"
+    ))
+    .await
+    .unwrap();
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_come_from_the_environment_and_files_and_are_never_printed() {
+    let db = TestDb::new().await;
+    let dir = db.scratch_dir();
+    let signing = "whsec_c2lnbmluZy1zM2NyZXQtdmFsdWU=";
+    std::fs::write(dir.join("signing-secret"), format!("{signing}\n")).unwrap();
+    let url_file = dir.join("database-url");
+    // Trust authentication ignores the password, but it is in the URL the relayer holds.
+    std::fs::write(
+        &url_file,
+        db.url.replace("postgres@", "postgres:db-pw-s3cret@"),
+    )
+    .unwrap();
+    let closed = free_port();
+    let config = dir.join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.hook]\n\
+             type = \"http\"\n\
+             url = \"http://hook:${{HOOK_PASSWORD}}@127.0.0.1:{closed}/in/{{topic}}\"\n\
+             signing_secret = \"${{file:{}}}\"\n\
+             [[routes]]\n\
+             topic = \"*\"\n\
+             destination = \"hook\"\n",
+            dir.join("signing-secret").display()
+        ),
+    )
+    .unwrap();
+    let c = db.client().await;
+    c.execute("SELECT outbox.enqueue('s', '{}'::jsonb)", &[])
+        .await
+        .unwrap();
+
+    let port = free_port();
+    let log = dir.join("secrets.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .args(["--telemetry-addr", &format!("127.0.0.1:{port}")])
+        .args(["--circuit-failures", "100", "--retry-base-ms", "50"])
+        .env_remove("DATABASE_URL")
+        .env("DATABASE_URL_FILE", &url_file)
+        .env("HOOK_PASSWORD", "hook-pw-s3cret")
+        .env("RUST_LOG", "debug")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    eventually(MINUTE, "a failed delivery to be logged", || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("delivery failed")
+    })
+    .await;
+    let (_, readyz) = get(port, "/readyz").await;
+    let (_, metrics) = get(port, "/metrics").await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("hook:***@127.0.0.1"),
+        "the URL is logged redacted: {logged}"
+    );
+    for secret in [
+        "hook-pw-s3cret",
+        "db-pw-s3cret",
+        "c2lnbmluZy1zM2NyZXQtdmFsdWU",
+    ] {
+        for (place, text) in [
+            ("log", &logged),
+            ("/readyz", &readyz),
+            ("/metrics", &metrics),
+        ] {
+            assert!(
+                !text.contains(secret),
+                "{secret} appears in the {place}:\n{text}"
+            );
+        }
+    }
+
+    // A secret that is not there refuses the start, naming the setting and the variable.
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["run", "--no-telemetry", "--config"])
+        .arg(&config)
+        .env("DATABASE_URL", &db.url)
+        .env_remove("HOOK_PASSWORD")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "error: invalid setting config: {}: destinations.hook.url: environment variable \
+             HOOK_PASSWORD is not set\n",
+            config.display()
+        )
+    );
+    db.finish().await;
+}
+
+fn port_of(url: &str) -> u16 {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    config.get_ports().first().copied().unwrap_or(5432)
+}
