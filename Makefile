@@ -3,7 +3,7 @@
 CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
-.PHONY: help build test lint fmt verify run migrate bench
+.PHONY: help build test lint fmt verify run migrate bench check-deploy
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -17,6 +17,9 @@ test: ## run every test against a real Postgres (started if none answers)
 lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+check-deploy: ## validate deploy/kubernetes and the Dockerfile offline (kubernetes-validate)
+	scripts/check-deploy.sh
 
 fmt: ## format the code
 	$(CARGO) fmt --all
