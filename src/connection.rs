@@ -328,8 +328,9 @@ impl Target {
     }
 }
 
-/// The error and every cause under it, joined by ": ".
-fn describe_chain(e: &dyn std::error::Error) -> String {
+/// The error and every cause under it, joined by ": " (tokio-postgres keeps the useful part
+/// of an error in its causes), each only once.
+pub fn describe_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

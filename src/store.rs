@@ -14,7 +14,7 @@ use tokio_postgres::{AsyncMessage, Row};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::connection::Target;
+use crate::connection::{Target, describe_chain};
 use crate::message::{
     ClaimedMessage, Completion, CompletionResult, LeaseToken, NewMessage, OutboxId, WorkerId,
 };
@@ -70,23 +70,11 @@ impl From<tokio_postgres::Error> for StoreError {
                 source: e,
             },
             None => StoreError::Database {
-                message: chain(&e),
+                message: describe_chain(&e),
                 source: e,
             },
         }
     }
-}
-
-/// An error and its causes, joined by ": " (tokio-postgres keeps the useful part in them).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text += ": ";
-        text += &cause.to_string();
-        source = cause.source();
-    }
-    text
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

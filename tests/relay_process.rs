@@ -638,7 +638,10 @@ async fn a_database_password_never_reaches_the_logs() {
     let _ = child.wait();
     let logged = text();
     assert!(logged.contains("relay:***@127.0.0.1:1"), "{logged}");
-    assert!(logged.contains("connection refused (127.0.0.1:1)"), "{logged}");
+    assert!(
+        logged.contains("connection refused (127.0.0.1:1)"),
+        "{logged}"
+    );
     assert!(!logged.contains("s3cret"), "{logged}");
     let _ = std::fs::remove_file(&log);
 }
