@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::connection::Target;
 use anyhow::{Context, Result};
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
@@ -22,11 +21,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::{RawConfig, Settings};
+use crate::connection::Target;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::relay::Relay;
 use crate::route::Router;
 use crate::sink::Sink;
-use crate::store::{Store, with_database};
+use crate::store::{Store, StoreError, with_database};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct Options {
@@ -600,12 +600,9 @@ fn peak_rss_mib() -> f64 {
 }
 
 async fn connect(url: &str) -> Result<tokio_postgres::Client> {
-    let target = Target::parse(url).map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?;
-    target.connect().await.map_err(|e| {
-        anyhow::anyhow!(
-            "cannot connect to {}: {}",
-            target.describe(),
-            target.explain(&e)
-        )
-    })
+    let target = Target::parse(url).map_err(StoreError::InvalidUrl)?;
+    Ok(target
+        .connect()
+        .await
+        .map_err(|e| StoreError::connect_failed(&target, e))?)
 }

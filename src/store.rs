@@ -77,6 +77,18 @@ impl From<tokio_postgres::Error> for StoreError {
     }
 }
 
+impl StoreError {
+    /// A connection to `target` could not be made: `e` explained in words (see
+    /// [`Target::explain`]), kept as the source.
+    pub fn connect_failed(target: &Target, e: tokio_postgres::Error) -> Self {
+        StoreError::Unavailable {
+            target: target.describe(),
+            reason: target.explain(&e),
+            source: Box::new(e),
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Figures of the `outbox.status` view.
@@ -156,14 +168,16 @@ impl Store {
     }
 
     fn unavailable(&self, e: deadpool_postgres::PoolError) -> StoreError {
-        let reason = match &e {
-            deadpool_postgres::PoolError::Backend(e) => self.target.explain(e),
+        let reason = match e {
+            deadpool_postgres::PoolError::Backend(e) => {
+                return StoreError::connect_failed(&self.target, e);
+            }
             deadpool_postgres::PoolError::Timeout(_) => {
                 "no connection became free in time (pool exhausted or the server is not \
                  answering)"
                     .to_owned()
             }
-            other => other.to_string(),
+            ref other => other.to_string(),
         };
         StoreError::Unavailable {
             target: self.target.describe(),
@@ -502,11 +516,7 @@ impl Store {
             .config
             .connect(self.target.tls.clone())
             .await
-            .map_err(|e| StoreError::Unavailable {
-                target: self.target.describe(),
-                reason: self.target.explain(&e),
-                source: Box::new(e),
-            })?;
+            .map_err(|e| StoreError::connect_failed(&self.target, e))?;
         let forward = wake.clone();
         let mut driver = tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
