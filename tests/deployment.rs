@@ -6,26 +6,14 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{Relayer, TestDb, eventually, free_port};
+use common::{Relayer, TestDb, eventually, free_port, text, verb};
 use outbox_relay::http::probe;
 use outbox_relay::store::with_database;
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-fn relay(args: &[&str], url: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(args)
-        .env("DATABASE_URL", url)
-        .output()
-        .expect("run outbox-relay")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// `GET path` on the relayer's listener once it answers: (status, body).
 async fn get(port: u16, path: &str) -> (u16, String) {
@@ -131,15 +119,15 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
         "schema outbox is at version 4, this build needs {needed}: run `outbox-relay migrate` \
          (as the schema owner)"
     );
-    for verb in [
+    for args in [
         &["status"][..],
         &["repair"],
         &["replay", "--all"],
         &["enqueue", "--topic", "t", "--payload", "{}"],
     ] {
-        let out = relay(verb, &db.url);
-        assert_eq!(out.status.code(), Some(2), "{verb:?}");
-        assert_eq!(text(&out.stderr), format!("error: {message}\n"), "{verb:?}");
+        let out = verb(args, &db.url);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(text(&out.stderr), format!("error: {message}\n"), "{args:?}");
     }
 
     let port = free_port();
@@ -148,7 +136,7 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     assert_eq!(status, 503);
     assert!(body.contains(&message), "{body}");
 
-    let out = relay(&["migrate"], &db.url);
+    let out = verb(&["migrate"], &db.url);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "applied V5__schema_version\n");
     eventually(MINUTE, "readiness after the migration", || async {
@@ -167,7 +155,7 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     c.batch_execute(&format!("CREATE DATABASE {never}"))
         .await
         .unwrap();
-    let out = relay(&["status"], &with_database(&db.url, &never));
+    let out = verb(&["status"], &with_database(&db.url, &never));
     assert_eq!(
         text(&out.stderr),
         format!(
@@ -248,7 +236,7 @@ async fn a_least_privilege_login_relays_but_cannot_migrate() {
 
     let mut ids = Vec::new();
     for n in 0..20 {
-        let out = relay(
+        let out = verb(
             &[
                 "enqueue",
                 "--topic",
@@ -275,7 +263,7 @@ async fn a_least_privilege_login_relays_but_cannot_migrate() {
     let log = relayer.log_text();
     assert!(!log.contains("permission denied"), "{log}");
 
-    let out = relay(&["migrate"], &relay_url);
+    let out = verb(&["migrate"], &relay_url);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         text(&out.stderr),
@@ -285,7 +273,7 @@ async fn a_least_privilege_login_relays_but_cannot_migrate() {
              (the DDL role); the relayer itself needs only a login in outbox_relay\n"
         )
     );
-    let out = relay(&["repair"], &producer_url);
+    let out = verb(&["repair"], &producer_url);
     assert!(
         text(&out.stderr).contains("permission denied for function repair_expired_leases"),
         "{}",

@@ -6,11 +6,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{eventually, free_port};
+use common::{eventually, free_port, text, verb, verb_env};
 
 struct Cluster {
     dir: PathBuf,
@@ -41,7 +41,7 @@ fn cluster() -> &'static Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         let cluster = Cluster { dir, port };
-        let migrated = relay(
+        let migrated = verb(
             &["migrate"],
             &cluster.url("localhost", "sslmode=verify-full&sslrootcert=", "ca.crt"),
         );
@@ -75,34 +75,10 @@ impl Cluster {
     }
 }
 
-/// `outbox-relay ARGS` with DATABASE_URL = `url` and none of the caller's PG* variables.
-fn relay(args: &[&str], url: &str) -> Output {
-    relay_env(args, url, &[])
-}
-
-fn relay_env(args: &[&str], url: &str, env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
-    for (name, _) in std::env::vars() {
-        if name.starts_with("PG") {
-            command.env_remove(name);
-        }
-    }
-    command
-        .args(args)
-        .env("DATABASE_URL", url)
-        .envs(env.iter().copied())
-        .output()
-        .expect("run outbox-relay")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 /// Asserts that `status` succeeded (so the connection was made, over TLS: the cluster takes
 /// nothing else).
 fn assert_connects(url: &str, env: &[(&str, &str)]) {
-    let out = relay_env(&["status", "--json"], url, env);
+    let out = verb_env(&["status", "--json"], url, env);
     assert!(out.status.success(), "{url}: {}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("\"ready\""),
@@ -113,9 +89,20 @@ fn assert_connects(url: &str, env: &[(&str, &str)]) {
 
 /// Asserts that `status` fails with exactly `message` on stderr.
 fn assert_refused(url: &str, env: &[(&str, &str)], message: &str) {
-    let out = relay_env(&["status"], url, env);
+    let out = verb_env(&["status"], url, env);
     assert_eq!(out.status.code(), Some(2), "{url} should be refused");
     assert_eq!(text(&out.stderr), format!("error: {message}\n"), "{url}");
+}
+
+/// Asserts that `status` fails with an error containing `reason`.
+fn assert_refused_because(url: &str, env: &[(&str, &str)], reason: &str) {
+    let out = verb_env(&["status"], url, env);
+    assert_eq!(out.status.code(), Some(2), "{url} should be refused");
+    assert!(
+        text(&out.stderr).contains(reason),
+        "{url}: {}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -165,32 +152,24 @@ fn verify_ca_checks_the_chain_but_not_the_name() {
         &c.url("127.0.0.1", "sslmode=verify-ca&sslrootcert=", "ca.crt"),
         &[],
     );
-    let out = relay(
-        &["status"],
+    assert_refused_because(
         &c.url(
             "127.0.0.1",
             "sslmode=verify-ca&sslrootcert=",
             "other-ca.crt",
         ),
-    );
-    assert!(
-        text(&out.stderr).contains("not signed by a trusted CA"),
-        "{}",
-        text(&out.stderr)
+        &[],
+        "not signed by a trusted CA",
     );
 }
 
 #[test]
 fn require_with_a_root_certificate_checks_the_chain_like_libpq() {
     let c = cluster();
-    let out = relay(
-        &["status"],
+    assert_refused_because(
         &c.url("127.0.0.1", "sslmode=require&sslrootcert=", "other-ca.crt"),
-    );
-    assert!(
-        text(&out.stderr).contains("not signed by a trusted CA"),
-        "{}",
-        text(&out.stderr)
+        &[],
+        "not signed by a trusted CA",
     );
 }
 
@@ -249,18 +228,14 @@ fn libpq_environment_variables_set_tls_and_the_password() {
         &base,
         &[("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", ca.as_str())],
     );
-    let out = relay_env(
-        &["status"],
+    // PGSSLROOTCERT is honoured: the wrong CA is refused.
+    assert_refused_because(
         &base,
         &[
             ("PGSSLMODE", "verify-full"),
             ("PGSSLROOTCERT", other.as_str()),
         ],
-    );
-    assert!(
-        text(&out.stderr).contains("not signed by a trusted CA"),
-        "PGSSLROOTCERT is honoured: {}",
-        text(&out.stderr)
+        "not signed by a trusted CA",
     );
     // The URL wins over the environment, as with libpq.
     assert_connects(
@@ -379,7 +354,7 @@ async fn every_verb_works_over_verify_full() {
         "ca.crt",
     );
     let run = |args: &[&str]| {
-        let out = relay(args, &url);
+        let out = verb(args, &url);
         assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
         text(&out.stdout)
     };

@@ -244,3 +244,30 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
         .port()
 }
+
+/// `outbox-relay ARGS` run to completion with DATABASE_URL = `url` and none of the caller's
+/// libpq `PG*` variables (so they cannot change what a test means).
+pub fn verb(args: &[&str], url: &str) -> std::process::Output {
+    verb_env(args, url, &[])
+}
+
+/// [`verb`] with extra environment variables.
+pub fn verb_env(args: &[&str], url: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PG") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(args)
+        .env("DATABASE_URL", url)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run outbox-relay")
+}
+
+/// A process's output as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
