@@ -470,6 +470,31 @@ async fn sigterm_lets_in_flight_deliveries_finish_within_the_deadline() {
 async fn per_key_order_holds_across_four_workers() {
     let db = TestDb::new().await;
     let c = db.client().await;
+    // One file for all four: each batch is one append, so the file is the arrival order.
+    let out = db.scratch_dir().join("ordered.jsonl");
+    // Only key heads are claimable (100 at a time here), and a completion wakes no one: the
+    // worker that completes a round claims the next at once, while the others find work only
+    // when they poll. A short poll makes all four compete for every round; otherwise the
+    // first worker can drain all 50 rounds within one default poll interval, alone.
+    let args = with(&file_args(&out), &["--poll-interval-ms", "10"]);
+    let mut workers: Vec<Relayer> = (0..4)
+        .map(|i| start(&db, &format!("order-{i}"), &args))
+        .collect();
+    // The messages arrive once every worker listens, with the notification outbox.enqueue
+    // would send, so that no worker has a head start.
+    eventually(MINUTE, "the four workers to listen", || async {
+        let listening: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE datname = current_database() AND query = 'LISTEN outbox_new'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        listening == 4
+    })
+    .await;
     c.execute(
         "INSERT INTO outbox.messages (topic, message_key, payload) \
          SELECT 'ordered', 'key-' || k, convert_to(json_build_object('key', k, 'n', n)::text, 'UTF8') \
@@ -478,11 +503,9 @@ async fn per_key_order_holds_across_four_workers() {
     )
     .await
     .unwrap();
-    // One file for all four: each batch is one append, so the file is the arrival order.
-    let out = db.scratch_dir().join("ordered.jsonl");
-    let mut workers: Vec<Relayer> = (0..4)
-        .map(|i| start(&db, &format!("order-{i}"), &file_args(&out)))
-        .collect();
+    c.execute("SELECT pg_notify('outbox_new', 'ordered')", &[])
+        .await
+        .unwrap();
     eventually(3 * MINUTE, "5000 keyed messages to drain", || async {
         pending(&c).await == 0
     })
