@@ -148,10 +148,35 @@ async fn a_worker_killed_with_leases_loses_nothing() {
     let victim_args = with(&file_args(&victim_out), &lease);
     let victim_args = with(&victim_args, &["--database-url", &victim_url]);
     let mut victim = start(&db, "victim", &victim_args);
+    // Kill it while it holds leases: freeze it, let whatever it already sent finish in its
+    // backends, and kill it only if leases remain (it may have been between batches; then
+    // let it run a little and try again).
+    let busy_sessions = || async {
+        c.query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+              WHERE application_name = 'victim' AND state <> 'idle'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
     eventually(MINUTE, "the victim to hold leases", || async {
         !leases_of(&c, "victim").await.is_empty()
     })
     .await;
+    loop {
+        victim.signal("STOP");
+        eventually(MINUTE, "the frozen victim's queries to finish", || async {
+            busy_sessions().await == 0
+        })
+        .await;
+        if !leases_of(&c, "victim").await.is_empty() {
+            break;
+        }
+        victim.signal("CONT");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     victim.signal("KILL");
     assert_eq!(victim.exit_code(MINUTE).await, None, "killed by a signal");
     // A completion the victim sent just before dying may still run in its backend; the
