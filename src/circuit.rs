@@ -1,7 +1,13 @@
-//! A circuit breaker per destination. After `failures` consecutive retryable outcomes the
-//! circuit opens: the relayer stops claiming the topics routed there, so attempts are not
-//! burnt while the destination is down. After `cooldown` one batch goes through as a probe
-//! (half-open); a delivery closes the circuit, a failure opens it again.
+//! A circuit breaker per destination, so that an outage costs a handful of attempts instead
+//! of the retry budget of everything waiting.
+//!
+//! A batch whose every message failed retryably is one failure of the destination: only
+//! its first message's attempt counts (the others were not deliverable, so they are given
+//! back without an attempt). After `failures` such batches in a row the circuit opens: the
+//! relayer stops claiming the topics routed there, and batches that were already on their
+//! way when it opened are given back without an attempt too. After `cooldown` the circuit
+//! is half-open and one message goes through as the probe; a delivery closes the circuit,
+//! a failure opens it again. Every change of state is logged.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -35,88 +41,154 @@ enum Inner {
     Open {
         since: Instant,
     },
-    /// The cool-down has passed; the next batch is the probe.
+    /// The cool-down has passed; the next message is the probe.
     Probing {
         in_flight: bool,
     },
 }
 
+/// Permission to publish, from [`Breaker::start`].
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket {
+    /// Publish only the first message: it is the half-open probe.
+    pub probe: bool,
+    /// How many times the circuit had opened when the ticket was issued.
+    opened: u64,
+}
+
 #[derive(Debug)]
 pub struct Breaker {
+    destination: String,
     settings: CircuitSettings,
-    inner: Mutex<Inner>,
+    inner: Mutex<(Inner, u64)>,
 }
 
 impl Breaker {
-    pub fn new(settings: CircuitSettings) -> Self {
+    pub fn new(destination: &str, settings: CircuitSettings) -> Self {
+        crate::telemetry::circuit_state(destination, State::Closed);
         Self {
+            destination: destination.to_owned(),
             settings,
-            inner: Mutex::new(Inner::Closed { failures: 0 }),
+            inner: Mutex::new((Inner::Closed { failures: 0 }, 0)),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Inner, u64)> {
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub fn state(&self) -> State {
-        match *self.lock() {
+    fn state_of(inner: &Inner) -> State {
+        match inner {
             Inner::Closed { .. } => State::Closed,
             Inner::Open { .. } => State::Open,
             Inner::Probing { .. } => State::HalfOpen,
         }
     }
 
-    /// Whether the claimer may take messages for this destination now. Passing the
-    /// cool-down moves an open circuit to half-open; a half-open one admits one probe.
+    pub fn state(&self) -> State {
+        Self::state_of(&self.lock().0)
+    }
+
+    /// Moves to `next`, counting openings and logging a change of state.
+    fn enter(&self, guard: &mut (Inner, u64), next: Inner) {
+        let before = Self::state_of(&guard.0);
+        let after = Self::state_of(&next);
+        if after == State::Open && before != State::Open {
+            guard.1 += 1;
+        }
+        guard.0 = next;
+        if after != before {
+            crate::telemetry::circuit_changed(&self.destination, after);
+        }
+    }
+
+    /// Passing the cool-down moves an open circuit to half-open.
+    fn cool(&self, guard: &mut (Inner, u64)) {
+        if let Inner::Open { since } = guard.0
+            && since.elapsed() >= self.settings.cooldown
+        {
+            self.enter(guard, Inner::Probing { in_flight: false });
+        }
+    }
+
+    /// Whether the claimer may take messages for this destination now: closed, or
+    /// half-open with no probe out yet.
     pub fn admits(&self) -> bool {
-        let mut inner = self.lock();
-        match *inner {
+        let mut guard = self.lock();
+        self.cool(&mut guard);
+        match guard.0 {
             Inner::Closed { .. } => true,
-            Inner::Open { since } if since.elapsed() >= self.settings.cooldown => {
-                *inner = Inner::Probing { in_flight: false };
-                true
-            }
             Inner::Open { .. } => false,
             Inner::Probing { in_flight } => !in_flight,
         }
     }
 
-    /// Called before publishing a batch: a half-open circuit marks its probe in flight.
-    pub fn start(&self) {
-        if let Inner::Probing { in_flight } = &mut *self.lock() {
-            *in_flight = true;
+    /// Called before publishing: `None` when nothing may be published now (the circuit is
+    /// open, or another probe is out), so the batch is given back without an attempt.
+    pub fn start(&self) -> Option<Ticket> {
+        let mut guard = self.lock();
+        self.cool(&mut guard);
+        let opened = guard.1;
+        match &mut guard.0 {
+            Inner::Closed { .. } => Some(Ticket {
+                probe: false,
+                opened,
+            }),
+            Inner::Open { .. } | Inner::Probing { in_flight: true } => None,
+            Inner::Probing { in_flight } => {
+                *in_flight = true;
+                Some(Ticket {
+                    probe: true,
+                    opened,
+                })
+            }
         }
     }
 
-    /// Records a batch's outcomes (in order); returns the new state when it changed.
-    pub fn record(&self, outcomes: &[Outcome]) -> Option<State> {
-        let before = self.state();
-        let mut inner = self.lock();
-        for outcome in outcomes {
-            match outcome {
-                Outcome::Delivered | Outcome::Permanent { .. } => {
-                    *inner = Inner::Closed { failures: 0 }
-                }
-                Outcome::Retryable { .. } => {
-                    *inner = match *inner {
-                        Inner::Closed { failures } if failures + 1 < self.settings.failures => {
-                            Inner::Closed {
-                                failures: failures + 1,
-                            }
-                        }
-                        _ => Inner::Open {
-                            since: Instant::now(),
-                        },
-                    }
-                }
+    /// Records what the destination did with the messages published under `ticket` and
+    /// rewrites the outcomes that must not count as attempts to [`Outcome::NotAttempted`]:
+    /// when every message failed retryably, all but the first (and all of them when the
+    /// circuit opened while they were out).
+    pub fn record(&self, ticket: Ticket, outcomes: &mut [Outcome]) {
+        let mut guard = self.lock();
+        let all_failed = !outcomes.is_empty()
+            && outcomes
+                .iter()
+                .all(|o| matches!(o, Outcome::Retryable { .. }));
+        if !all_failed {
+            if outcomes
+                .iter()
+                .any(|o| matches!(o, Outcome::Delivered | Outcome::Permanent { .. }))
+            {
+                self.enter(&mut guard, Inner::Closed { failures: 0 });
             }
+            return;
         }
-        drop(inner);
-        let after = self.state();
-        (after != before).then_some(after)
+        let opened_since = guard.1 != ticket.opened;
+        let counted = if opened_since && !ticket.probe { 0 } else { 1 };
+        for outcome in outcomes.iter_mut().skip(counted) {
+            let reason = match outcome {
+                Outcome::Retryable { reason, .. } => std::mem::take(reason),
+                _ => unreachable!("every outcome is retryable"),
+            };
+            *outcome = Outcome::NotAttempted {
+                reason: format!("destination {} is failing: {reason}", self.destination),
+            };
+        }
+        if counted == 0 {
+            return;
+        }
+        let next = match guard.0 {
+            Inner::Closed { failures } if failures + 1 < self.settings.failures => Inner::Closed {
+                failures: failures + 1,
+            },
+            _ => Inner::Open {
+                since: Instant::now(),
+            },
+        };
+        self.enter(&mut guard, next);
     }
 }
 
@@ -133,33 +205,78 @@ mod tests {
         }
     }
 
+    fn attempted(outcomes: &[Outcome]) -> usize {
+        outcomes
+            .iter()
+            .filter(|o| !matches!(o, Outcome::NotAttempted { .. }))
+            .count()
+    }
+
+    fn breaker(failures: u32) -> Breaker {
+        Breaker::new(
+            "test",
+            CircuitSettings {
+                failures,
+                cooldown: Duration::from_millis(50),
+            },
+        )
+    }
+
     #[test]
-    fn opens_after_consecutive_failures_probes_after_cooldown_and_closes_on_success() {
-        let b = Breaker::new(CircuitSettings {
-            failures: 3,
-            cooldown: Duration::from_millis(50),
-        });
-        assert_eq!(b.record(&[retry(), retry()]), None);
+    fn a_failed_batch_counts_once_and_only_its_first_message_is_attempted() {
+        let b = breaker(3);
+        let t = b.start().unwrap();
+        let mut outcomes = vec![retry(), retry(), retry()];
+        b.record(t, &mut outcomes);
+        assert_eq!(attempted(&outcomes), 1);
+        assert_eq!(outcomes[0], retry());
+        assert_eq!(b.state(), State::Closed, "one failed batch is one failure");
+
+        let t = b.start().unwrap();
+        let mut mixed = vec![retry(), Outcome::Delivered];
+        b.record(t, &mut mixed);
         assert_eq!(
-            b.record(&[Outcome::Delivered]),
-            None,
-            "a delivery resets the count"
+            attempted(&mixed),
+            2,
+            "a destination that delivers is not down"
         );
-        assert_eq!(b.record(&[retry(), retry(), retry()]), Some(State::Open));
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_probes_one_message_and_closes_on_success() {
+        let b = breaker(2);
+        for _ in 0..2 {
+            let t = b.start().unwrap();
+            b.record(t, &mut [retry(), retry()]);
+        }
+        assert_eq!(b.state(), State::Open);
         assert!(!b.admits());
+        assert!(b.start().is_none(), "nothing is published while open");
+
         std::thread::sleep(Duration::from_millis(60));
-        assert!(b.admits(), "cool-down over: one probe");
-        b.start();
-        assert!(!b.admits(), "only one probe at a time");
-        assert_eq!(
-            b.record(&[retry()]),
-            Some(State::Open),
-            "failed probe reopens"
-        );
+        assert!(b.admits(), "cool-down over: a probe");
+        let probe = b.start().unwrap();
+        assert!(probe.probe);
+        assert!(!b.admits() && b.start().is_none(), "one probe at a time");
+        b.record(probe, &mut [retry()]);
+        assert_eq!(b.state(), State::Open, "a failed probe reopens");
+
         std::thread::sleep(Duration::from_millis(60));
+        let probe = b.start().unwrap();
+        b.record(probe, &mut [Outcome::Delivered]);
+        assert_eq!(b.state(), State::Closed);
         assert!(b.admits());
-        b.start();
-        assert_eq!(b.record(&[Outcome::Delivered]), Some(State::Closed));
-        assert!(b.admits());
+    }
+
+    #[test]
+    fn batches_out_when_the_circuit_opens_are_given_back_without_an_attempt() {
+        let b = breaker(1);
+        let first = b.start().unwrap();
+        let second = b.start().unwrap();
+        b.record(first, &mut [retry(), retry()]);
+        assert_eq!(b.state(), State::Open);
+        let mut late = vec![retry(), retry(), retry()];
+        b.record(second, &mut late);
+        assert_eq!(attempted(&late), 0);
     }
 }

@@ -55,6 +55,14 @@ pub struct RawConfig {
     /// Messages per claim, 1..=10000 [default: 500].
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub batch_size: Option<u32>,
+    /// Byte budget of one claim: payloads of a batch add up to at most this, except that a
+    /// batch always takes its first message, 1024..=1073741824 [default: 16777216].
+    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES")]
+    pub max_batch_bytes: Option<u64>,
+    /// Largest payload relayed; a larger one is dead-lettered without being loaded,
+    /// 1..=1073741824 [default: 16777216].
+    #[arg(long, env = "OUTBOX_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<u64>,
     /// Batches claimed and not yet completed at once, 1..=64 [default: 3].
     #[arg(long, env = "OUTBOX_MAX_BATCHES_IN_FLIGHT")]
     pub max_batches_in_flight: Option<u32>,
@@ -188,6 +196,8 @@ impl RawConfig {
             null_latency_ms: self.null_latency_ms.or(fallback.null_latency_ms),
             topics: self.topics.or(fallback.topics),
             batch_size: self.batch_size.or(fallback.batch_size),
+            max_batch_bytes: self.max_batch_bytes.or(fallback.max_batch_bytes),
+            max_message_bytes: self.max_message_bytes.or(fallback.max_message_bytes),
             max_batches_in_flight: self
                 .max_batches_in_flight
                 .or(fallback.max_batches_in_flight),
@@ -363,6 +373,8 @@ pub struct Settings {
     pub circuit: CircuitSettings,
     pub topics: Option<Vec<String>>,
     pub batch_size: i32,
+    pub max_batch_bytes: i64,
+    pub max_message_bytes: i64,
     pub max_batches_in_flight: usize,
     pub lease_secs: i32,
     pub poll_interval: Duration,
@@ -480,6 +492,18 @@ impl Settings {
                 "batch_size",
                 in_range("batch_size", raw.batch_size.unwrap_or(500), 1, 10_000)?,
             )?,
+            max_batch_bytes: in_range(
+                "max_batch_bytes",
+                raw.max_batch_bytes.unwrap_or(16 << 20),
+                1024,
+                1 << 30,
+            )? as i64,
+            max_message_bytes: in_range(
+                "max_message_bytes",
+                raw.max_message_bytes.unwrap_or(16 << 20),
+                1,
+                1 << 30,
+            )? as i64,
             max_batches_in_flight: in_range(
                 "max_batches_in_flight",
                 raw.max_batches_in_flight.unwrap_or(3),

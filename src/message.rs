@@ -54,6 +54,11 @@ pub struct ClaimedMessage {
     pub attempt_no: i32,
     pub created_at: DateTime<Utc>,
     pub lease_expires_at: DateTime<Utc>,
+    /// The payload's size as stored.
+    pub payload_bytes: i64,
+    /// The payload was larger than the claim's `max_message_bytes` and was not loaded
+    /// (`payload` is empty); the message is dead-lettered without being published.
+    pub payload_withheld: bool,
 }
 
 /// What a destination did with one message.
@@ -69,6 +74,10 @@ pub enum Outcome {
     },
     /// Rejected for good (malformed, unroutable, 4xx); dead-letter it with the reason.
     Permanent { reason: String },
+    /// Not tried, or not counted as tried: its destination's circuit is open, or the whole
+    /// batch failed and this message was not the one charged for it. Given back to the
+    /// queue without an attempt. Only the dispatch layer answers this; sinks never do.
+    NotAttempted { reason: String },
 }
 
 /// The attempt states a worker may report (`outbox.attempt_state` minus `ZOMBIE_REQUEUE`,

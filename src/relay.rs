@@ -25,7 +25,7 @@ use crate::message::{
 };
 use crate::route::Router;
 use crate::sink::Sink;
-use crate::store::{Store, StoreError};
+use crate::store::{ClaimSizes, Store, StoreError};
 use crate::{janitor, retry, telemetry};
 
 /// What the relay did with the messages it claimed.
@@ -53,10 +53,16 @@ impl AddAssign for Summary {
     }
 }
 
-/// A batch in flight: when it was claimed or last extended, and its leases.
-type Leases = (Instant, Vec<(OutboxId, LeaseToken)>);
+/// A batch in flight, for the lease keeper and the stale-publish guard.
+struct Leases {
+    /// When it was claimed or last extended.
+    since: Instant,
+    /// Until when this process may still publish it, by its own monotonic clock.
+    publish_before: Instant,
+    leases: Vec<(OutboxId, LeaseToken)>,
+}
 
-/// Leases of the batches in flight, for the lease keeper.
+/// Leases of the batches in flight.
 #[derive(Default)]
 struct LeaseBook {
     next: AtomicU64,
@@ -70,10 +76,19 @@ impl LeaseBook {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn insert(&self, batch: &[ClaimedMessage]) -> u64 {
+    /// Books a batch whose claim was sent at `asked`; it may be published until
+    /// `asked + publish_window`.
+    fn insert(&self, batch: &[ClaimedMessage], asked: Instant, publish_window: Duration) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let leases = batch.iter().map(|m| (m.id, m.lease_token)).collect();
-        self.lock().insert(id, (Instant::now(), leases));
+        self.lock().insert(
+            id,
+            Leases {
+                since: asked,
+                publish_before: asked + publish_window,
+                leases,
+            },
+        );
         id
     }
 
@@ -82,20 +97,35 @@ impl LeaseBook {
     }
 
     fn messages(&self) -> usize {
-        self.lock().values().map(|(_, l)| l.len()).sum()
+        self.lock().values().map(|b| b.leases.len()).sum()
     }
 
-    /// Leases of batches claimed (or last extended) at least `age` ago; marks them extended.
-    fn due(&self, age: Duration) -> Vec<(OutboxId, LeaseToken)> {
+    /// Whether batch `id` may still be published.
+    fn publishable(&self, id: u64) -> bool {
+        self.lock()
+            .get(&id)
+            .is_some_and(|b| Instant::now() < b.publish_before)
+    }
+
+    /// Batches claimed (or last extended) at least `age` ago, with their leases; marks them
+    /// extended.
+    fn due(&self, age: Duration) -> Vec<(u64, Vec<(OutboxId, LeaseToken)>)> {
         let now = Instant::now();
         let mut due = Vec::new();
-        for (since, leases) in self.lock().values_mut() {
-            if now.duration_since(*since) >= age {
-                *since = now;
-                due.extend_from_slice(leases);
+        for (id, batch) in self.lock().iter_mut() {
+            if now.duration_since(batch.since) >= age {
+                batch.since = now;
+                due.push((*id, batch.leases.clone()));
             }
         }
         due
+    }
+
+    /// The leases of batch `id` were extended by a call sent at `asked`.
+    fn extended(&self, id: u64, asked: Instant, publish_window: Duration) {
+        if let Some(batch) = self.lock().get_mut(&id) {
+            batch.publish_before = asked + publish_window;
+        }
     }
 }
 
@@ -124,16 +154,26 @@ impl Relay {
         &self.settings.worker_id
     }
 
+    /// How long after asking for a lease (a claim or an extension) this process still
+    /// publishes under it: the lease minus a fifth as a safety margin. The database starts
+    /// the lease when it runs the call, after it was sent, so by this process's monotonic
+    /// clock the lease ends no sooner than the window does; the margin covers the time a
+    /// publish takes once started. A process that was frozen or starved past the window
+    /// does not publish (the lease may be someone else's by now): it gives the batch back.
+    fn publish_window(&self) -> Duration {
+        self.settings.lease() * 4 / 5
+    }
+
     /// One step, for tests and tools: claim one batch, deliver it, complete it.
     pub async fn tick(&self) -> Result<Summary, StoreError> {
-        let batch = self.claim().await?;
+        let (asked, batch) = self.claim().await?;
         if batch.is_empty() {
             return Ok(Summary::default());
         }
-        Ok(self.process(batch, CancellationToken::new()).await)
+        Ok(self.process(asked, batch, CancellationToken::new()).await)
     }
 
-    async fn claim(&self) -> Result<Vec<ClaimedMessage>, StoreError> {
+    async fn claim(&self) -> Result<(Instant, Vec<ClaimedMessage>), StoreError> {
         let started = Instant::now();
         let batch = self
             .store
@@ -143,12 +183,16 @@ impl Relay {
                 self.settings.lease_secs,
                 self.settings.topics.as_deref(),
                 self.sink.paused_topics().as_deref(),
+                ClaimSizes {
+                    max_batch_bytes: Some(self.settings.max_batch_bytes),
+                    max_message_bytes: Some(self.settings.max_message_bytes),
+                },
             )
             .await?;
         if !batch.is_empty() {
             telemetry::batch_claimed(self.worker(), &batch, started.elapsed());
         }
-        Ok(batch)
+        Ok((started, batch))
     }
 
     /// Runs until `shutdown` is cancelled, then drains: in-flight batches get until
@@ -184,7 +228,7 @@ impl Relay {
                 total += done.unwrap_or_default();
             }
             match self.claim().await {
-                Ok(batch) if batch.is_empty() => {
+                Ok((_, batch)) if batch.is_empty() => {
                     drop(permit);
                     tokio::select! {
                         () = shutdown.cancelled() => break,
@@ -192,12 +236,12 @@ impl Relay {
                         () = tokio::time::sleep(self.settings.poll_interval) => {}
                     }
                 }
-                Ok(batch) => {
+                Ok((asked, batch)) => {
                     backoff = Duration::from_millis(100);
                     let relay = self.clone();
                     let abandon = abandon.clone();
                     batches.spawn(async move {
-                        let summary = relay.process(batch, abandon).await;
+                        let summary = relay.process(asked, batch, abandon).await;
                         drop(permit);
                         summary
                     });
@@ -238,22 +282,33 @@ impl Relay {
         total
     }
 
-    /// Delivers one claimed batch and reports its outcomes; releases it instead if
-    /// `abandon` fires before the sink answers.
-    async fn process(&self, batch: Vec<ClaimedMessage>, abandon: CancellationToken) -> Summary {
-        let book_id = self.leases.insert(&batch);
+    /// Delivers one claimed batch (claimed by a call sent at `asked`) and reports its
+    /// outcomes; releases it instead if `abandon` fires before the sink answers, or if its
+    /// leases may have run out before it could be published.
+    async fn process(
+        &self,
+        asked: Instant,
+        batch: Vec<ClaimedMessage>,
+        abandon: CancellationToken,
+    ) -> Summary {
+        let book_id = self.leases.insert(&batch, asked, self.publish_window());
         telemetry::in_flight(self.leases.messages());
-        let started = Instant::now();
-        let outcomes = tokio::select! {
-            outcomes = self.sink.publish(&batch) => Some(outcomes),
-            () = abandon.cancelled() => None,
-        };
-        let mut summary = match outcomes {
-            Some(outcomes) => {
-                telemetry::batch_dispatched(self.sink.name(), started.elapsed());
-                self.complete(&batch, outcomes).await
+        let mut summary = if self.leases.publishable(book_id) {
+            let started = Instant::now();
+            let outcomes = tokio::select! {
+                outcomes = self.publish(&batch) => Some(outcomes),
+                () = abandon.cancelled() => None,
+            };
+            match outcomes {
+                Some(outcomes) => {
+                    telemetry::batch_dispatched(self.sink.name(), started.elapsed());
+                    self.complete(&batch, outcomes).await
+                }
+                None => self.release(&batch).await,
             }
-            None => self.release(&batch).await,
+        } else {
+            telemetry::stale_batch(self.worker(), &batch, asked.elapsed());
+            self.release(&batch).await
         };
         summary.claimed = batch.len() as u64;
         self.leases.remove(book_id);
@@ -263,9 +318,74 @@ impl Relay {
         summary
     }
 
+    /// Publishes the messages whose payload was loaded; the others (larger than
+    /// `max_message_bytes`) are refused here without reaching the destination.
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<Outcome> {
+        let too_large = |m: &ClaimedMessage| Outcome::Permanent {
+            reason: format!(
+                "payload is {} bytes, more than max_message_bytes ({}); not relayed",
+                m.payload_bytes, self.settings.max_message_bytes
+            ),
+        };
+        if !batch.iter().any(|m| m.payload_withheld) {
+            return self.sink.publish(batch).await;
+        }
+        let loaded: Vec<ClaimedMessage> = batch
+            .iter()
+            .filter(|m| !m.payload_withheld)
+            .cloned()
+            .collect();
+        let mut published = if loaded.is_empty() {
+            Vec::new()
+        } else {
+            self.sink.publish(&loaded).await
+        }
+        .into_iter();
+        batch
+            .iter()
+            .map(|m| {
+                if m.payload_withheld {
+                    too_large(m)
+                } else {
+                    published.next().unwrap_or_else(|| Outcome::Retryable {
+                        reason: format!("sink {} returned too few outcomes", self.sink.name()),
+                        retry_after: None,
+                    })
+                }
+            })
+            .collect()
+    }
+
     /// Reports a batch's outcomes in one call. A failed call is retried until the leases
     /// would have expired anyway (after that the janitor requeues them: at-least-once).
     async fn complete(&self, batch: &[ClaimedMessage], outcomes: Vec<Outcome>) -> Summary {
+        if outcomes.len() != batch.len()
+            || !outcomes
+                .iter()
+                .any(|o| matches!(o, Outcome::NotAttempted { .. }))
+        {
+            return self.report(batch, outcomes).await;
+        }
+        let mut given_back = Vec::new();
+        let mut attempted = (Vec::new(), Vec::new());
+        for (m, outcome) in batch.iter().zip(outcomes) {
+            match outcome {
+                Outcome::NotAttempted { .. } => given_back.push(m.clone()),
+                outcome => {
+                    attempted.0.push(m.clone());
+                    attempted.1.push(outcome);
+                }
+            }
+        }
+        let mut summary = self.release(&given_back).await;
+        if !attempted.0.is_empty() {
+            summary += self.report(&attempted.0, attempted.1).await;
+        }
+        summary
+    }
+
+    /// Records attempts for every outcome of a batch in one call.
+    async fn report(&self, batch: &[ClaimedMessage], outcomes: Vec<Outcome>) -> Summary {
         let outcomes = if outcomes.len() == batch.len() {
             outcomes
         } else {
@@ -303,6 +423,9 @@ impl Relay {
                     }
                     Outcome::Permanent { reason } => {
                         (AttemptState::Failed, Some(reason.clone()), None)
+                    }
+                    Outcome::NotAttempted { .. } => {
+                        unreachable!("complete() gives these back before reporting")
                     }
                 };
                 Completion {
@@ -369,6 +492,7 @@ impl Relay {
                     summary.rejected += 1;
                     telemetry::rejected(self.worker(), m, reason);
                 }
+                Outcome::NotAttempted { .. } => {}
             }
         }
         telemetry::delivered(self.worker(), delivered.into_iter());
@@ -377,6 +501,9 @@ impl Relay {
 
     /// Gives a batch back without an attempt (shutdown deadline passed before delivery).
     async fn release(&self, batch: &[ClaimedMessage]) -> Summary {
+        if batch.is_empty() {
+            return Summary::default();
+        }
         let leases: Vec<(OutboxId, LeaseToken)> =
             batch.iter().map(|m| (m.id, m.lease_token)).collect();
         match self.store.release(self.worker(), &leases).await {
@@ -406,16 +533,27 @@ impl Relay {
             if due.is_empty() {
                 continue;
             }
+            let leases: Vec<(OutboxId, LeaseToken)> =
+                due.iter().flat_map(|(_, l)| l.iter().copied()).collect();
+            let asked = Instant::now();
             match self
                 .store
-                .extend(self.worker(), &due, self.settings.lease_secs)
+                .extend(self.worker(), &leases, self.settings.lease_secs)
                 .await
             {
-                Ok(held) if held.len() < due.len() => {
-                    tracing::info!(worker_id = %self.worker(), lost = due.len() - held.len(),
-                        "some leases were lost before they could be extended");
+                Ok(held) => {
+                    if held.len() < leases.len() {
+                        tracing::info!(worker_id = %self.worker(), lost = leases.len() - held.len(),
+                            "some leases were lost before they could be extended");
+                    }
+                    let held: std::collections::HashSet<OutboxId> =
+                        held.into_iter().map(|(id, _)| id).collect();
+                    for (batch, leases) in &due {
+                        if leases.iter().all(|(id, _)| held.contains(id)) {
+                            self.leases.extended(*batch, asked, self.publish_window());
+                        }
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => telemetry::database_error(self.worker(), "extend", &e),
             }
         }

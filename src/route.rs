@@ -3,12 +3,11 @@
 //! saying so (never retried forever, never dropped). The router is the relay's one sink: it
 //! splits a batch by destination, publishes the parts concurrently and puts the outcomes
 //! back in batch order. It also knows which topics to stop claiming while a destination's
-//! circuit is open.
+//! circuit is open, and gives back (without an attempt) what an open circuit holds back.
 
 use std::sync::Arc;
 
 use futures_util::future::{BoxFuture, join_all};
-use metrics::gauge;
 
 use crate::circuit::{Breaker, State};
 use crate::config::{CircuitSettings, DestinationSettings, TopicPattern};
@@ -39,14 +38,10 @@ impl Router {
                 Ok(Destination {
                     name: d.name.clone(),
                     sink: sink::from_settings(&d.sink)?,
-                    breaker: Breaker::new(circuit),
+                    breaker: Breaker::new(&d.name, circuit),
                 })
             })
             .collect::<Result<Vec<_>, SinkError>>()?;
-        for d in &destinations {
-            gauge!(crate::telemetry::CIRCUIT_STATE, "destination" => d.name.clone())
-                .set(State::Closed.as_gauge());
-        }
         Ok(Self {
             destinations,
             routes,
@@ -59,7 +54,7 @@ impl Router {
             destinations: vec![Destination {
                 name: name.to_owned(),
                 sink,
-                breaker: Breaker::new(circuit),
+                breaker: Breaker::new(name, circuit),
             }],
             routes: vec![(TopicPattern::Any, 0)],
         }
@@ -85,27 +80,50 @@ impl Router {
         (!paused.is_empty()).then_some(paused)
     }
 
-    /// Each destination's name, circuit state and readiness (for /readyz).
+    /// Each destination's name, circuit state and readiness (for /readyz). A destination
+    /// whose circuit is not closed is not ready, whatever its connection says.
     pub async fn readiness(&self) -> Vec<(String, State, Result<(), String>)> {
-        join_all(
-            self.destinations
-                .iter()
-                .map(|d| async move { (d.name.clone(), d.breaker.state(), d.sink.ready().await) }),
-        )
+        join_all(self.destinations.iter().map(|d| async move {
+            let state = d.breaker.state();
+            let ready = match (state, d.sink.ready().await) {
+                (_, Err(e)) => Err(e),
+                (State::Closed, Ok(())) => Ok(()),
+                (_, Ok(())) => Err(
+                    "down: its circuit opened after repeated failures; a probe is sent after each cool-down"
+                        .to_owned(),
+                ),
+            };
+            (d.name.clone(), state, ready)
+        }))
         .await
     }
 }
 
 impl Router {
-    /// Publishes to destination `d` through its circuit breaker.
+    /// Publishes to destination `d` through its circuit breaker: nothing while it is open,
+    /// one message when it probes.
     async fn publish_to(&self, d: usize, messages: &[ClaimedMessage]) -> Vec<Outcome> {
         let destination = &self.destinations[d];
-        destination.breaker.start();
-        let result = destination.sink.publish(messages).await;
-        if let Some(state) = destination.breaker.record(&result) {
-            crate::telemetry::circuit_changed(&destination.name, state);
-        }
-        result
+        let held_back = |n: usize| {
+            vec![
+                Outcome::NotAttempted {
+                    reason: format!("the circuit of destination {} is open", destination.name),
+                };
+                n
+            ]
+        };
+        let Some(ticket) = destination.breaker.start() else {
+            return held_back(messages.len());
+        };
+        let now = if ticket.probe {
+            &messages[..messages.len().min(1)]
+        } else {
+            messages
+        };
+        let mut outcomes = destination.sink.publish(now).await;
+        destination.breaker.record(ticket, &mut outcomes);
+        outcomes.extend(held_back(messages.len() - now.len()));
+        outcomes
     }
 }
 

@@ -336,7 +336,8 @@ impl Store {
     }
 
     /// `outbox.claim_outbox_batch`: leases up to `batch_size` ready messages of `topics`
-    /// (all when `None`) whose topic matches none of the LIKE patterns in `exclude`.
+    /// (all when `None`) whose topic matches none of the LIKE patterns in `exclude`, within
+    /// the byte limits of `sizes`.
     pub async fn claim(
         &self,
         batch_size: i32,
@@ -344,10 +345,11 @@ impl Store {
         lease_secs: i32,
         topics: Option<&[String]>,
         exclude: Option<&[String]>,
+        sizes: ClaimSizes,
     ) -> Result<Vec<ClaimedMessage>> {
         let client = self.client().await?;
         let stmt = client
-            .prepare_cached("SELECT * FROM outbox.claim_outbox_batch($1, $2, $3, $4, $5)")
+            .prepare_cached("SELECT * FROM outbox.claim_outbox_batch($1, $2, $3, $4, $5, $6, $7)")
             .await?;
         let rows = client
             .query(
@@ -358,6 +360,8 @@ impl Store {
                     &lease_secs,
                     &topics,
                     &exclude,
+                    &sizes.max_batch_bytes,
+                    &sizes.max_message_bytes,
                 ],
             )
             .await?;
@@ -548,13 +552,26 @@ fn split_leases(leases: &[(OutboxId, LeaseToken)]) -> (Vec<Uuid>, Vec<Uuid>) {
     leases.iter().map(|(id, token)| (id.0, token.0)).unzip()
 }
 
+/// Byte limits of a claim (`None`: no limit).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClaimSizes {
+    /// The batch stops before the message that would take its payloads past this (the
+    /// first message is always taken).
+    pub max_batch_bytes: Option<i64>,
+    /// Larger payloads are not loaded: the message comes back with `payload_withheld`.
+    pub max_message_bytes: Option<i64>,
+}
+
 fn claimed_from_row(r: &Row) -> ClaimedMessage {
+    let payload: Option<Vec<u8>> = r.get("payload");
     ClaimedMessage {
+        payload_withheld: payload.is_none(),
+        payload_bytes: r.get("payload_bytes"),
         id: OutboxId(r.get("outbox_id")),
         lease_token: LeaseToken(r.get("lease_token")),
         topic: r.get("topic"),
         key: r.get("message_key"),
-        payload: r.get("payload"),
+        payload: payload.unwrap_or_default(),
         content_type: r.get("content_type"),
         headers: r.get("headers"),
         attempt_no: r.get("attempt_no"),

@@ -17,6 +17,7 @@ pub const RETRIED: &str = "outbox_messages_retried_total";
 pub const DEAD_LETTERED: &str = "outbox_messages_dead_lettered_total";
 pub const LEASE_LOST: &str = "outbox_lease_lost_total";
 pub const RELEASED: &str = "outbox_messages_released_total";
+pub const STALE_BATCHES: &str = "outbox_stale_batches_total";
 pub const IN_FLIGHT: &str = "outbox_in_flight_messages";
 pub const CLAIM_SECONDS: &str = "outbox_claim_duration_seconds";
 pub const COMPLETE_SECONDS: &str = "outbox_complete_duration_seconds";
@@ -114,6 +115,12 @@ pub fn released(worker: &WorkerId, batch: &[ClaimedMessage], released: i32) {
     tracing::info!(worker_id = %worker, messages = batch.len(), released, "released undelivered leases");
 }
 
+pub fn stale_batch(worker: &WorkerId, batch: &[ClaimedMessage], claimed_ago: Duration) {
+    counter!(STALE_BATCHES).increment(1);
+    tracing::warn!(worker_id = %worker, messages = batch.len(), claimed_ms_ago = claimed_ago.as_millis(),
+        "not publishing a batch whose leases may have expired (this process was paused or starved); giving it back");
+}
+
 pub fn repaired(worker: &WorkerId, repair: Repair) {
     counter!(REPAIR_REQUEUED).increment(u64::from(repair.requeued.unsigned_abs()));
     counter!(REPAIR_DEAD_LETTERED).increment(u64::from(repair.dead_lettered.unsigned_abs()));
@@ -137,15 +144,22 @@ pub fn pool(status: PoolStatus) {
     }
 }
 
-pub fn circuit_changed(destination: &str, state: crate::circuit::State) {
+pub fn circuit_state(destination: &str, state: crate::circuit::State) {
     gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(state.as_gauge());
+}
+
+pub fn circuit_changed(destination: &str, state: crate::circuit::State) {
+    circuit_state(destination, state);
     match state {
         crate::circuit::State::Open => tracing::warn!(
             destination,
             "circuit open: not claiming its topics until a probe succeeds"
         ),
         crate::circuit::State::HalfOpen => {
-            tracing::info!(destination, "circuit half-open: probing")
+            tracing::info!(
+                destination,
+                "circuit half-open: the next message is a probe"
+            )
         }
         crate::circuit::State::Closed => {
             tracing::info!(destination, "circuit closed: destination is back")

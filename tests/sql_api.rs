@@ -603,15 +603,251 @@ async fn repair_waits_its_turn_while_another_pass_holds_the_lock() {
     claim(&c, 1, "w1", 30).await;
     expire_leases(&c).await;
     let other = db.client().await;
-    other
-        .batch_execute(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('outbox.repair_expired_leases'))",
+    other.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(repair(&other).await, (1, 0));
+    assert_eq!(
+        repair(&c).await,
+        (0, 0),
+        "another pass is running (uncommitted)"
+    );
+    other.batch_execute("COMMIT").await.unwrap();
+    claim(&c, 1, "w1", 30).await;
+    expire_leases(&c).await;
+    assert_eq!(repair(&c).await, (1, 0));
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn no_login_without_the_owner_rights_can_hold_up_a_claim_or_a_repair() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute("SET statement_timeout = '5s'")
+        .await
+        .unwrap();
+    for (suffix, role) in [
+        ("reader", Some("outbox_reader")),
+        ("producer", Some("outbox_producer")),
+        ("nobody", None),
+    ] {
+        let hostile = common::connect(&db.login(suffix, role).await)
+            .await
+            .unwrap();
+        for sql in [
+            "LOCK TABLE outbox.turns IN ACCESS EXCLUSIVE MODE",
+            "SELECT * FROM outbox.turns FOR UPDATE",
+            "SELECT * FROM outbox.turns FOR KEY SHARE",
+            "LOCK TABLE outbox.messages IN ACCESS SHARE MODE",
+        ] {
+            let (code, _) = sqlstate(hostile.batch_execute(&format!("BEGIN; {sql}")).await);
+            assert_eq!(code, "42501", "{suffix} must not run {sql}");
+            hostile.batch_execute("ROLLBACK").await.unwrap();
+        }
+        // What stopped delivery before: holding the advisory keys claims and repair used.
+        hostile
+            .batch_execute(
+                "BEGIN; SELECT pg_advisory_xact_lock(hashtext('outbox.claim_outbox_batch')), \
+                 pg_advisory_xact_lock(hashtext('outbox.repair_expired_leases'))",
+            )
+            .await
+            .unwrap();
+        enqueue(&c, "t", None).await;
+        let m = claim(&c, 1, "w1", 30).await;
+        assert_eq!(m.len(), 1, "{suffix} held up a claim");
+        expire_leases(&c).await;
+        assert_eq!(repair(&c).await, (1, 0), "{suffix} held up a repair");
+        let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+        complete(&c, &m, "w1", "DISPATCHED", None).await.unwrap();
+        drop(hostile);
+        db.drop_login(suffix).await;
+    }
+    db.finish().await;
+}
+
+async fn enqueue_id(
+    c: &Client,
+    id: Uuid,
+    key: Option<&str>,
+) -> Result<Uuid, tokio_postgres::Error> {
+    c.query_one(
+        "SELECT outbox.enqueue('t', '{}'::jsonb, $2, p_outbox_id => $1)",
+        &[&id, &key],
+    )
+    .await
+    .map(|r| r.get(0))
+}
+
+#[tokio::test]
+async fn enqueue_refuses_an_id_that_was_delivered_or_dead_lettered_naming_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (delivered, dead) = (Uuid::new_v4(), Uuid::new_v4());
+    enqueue_id(&c, delivered, None).await.unwrap();
+    enqueue_id(&c, dead, None).await.unwrap();
+    let batch = claim(&c, 2, "w", 30).await;
+    let by_id = |id| batch.iter().find(|m| m.id == id).unwrap();
+    complete(&c, by_id(delivered), "w", "DISPATCHED", None)
+        .await
+        .unwrap();
+    complete(&c, by_id(dead), "w", "FAILED", Some("bad"))
+        .await
+        .unwrap();
+
+    let (code, message) = sqlstate(enqueue_id(&c, delivered, None).await);
+    assert_eq!(code, "23505");
+    assert!(
+        message.contains(&delivered.to_string()) && message.contains("already delivered"),
+        "{message}"
+    );
+    let (code, message) = sqlstate(enqueue_id(&c, dead, None).await);
+    assert_eq!(code, "23505");
+    assert!(
+        message.contains(&dead.to_string()) && message.contains("dead-lettered"),
+        "{message}"
+    );
+    let pending = enqueue(&c, "t", None).await;
+    let (code, message) = sqlstate(enqueue_id(&c, pending, None).await);
+    assert_eq!(code, "23505");
+    assert!(message.contains("pending"), "{message}");
+    assert_eq!(history(&c, delivered).await, ["1:DISPATCHED"]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_row_with_a_reused_id_fails_no_completion_repair_or_replay_for_the_others() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Rows as an id reused before enqueue refused it leaves them: a pending message whose
+    // id already has attempt 1, and another whose id is also a dead letter.
+    let (reused, twice_dead, normal) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    for id in [reused, twice_dead, normal] {
+        enqueue_id(&c, id, None).await.unwrap();
+    }
+    let first = claim(&c, 3, "w", 30).await;
+    for m in &first {
+        let state = if m.id == twice_dead {
+            "FAILED"
+        } else {
+            "DISPATCHED"
+        };
+        complete(&c, m, "w", state, None).await.unwrap();
+    }
+    c.batch_execute(&format!(
+        "INSERT INTO outbox.messages (outbox_id, topic, payload) VALUES \
+         ('{reused}', 't', '\\x00'), ('{twice_dead}', 't', '\\x00');"
+    ))
+    .await
+    .unwrap();
+    let others: Vec<Uuid> = [enqueue(&c, "t", None).await, enqueue(&c, "t", None).await].into();
+
+    // A batch completion with the reused id in it applies every row.
+    let batch = claim(&c, 10, "w", 30).await;
+    assert_eq!(batch.len(), 4);
+    let states: Vec<&str> = batch
+        .iter()
+        .map(|m| {
+            if m.id == twice_dead {
+                "FAILED"
+            } else {
+                "RETRYABLE"
+            }
+        })
+        .collect();
+    let ids: Vec<Uuid> = batch.iter().map(|m| m.id).collect();
+    let tokens: Vec<Uuid> = batch.iter().map(|m| m.token).collect();
+    let lost: Vec<bool> = c
+        .query(
+            "SELECT lease_lost FROM outbox.complete_outbox_batch('w', $1, $2, $3::text[]::outbox.attempt_state[], NULL, NULL)",
+            &[&ids, &tokens, &states],
+        )
+        .await
+        .expect("the batch completes")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(lost, [false; 4]);
+    assert_eq!(history(&c, reused).await, ["1:DISPATCHED", "2:RETRYABLE"]);
+    for id in &others {
+        assert_eq!(history(&c, *id).await, ["1:RETRYABLE"]);
+    }
+    // The second life of twice_dead is parked in messages, not lost, not dead-lettered over
+    // the first.
+    let parked: String = c
+        .query_one(
+            "SELECT last_error FROM outbox.messages WHERE outbox_id = $1 AND available_at = 'infinity'",
+            &[&twice_dead],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        parked.contains("a dead letter with this id exists"),
+        "{parked}"
+    );
+
+    // Repair with the reused id among the expired leases requeues them all.
+    c.batch_execute(
+        "UPDATE outbox.messages SET available_at = now() WHERE available_at <> 'infinity'",
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim(&c, 10, "w", 30).await.len(), 3);
+    expire_leases(&c).await;
+    assert_eq!(repair(&c).await, (3, 0));
+    assert_eq!(
+        history(&c, reused).await,
+        ["1:DISPATCHED", "2:RETRYABLE", "3:ZOMBIE_REQUEUE"]
+    );
+
+    // Replay with a dead letter whose id is pending replays the others and keeps that one.
+    let dead_other = others[0];
+    let m = claim(&c, 10, "w", 30)
+        .await
+        .into_iter()
+        .find(|m| m.id == dead_other)
+        .unwrap();
+    complete(&c, &m, "w", "FAILED", Some("bad")).await.unwrap();
+    let replayed: i32 = c
+        .query_one("SELECT outbox.replay_dead_letters()", &[])
+        .await
+        .expect("replay succeeds")
+        .get(0);
+    assert_eq!(replayed, 1, "the other dead letter is replayed");
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox.dead_letters").await,
+        1,
+        "the clashing dead letter stays"
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_claim_keeps_to_its_byte_budget_and_withholds_oversized_payloads() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for size in [600, 600, 600, 5000, 10] {
+        c.execute(
+            "SELECT outbox.enqueue('t', decode(repeat('ab', $1), 'hex'))",
+            &[&size],
         )
         .await
         .unwrap();
-    assert_eq!(repair(&c).await, (0, 0), "another pass is running");
-    other.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(repair(&c).await, (1, 0));
+    }
+    let sizes = |rows: Vec<tokio_postgres::Row>| -> Vec<(i64, bool)> {
+        let mut sizes: Vec<(i64, bool)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, Option<Vec<u8>>>(1).is_none()))
+            .collect();
+        sizes.sort_unstable();
+        sizes
+    };
+    let claim_sized = "SELECT payload_bytes, payload FROM outbox.claim_outbox_batch(10, 'w', 30, \
+                       p_max_bytes => $1, p_max_message_bytes => $2)";
+    // 600 + 600 is within 1000 before the second is added; the third would start past it.
+    let first = sizes(c.query(claim_sized, &[&1000_i64, &2000_i64]).await.unwrap());
+    assert_eq!(first, [(600, false), (600, false)]);
+    // The oversized one comes back without its payload and does not use the budget.
+    let second = sizes(c.query(claim_sized, &[&700_i64, &2000_i64]).await.unwrap());
+    assert_eq!(second, [(10, false), (600, false), (5000, true)]);
     db.finish().await;
 }
 

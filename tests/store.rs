@@ -32,7 +32,10 @@ async fn lease_lost_and_invalid_arguments_become_typed_errors() {
         })
         .await
         .unwrap();
-    let batch = store.claim(10, &worker, 30, None, None).await.unwrap();
+    let batch = store
+        .claim(10, &worker, 30, None, None, Default::default())
+        .await
+        .unwrap();
     assert_eq!(batch.len(), 1);
     let m = &batch[0];
     assert_eq!((m.id, m.attempt_no, m.key.as_deref()), (id, 1, Some("k")));
@@ -51,7 +54,10 @@ async fn lease_lost_and_invalid_arguments_become_typed_errors() {
     let results = store.complete(&worker, &[stale]).await.unwrap();
     assert!(results[0].lease_lost);
 
-    match store.claim(0, &worker, 30, None, None).await {
+    match store
+        .claim(0, &worker, 30, None, None, Default::default())
+        .await
+    {
         Err(StoreError::InvalidArgument(msg)) => assert!(msg.contains("p_batch_size"), "{msg}"),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }

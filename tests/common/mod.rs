@@ -55,6 +55,32 @@ impl TestDb {
         connect(&self.url).await.expect("connect to test database")
     }
 
+    /// Creates a login role `<database>_<suffix>`, a member of `member_of` when given, and
+    /// returns a URL that connects to this database as it. Drop it with `drop_login`.
+    pub async fn login(&self, suffix: &str, member_of: Option<&str>) -> String {
+        let login = format!("{}_{suffix}", self.name);
+        let membership = member_of.map_or(String::new(), |r| format!(" IN ROLE {r}"));
+        self.client()
+            .await
+            .batch_execute(&format!("CREATE ROLE {login} LOGIN{membership}"))
+            .await
+            .expect("create login");
+        let config: tokio_postgres::Config = self.url.parse().unwrap();
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        with_database(
+            &format!("postgres://{login}@127.0.0.1:{port}/x"),
+            &self.name,
+        )
+    }
+
+    pub async fn drop_login(&self, suffix: &str) {
+        self.client()
+            .await
+            .batch_execute(&format!("DROP ROLE IF EXISTS {}_{suffix}", self.name))
+            .await
+            .expect("drop login");
+    }
+
     pub fn store(&self) -> Store {
         Store::connect(&self.url, 8).expect("store")
     }
