@@ -478,6 +478,98 @@ async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_outage_costs_one_attempt_per_failure_and_probe_and_no_message_two() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let hook = Arc::new(Mutex::new(Hook {
+        down: true,
+        ..Hook::default()
+    }));
+    let (url, _server) = start_hook(hook.clone()).await;
+    let config = db.scratch_dir().join("outage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.hooks]\ntype = \"http\"\nurl = \"{url}\"\n\n\
+             [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
+        ),
+    )
+    .unwrap();
+    let telemetry = format!("127.0.0.1:{}", common::free_port());
+    // Defaults otherwise: batch 500, 3 batches in flight.
+    let mut w = Relayer::start(
+        &db,
+        "outage",
+        &[
+            "--config",
+            &config.display().to_string(),
+            "--telemetry-addr",
+            &telemetry,
+            "--circuit-failures",
+            "5",
+            "--circuit-cooldown-ms",
+            "1000",
+        ],
+    );
+    let all = fill(&c, "orders", 3000).await;
+    let outage = std::time::Instant::now();
+    eventually(MINUTE, "the circuit to open", || async {
+        w.log_text().contains("circuit open")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (status, body) = outbox_relay::http::probe(&telemetry, "/readyz")
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("destination hooks: down"), "{body}");
+
+    let r = c
+        .query_one(
+            "SELECT coalesce(sum(n), 0)::bigint, coalesce(max(n), 0)::int \
+             FROM (SELECT count(*) AS n FROM outbox.attempts GROUP BY outbox_id) AS a",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (attempts, most): (i64, i32) = (r.get(0), r.get(1));
+    let probes = i64::try_from(outage.elapsed().as_secs()).unwrap() + 1;
+    assert!(
+        (5..=5 + probes).contains(&attempts),
+        "{attempts} attempts in a {probes} s outage (5 failures to open + one per probe)"
+    );
+    assert_eq!(most, 1, "no message gets two attempts from one outage");
+    let log = w.log_text();
+    for change in [
+        "circuit open",
+        "circuit half-open",
+        "not claiming its topics",
+    ] {
+        assert!(log.contains(change), "{change:?} not logged:\n{log}");
+    }
+
+    hook.lock().unwrap().down = false;
+    eventually(
+        MINUTE,
+        "everything to be delivered once it is back",
+        || async { pending(&c).await == 0 },
+    )
+    .await;
+    assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
+    let delivered: HashSet<Uuid> = hook
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .map(|(h, _)| h["idempotency-key"].to_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(delivered, all);
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn redis_connection_loss_and_a_stalled_server_are_survived() {
     // A Redis of its own: the test kills its connections and freezes it.
     let port = common::free_port();

@@ -343,6 +343,143 @@ async fn a_frozen_worker_is_fenced_when_it_wakes_up() {
     db.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_frozen_between_claim_and_publish_does_not_publish_when_it_wakes() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let all: HashSet<Uuid> = fill(&c, "load", 10, Some(1)).await.into_iter().collect();
+    // Hold the claim turn, so that the worker's claim is sent and waits in the database.
+    let turn = db.client().await;
+    turn.batch_execute("BEGIN; SELECT * FROM outbox.turns WHERE name = 'claim' FOR UPDATE")
+        .await
+        .unwrap();
+    let stale_out = db.scratch_dir().join("frozen.jsonl");
+    let mut frozen = start(
+        &db,
+        "frozen",
+        &with(
+            &file_args(&stale_out),
+            &["--lease-secs", "2", "--batch-size", "10"],
+        ),
+    );
+    eventually(
+        MINUTE,
+        "the worker's claim to wait for its turn",
+        || async {
+            c.query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%claim_outbox_batch%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+                == 1
+        },
+    )
+    .await;
+    // Frozen with its claim on the way: the leases start while it cannot see them.
+    frozen.signal("STOP");
+    turn.batch_execute("COMMIT").await.unwrap();
+    eventually(
+        MINUTE,
+        "the frozen worker's claim to lease all 10",
+        || async { leases_of(&c, "frozen").await.len() == 10 },
+    )
+    .await;
+
+    let out = db.scratch_dir().join("rescuer.jsonl");
+    let mut rescuer = start(
+        &db,
+        "rescuer",
+        &with(
+            &file_args(&out),
+            &["--lease-secs", "2", "--repair-interval-secs", "1"],
+        ),
+    );
+    eventually(MINUTE, "the rescuer to deliver everything", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    frozen.signal("CONT");
+    eventually(
+        MINUTE,
+        "the woken worker to give its stale batch back",
+        || async {
+            frozen
+                .log_text()
+                .contains("not publishing a batch whose leases may have expired")
+        },
+    )
+    .await;
+    assert!(
+        lines(&stale_out).is_empty(),
+        "stale writes: {:?}",
+        lines(&stale_out)
+    );
+    let rescued: HashSet<Uuid> = ids(&lines(&out)).into_iter().collect();
+    assert_eq!(rescued, all);
+    for w in [&frozen, &rescuer] {
+        w.signal("TERM");
+    }
+    assert_eq!(
+        frozen.exit_code(MINUTE).await,
+        Some(0),
+        "{}",
+        frozen.log_text()
+    );
+    assert_eq!(
+        rescuer.exit_code(MINUTE).await,
+        Some(0),
+        "{}",
+        rescuer.log_text()
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payload_over_max_message_bytes_is_dead_lettered_without_being_relayed() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let big: Uuid = c
+        .query_one(
+            "SELECT outbox.enqueue('t', decode(repeat('ab', 5000), 'hex'))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let small = fill(&c, "t", 20, None).await;
+    let out = db.scratch_dir().join("out.jsonl");
+    let mut w = start(
+        &db,
+        "sized",
+        &with(
+            &file_args(&out),
+            &["--max-message-bytes", "4096", "--max-batch-bytes", "1024"],
+        ),
+    );
+    eventually(MINUTE, "everything to be settled", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    let dead = dead_letters(&c).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].0, big);
+    assert!(
+        dead[0]
+            .1
+            .contains("payload is 5000 bytes, more than max_message_bytes (4096)"),
+        "{}",
+        dead[0].1
+    );
+    let relayed: HashSet<Uuid> = ids(&lines(&out)).into_iter().collect();
+    assert_eq!(relayed, small.into_iter().collect());
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    db.finish().await;
+}
+
 /// Sum of `outbox_lease_lost_total` over topics, scraped from /metrics.
 async fn lease_lost_total(url: &str) -> Option<f64> {
     let body = http_get(url).await?;
