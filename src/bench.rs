@@ -288,7 +288,7 @@ fn start_relays(
         let settings = Settings::from_raw(RawConfig {
             database_url: Some(url.to_owned()),
             worker_id: Some(format!("bench-{w}")),
-            batch_size: Some(o.batch_size),
+            batch_size: Some(i64::from(o.batch_size)),
             poll_interval_ms: Some(100),
             pool_size: Some(4),
             ..RawConfig::default()

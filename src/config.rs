@@ -16,13 +16,13 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postg
 #[derive(Debug, thiserror::Error)]
 #[error("invalid setting {setting}: {problem}")]
 pub struct ConfigError {
-    pub setting: &'static str,
+    pub setting: String,
     pub problem: String,
 }
 
-fn invalid(setting: &'static str, problem: impl Into<String>) -> ConfigError {
+fn invalid(setting: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError {
-        setting,
+        setting: setting.into(),
         problem: problem.into(),
     }
 }
@@ -47,53 +47,65 @@ pub struct RawConfig {
     #[arg(long, env = "OUTBOX_SINK_FILE_FSYNC", num_args = 0..=1, default_missing_value = "true")]
     pub sink_file_fsync: Option<bool>,
     /// Simulated destination latency of the `null` sink, per batch [default: 0].
-    #[arg(long, env = "OUTBOX_NULL_LATENCY_MS")]
-    pub null_latency_ms: Option<u64>,
+    #[arg(long, env = "OUTBOX_NULL_LATENCY_MS", allow_negative_numbers = true)]
+    pub null_latency_ms: Option<i64>,
     /// Only claim messages of these topics (comma-separated) [default: all].
     #[arg(long, env = "OUTBOX_TOPICS", value_delimiter = ',')]
     pub topics: Option<Vec<String>>,
     /// Messages per claim, 1..=10000 [default: 500].
-    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
-    pub batch_size: Option<u32>,
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", allow_negative_numbers = true)]
+    pub batch_size: Option<i64>,
     /// Byte budget of one claim: payloads of a batch add up to at most this, except that a
     /// batch always takes its first message, 1024..=1073741824 [default: 16777216].
-    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES")]
-    pub max_batch_bytes: Option<u64>,
+    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES", allow_negative_numbers = true)]
+    pub max_batch_bytes: Option<i64>,
     /// Largest payload relayed; a larger one is dead-lettered without being loaded,
     /// 1..=1073741824 [default: 16777216].
-    #[arg(long, env = "OUTBOX_MAX_MESSAGE_BYTES")]
-    pub max_message_bytes: Option<u64>,
+    #[arg(long, env = "OUTBOX_MAX_MESSAGE_BYTES", allow_negative_numbers = true)]
+    pub max_message_bytes: Option<i64>,
     /// Batches claimed and not yet completed at once, 1..=64 [default: 3].
-    #[arg(long, env = "OUTBOX_MAX_BATCHES_IN_FLIGHT")]
-    pub max_batches_in_flight: Option<u32>,
+    #[arg(
+        long,
+        env = "OUTBOX_MAX_BATCHES_IN_FLIGHT",
+        allow_negative_numbers = true
+    )]
+    pub max_batches_in_flight: Option<i64>,
     /// Lease length in seconds, 2..=86400 [default: 30].
-    #[arg(long, env = "OUTBOX_LEASE_SECS")]
-    pub lease_secs: Option<u32>,
+    #[arg(long, env = "OUTBOX_LEASE_SECS", allow_negative_numbers = true)]
+    pub lease_secs: Option<i64>,
     /// Poll interval when no notification arrives, 10..=3600000 ms [default: 1000].
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS")]
-    pub poll_interval_ms: Option<u64>,
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", allow_negative_numbers = true)]
+    pub poll_interval_ms: Option<i64>,
     /// First retry delay, 1..=86400000 ms [default: 1000].
-    #[arg(long, env = "OUTBOX_RETRY_BASE_MS")]
-    pub retry_base_ms: Option<u64>,
+    #[arg(long, env = "OUTBOX_RETRY_BASE_MS", allow_negative_numbers = true)]
+    pub retry_base_ms: Option<i64>,
     /// Longest retry delay, >= retry_base_ms [default: 300000].
-    #[arg(long, env = "OUTBOX_RETRY_CAP_MS")]
-    pub retry_cap_ms: Option<u64>,
+    #[arg(long, env = "OUTBOX_RETRY_CAP_MS", allow_negative_numbers = true)]
+    pub retry_cap_ms: Option<i64>,
     /// Growth of the retry delay per attempt, 1.0..=10.0 [default: 2.0].
-    #[arg(long, env = "OUTBOX_RETRY_MULTIPLIER")]
+    #[arg(long, env = "OUTBOX_RETRY_MULTIPLIER", allow_negative_numbers = true)]
     pub retry_multiplier: Option<f64>,
     /// Seconds between lease repair passes, 1..=3600 [default: 15].
-    #[arg(long, env = "OUTBOX_REPAIR_INTERVAL_SECS")]
-    pub repair_interval_secs: Option<u64>,
+    #[arg(
+        long,
+        env = "OUTBOX_REPAIR_INTERVAL_SECS",
+        allow_negative_numbers = true
+    )]
+    pub repair_interval_secs: Option<i64>,
     /// Expired leases handled per repair pass, 1..=100000 [default: 1000].
-    #[arg(long, env = "OUTBOX_REPAIR_LIMIT")]
-    pub repair_limit: Option<u32>,
+    #[arg(long, env = "OUTBOX_REPAIR_LIMIT", allow_negative_numbers = true)]
+    pub repair_limit: Option<i64>,
     /// On SIGINT/SIGTERM, time to finish in-flight deliveries before releasing the rest,
     /// 0..=3600000 ms [default: 10000].
-    #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT_MS")]
-    pub shutdown_timeout_ms: Option<u64>,
+    #[arg(
+        long,
+        env = "OUTBOX_SHUTDOWN_TIMEOUT_MS",
+        allow_negative_numbers = true
+    )]
+    pub shutdown_timeout_ms: Option<i64>,
     /// Database connections, 2..=256 [default: 8].
-    #[arg(long, env = "OUTBOX_POOL_SIZE")]
-    pub pool_size: Option<u32>,
+    #[arg(long, env = "OUTBOX_POOL_SIZE", allow_negative_numbers = true)]
+    pub pool_size: Option<i64>,
     /// Address of the /metrics, /healthz and /readyz listener [default: 127.0.0.1:9187].
     #[arg(long, env = "OUTBOX_TELEMETRY_ADDR")]
     pub telemetry_addr: Option<String>,
@@ -104,11 +116,15 @@ pub struct RawConfig {
     #[arg(long, env = "OUTBOX_LOG_FORMAT")]
     pub log_format: Option<String>,
     /// Consecutive retryable failures that open a destination's circuit, 1..=10000 [default: 5].
-    #[arg(long, env = "OUTBOX_CIRCUIT_FAILURES")]
-    pub circuit_failures: Option<u32>,
+    #[arg(long, env = "OUTBOX_CIRCUIT_FAILURES", allow_negative_numbers = true)]
+    pub circuit_failures: Option<i64>,
     /// Time an open circuit waits before a probe, 100..=3600000 ms [default: 5000].
-    #[arg(long, env = "OUTBOX_CIRCUIT_COOLDOWN_MS")]
-    pub circuit_cooldown_ms: Option<u64>,
+    #[arg(
+        long,
+        env = "OUTBOX_CIRCUIT_COOLDOWN_MS",
+        allow_negative_numbers = true
+    )]
+    pub circuit_cooldown_ms: Option<i64>,
     /// Named destinations (TOML only: `[destinations.NAME]` with `type = ...`).
     #[arg(skip)]
     pub destinations: Option<BTreeMap<String, DestinationConfig>>,
@@ -388,7 +404,7 @@ pub struct Settings {
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
-    setting: &'static str,
+    setting: &str,
     value: T,
     min: T,
     max: T,
@@ -403,8 +419,16 @@ fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
     }
 }
 
-fn to_i32(setting: &'static str, value: u32) -> Result<i32, ConfigError> {
-    i32::try_from(value).map_err(|_| invalid(setting, format!("{value} is too large")))
+/// A numeric setting as given (signed, so that a negative value reaches this check and is
+/// reported by name) checked against its range and narrowed to the type it is used as.
+fn ranged<T: TryFrom<i64>>(
+    setting: &'static str,
+    value: i64,
+    min: i64,
+    max: i64,
+) -> Result<T, ConfigError> {
+    let value = in_range(setting, value, min, max)?;
+    T::try_from(value).map_err(|_| invalid(setting, format!("{value} is too large")))
 }
 
 impl Settings {
@@ -422,7 +446,7 @@ impl Settings {
         {
             return Err(invalid("topics", "must be a list of non-empty topic names"));
         }
-        let retry_base_ms = in_range(
+        let retry_base_ms: i64 = ranged(
             "retry_base_ms",
             raw.retry_base_ms.unwrap_or(1000),
             1,
@@ -444,7 +468,7 @@ impl Settings {
                 format!("{multiplier} is out of range 1.0..=10.0"),
             ));
         }
-        let lease_secs = in_range("lease_secs", raw.lease_secs.unwrap_or(30), 2, 86_400)?;
+        let lease_secs: i32 = ranged("lease_secs", raw.lease_secs.unwrap_or(30), 2, 86_400)?;
         let telemetry_addr = if raw.no_telemetry.unwrap_or(false) {
             None
         } else {
@@ -474,13 +498,13 @@ impl Settings {
             destinations,
             routes,
             circuit: CircuitSettings {
-                failures: in_range(
+                failures: ranged(
                     "circuit_failures",
                     raw.circuit_failures.unwrap_or(5),
                     1,
                     10_000,
                 )?,
-                cooldown: Duration::from_millis(in_range(
+                cooldown: Duration::from_millis(ranged(
                     "circuit_cooldown_ms",
                     raw.circuit_cooldown_ms.unwrap_or(5000),
                     100,
@@ -488,57 +512,51 @@ impl Settings {
                 )?),
             },
             topics: raw.topics,
-            batch_size: to_i32(
-                "batch_size",
-                in_range("batch_size", raw.batch_size.unwrap_or(500), 1, 10_000)?,
-            )?,
-            max_batch_bytes: in_range(
+            batch_size: ranged("batch_size", raw.batch_size.unwrap_or(500), 1, 10_000)?,
+            max_batch_bytes: ranged(
                 "max_batch_bytes",
                 raw.max_batch_bytes.unwrap_or(16 << 20),
                 1024,
                 1 << 30,
-            )? as i64,
-            max_message_bytes: in_range(
+            )?,
+            max_message_bytes: ranged(
                 "max_message_bytes",
                 raw.max_message_bytes.unwrap_or(16 << 20),
                 1,
                 1 << 30,
-            )? as i64,
-            max_batches_in_flight: in_range(
+            )?,
+            max_batches_in_flight: ranged(
                 "max_batches_in_flight",
                 raw.max_batches_in_flight.unwrap_or(3),
                 1,
                 64,
-            )? as usize,
-            lease_secs: to_i32("lease_secs", lease_secs)?,
-            poll_interval: Duration::from_millis(in_range(
+            )?,
+            lease_secs,
+            poll_interval: Duration::from_millis(ranged(
                 "poll_interval_ms",
                 raw.poll_interval_ms.unwrap_or(1000),
                 10,
                 3_600_000,
             )?),
             retry: RetrySettings {
-                base: Duration::from_millis(retry_base_ms),
-                cap: Duration::from_millis(retry_cap_ms),
+                base: Duration::from_millis(retry_base_ms.unsigned_abs()),
+                cap: Duration::from_millis(retry_cap_ms.unsigned_abs()),
                 multiplier,
             },
-            repair_interval: Duration::from_secs(in_range(
+            repair_interval: Duration::from_secs(ranged(
                 "repair_interval_secs",
                 raw.repair_interval_secs.unwrap_or(15),
                 1,
                 3600,
             )?),
-            repair_limit: to_i32(
-                "repair_limit",
-                in_range("repair_limit", raw.repair_limit.unwrap_or(1000), 1, 100_000)?,
-            )?,
-            shutdown_timeout: Duration::from_millis(in_range(
+            repair_limit: ranged("repair_limit", raw.repair_limit.unwrap_or(1000), 1, 100_000)?,
+            shutdown_timeout: Duration::from_millis(ranged(
                 "shutdown_timeout_ms",
                 raw.shutdown_timeout_ms.unwrap_or(10_000),
                 0,
                 3_600_000,
             )?),
-            pool_size: in_range("pool_size", raw.pool_size.unwrap_or(8), 2, 256)? as usize,
+            pool_size: ranged("pool_size", raw.pool_size.unwrap_or(8), 2, 256)?,
             telemetry_addr,
             log_format,
         })
@@ -636,7 +654,7 @@ fn single_sink(raw: &RawConfig) -> Result<SinkSettings, ConfigError> {
             fsync: raw.sink_file_fsync.unwrap_or(true),
         },
         "null" => SinkSettings::Null {
-            latency: Duration::from_millis(in_range(
+            latency: Duration::from_millis(ranged(
                 "null_latency_ms",
                 raw.null_latency_ms.unwrap_or(0),
                 0,
@@ -654,7 +672,7 @@ fn single_sink(raw: &RawConfig) -> Result<SinkSettings, ConfigError> {
     })
 }
 
-fn timeout(setting: &'static str, ms: Option<u64>, default: u64) -> Result<Duration, ConfigError> {
+fn timeout(setting: &str, ms: Option<u64>, default: u64) -> Result<Duration, ConfigError> {
     Ok(Duration::from_millis(in_range(
         setting,
         ms.unwrap_or(default),
@@ -675,7 +693,12 @@ fn destination(name: &str, d: &DestinationConfig) -> Result<SinkSettings, Config
             fsync: fsync.unwrap_or(true),
         },
         DestinationConfig::Null { latency_ms } => SinkSettings::Null {
-            latency: Duration::from_millis(latency_ms.unwrap_or(0)),
+            latency: Duration::from_millis(in_range(
+                &format!("destinations.{name}.latency_ms"),
+                latency_ms.unwrap_or(0),
+                0,
+                600_000,
+            )?),
         },
         DestinationConfig::Http {
             url,
@@ -686,8 +709,8 @@ fn destination(name: &str, d: &DestinationConfig) -> Result<SinkSettings, Config
         } => {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(invalid(
-                    "destinations",
-                    format!("{name}: url {url:?} must start with http:// or https://"),
+                    format!("destinations.{name}.url"),
+                    format!("{url:?} must start with http:// or https://"),
                 ));
             }
             let signing_secret = signing_secret
@@ -696,11 +719,15 @@ fn destination(name: &str, d: &DestinationConfig) -> Result<SinkSettings, Config
                 .transpose()?;
             SinkSettings::Http {
                 url: url.clone(),
-                timeout: timeout("destinations.timeout_ms", *timeout_ms, 10_000)?,
+                timeout: timeout(
+                    &format!("destinations.{name}.timeout_ms"),
+                    *timeout_ms,
+                    10_000,
+                )?,
                 signing_secret,
                 headers: headers.clone().unwrap_or_default().into_iter().collect(),
                 concurrency: in_range(
-                    "destinations.concurrency",
+                    &format!("destinations.{name}.concurrency"),
                     concurrency.unwrap_or(64),
                     1,
                     1024,
@@ -712,16 +739,23 @@ fn destination(name: &str, d: &DestinationConfig) -> Result<SinkSettings, Config
             subject,
             timeout_ms,
         } => SinkSettings::Nats {
-            url: template(url.as_ref(), "nats://127.0.0.1:4222"),
+            url: nats_url(name, &template(url.as_ref(), "nats://127.0.0.1:4222"))?,
             subject: template(subject.as_ref(), "{topic}"),
-            timeout: timeout("destinations.timeout_ms", *timeout_ms, 10_000)?,
+            timeout: timeout(
+                &format!("destinations.{name}.timeout_ms"),
+                *timeout_ms,
+                10_000,
+            )?,
         },
         DestinationConfig::Amqp {
             url,
             exchange,
             routing_key,
         } => SinkSettings::Amqp {
-            url: template(url.as_ref(), "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            url: amqp_url(
+                name,
+                &template(url.as_ref(), "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            )?,
             exchange: template(exchange.as_ref(), ""),
             routing_key: template(routing_key.as_ref(), "{topic}"),
         },
@@ -734,9 +768,57 @@ fn destination(name: &str, d: &DestinationConfig) -> Result<SinkSettings, Config
             url: template(url.as_ref(), "redis://127.0.0.1:6379"),
             stream: template(stream.as_ref(), "outbox:{topic}"),
             maxlen: *maxlen,
-            timeout: timeout("destinations.timeout_ms", *timeout_ms, 5_000)?,
+            timeout: timeout(
+                &format!("destinations.{name}.timeout_ms"),
+                *timeout_ms,
+                5_000,
+            )?,
         },
     })
+}
+
+/// A NATS server list as the client reads it: comma-separated addresses, each checked by
+/// the client's own parser, so that a typo stops the start instead of every delivery.
+fn nats_url(name: &str, url: &str) -> Result<String, ConfigError> {
+    if url.trim().is_empty() {
+        return Err(invalid(
+            format!("destinations.{name}.url"),
+            "must not be empty",
+        ));
+    }
+    for server in url.split(',') {
+        server
+            .trim()
+            .parse::<async_nats::ServerAddr>()
+            .map_err(|e| {
+                invalid(
+                    format!("destinations.{name}.url"),
+                    format!(
+                        "{:?} is not a NATS server address (nats://, tls://, ws:// or wss://): {e}",
+                        crate::secret::redact_url(server.trim())
+                    ),
+                )
+            })?;
+    }
+    Ok(url.to_owned())
+}
+
+/// An AMQP URL as the client reads it (amqp:// or amqps://, checked by its own parser).
+fn amqp_url(name: &str, url: &str) -> Result<String, ConfigError> {
+    let setting = || format!("destinations.{name}.url");
+    if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+        return Err(invalid(setting(), "must start with amqp:// or amqps://"));
+    }
+    url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+        invalid(
+            setting(),
+            format!(
+                "{:?} is not a valid AMQP URL: {e}",
+                crate::secret::redact_url(url)
+            ),
+        )
+    })?;
+    Ok(url.to_owned())
 }
 
 /// A Standard Webhooks secret: `whsec_` followed by base64 (the key bytes).
@@ -747,8 +829,8 @@ fn webhook_secret(name: &str, secret: &str) -> Result<Vec<u8>, ConfigError> {
         .decode(encoded)
         .map_err(|e| {
             invalid(
-                "destinations",
-                format!("{name}: signing_secret must be whsec_ followed by base64 ({e})"),
+                format!("destinations.{name}.signing_secret"),
+                format!("must be whsec_ followed by base64 ({e})"),
             )
         })
 }

@@ -754,6 +754,27 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
     let dir = db.scratch_dir();
     let toml = dir.join("relay.toml");
     std::fs::write(&toml, "batch_size = 100\nlease_seconds = 30\n").unwrap();
+    let destination = |file: &str, table: &str| {
+        let path = dir.join(file);
+        std::fs::write(
+            &path,
+            format!("{table}\n[[routes]]\ntopic = \"*\"\ndestination = \"d\"\n"),
+        )
+        .unwrap();
+        path.display().to_string()
+    };
+    let nats = destination(
+        "nats.toml",
+        "[destinations.d]\ntype = \"nats\"\nurl = \"nats://bad host:4222\"",
+    );
+    let amqp = destination(
+        "amqp.toml",
+        "[destinations.d]\ntype = \"amqp\"\nurl = \"amqp://guest@127.0.0.1:notaport/%2f\"",
+    );
+    let null = destination(
+        "null.toml",
+        "[destinations.d]\ntype = \"null\"\nlatency_ms = 86400000",
+    );
     // (flags, environment, the setting the error must name)
     type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
     let cases: Vec<Case> = vec![
@@ -777,6 +798,28 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
             "lease_seconds",
         ),
         (vec!["--batch-size", "many"], vec![], "--batch-size"),
+        (
+            vec!["--batch-size", "-1"],
+            vec![],
+            "invalid setting batch_size: -1 is out of range",
+        ),
+        (
+            vec![],
+            vec![("OUTBOX_LEASE_SECS", "-5")],
+            "invalid setting lease_secs: -5",
+        ),
+        (
+            vec!["--retry-multiplier", "-1"],
+            vec![],
+            "invalid setting retry_multiplier: -1",
+        ),
+        (vec!["--config", &nats], vec![], "destinations.d.url"),
+        (vec!["--config", &amqp], vec![], "destinations.d.url"),
+        (
+            vec!["--config", &null],
+            vec![],
+            "invalid setting destinations.d.latency_ms",
+        ),
     ];
     for (args, env, setting) in cases {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
