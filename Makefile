@@ -3,7 +3,7 @@
 CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
-.PHONY: help build test lint fmt verify run migrate bench check-deploy
+.PHONY: help build test lint fmt verify run migrate bench check-deploy chaos chaos-short
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -17,6 +17,7 @@ test: ## run every test against a real Postgres (started if none answers)
 lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --test chaos -- -D warnings
 
 check-deploy: ## validate deploy/kubernetes and the Dockerfile offline (kubernetes-validate)
 	scripts/check-deploy.sh
@@ -36,3 +37,10 @@ BENCH_ARGS ?=
 bench: ## benchmark drain throughput, backlog flatness, latency and memory (BENCH_ARGS=...)
 	$(CARGO) build --release
 	$(WITH_PG) target/release/outbox-relay bench $(BENCH_ARGS)
+
+CHAOS_ARGS ?=
+chaos: ## fault injection: kills, restarts, freezes, outages, hostile input (~20 min; CHAOS_ARGS=...)
+	scripts/chaos.sh $(CHAOS_ARGS)
+
+chaos-short: ## the CI-sized chaos run: kill storm, freeze and hostile input (~2 min)
+	scripts/chaos.sh --short

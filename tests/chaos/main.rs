@@ -1,0 +1,966 @@
+//! `make chaos`: the relayer's fault-injection suite. Real processes of the built binary,
+//! real kills, freezes and outages, against the throwaway Postgres that `scripts/chaos.sh`
+//! starts (so that it may restart it) and a real HTTP server. Each scenario prints one line
+//! of figures and fails when a guarantee breaks; the process exits non-zero if any did.
+//!
+//!   chaos [--short] [--only NAME,NAME] [--messages N] [--outage-secs S] [--horizon-secs S]
+//!         [--hostile N]
+//!
+//! Scenarios: kill-storm, pg-restart, freeze, destination-outage, poison, hot-key, horizon,
+//! hostile. `--short` is the CI size (kill-storm, freeze and hostile only, small sizes).
+//! Not part of `make test` (`test = false` in Cargo.toml).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Relayer, TestDb, connect, fill, pending};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+type Outcome = Result<String, String>;
+
+#[derive(Clone, Debug)]
+struct Sizes {
+    messages: i64,
+    kills: usize,
+    outage: Duration,
+    horizon: Duration,
+    hostile: usize,
+    window: Duration,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| -> Option<String> {
+        args.iter()
+            .position(|a| a == name)
+            .map(|i| args.get(i + 1).cloned().unwrap_or_default())
+    };
+    let short = args.iter().any(|a| a == "--short");
+    let mut sizes = if short {
+        Sizes {
+            messages: 10_000,
+            kills: 4,
+            outage: Duration::from_secs(10),
+            horizon: Duration::from_secs(30),
+            hostile: 1_000,
+            window: Duration::from_secs(10),
+        }
+    } else {
+        Sizes {
+            messages: 100_000,
+            kills: 20,
+            outage: Duration::from_secs(60),
+            horizon: Duration::from_secs(180),
+            hostile: 10_000,
+            window: Duration::from_secs(30),
+        }
+    };
+    let number = |name: &str| flag(name).map(|v| v.parse::<u64>().expect(name));
+    if let Some(n) = number("--messages") {
+        sizes.messages = i64::try_from(n).expect("--messages");
+    }
+    if let Some(s) = number("--outage-secs") {
+        sizes.outage = Duration::from_secs(s);
+    }
+    if let Some(s) = number("--horizon-secs") {
+        sizes.horizon = Duration::from_secs(s);
+    }
+    if let Some(n) = number("--hostile") {
+        sizes.hostile = usize::try_from(n).expect("--hostile");
+    }
+    let all = [
+        "kill-storm",
+        "pg-restart",
+        "freeze",
+        "destination-outage",
+        "poison",
+        "hot-key",
+        "horizon",
+        "hostile",
+    ];
+    let chosen: Vec<String> = match flag("--only") {
+        Some(list) => list.split(',').map(str::to_owned).collect(),
+        None if short => vec!["kill-storm".into(), "freeze".into(), "hostile".into()],
+        None => all.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    for name in &chosen {
+        assert!(
+            all.contains(&name.as_str()),
+            "unknown scenario {name}; known: {all:?}"
+        );
+    }
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut failed = 0;
+    for name in chosen {
+        let started = Instant::now();
+        let result = runtime.block_on(run(&name, &sizes));
+        let secs = started.elapsed().as_secs_f64();
+        match result {
+            Ok(figures) => println!("chaos {name}: ok in {secs:.1} s: {figures}"),
+            Err(broken) => {
+                failed += 1;
+                println!("chaos {name}: FAILED in {secs:.1} s: {broken}");
+            }
+        }
+    }
+    std::process::exit(i32::from(failed > 0));
+}
+
+async fn run(name: &str, sizes: &Sizes) -> Outcome {
+    match name {
+        "kill-storm" => kill_storm(sizes).await,
+        "pg-restart" => pg_restart(sizes).await,
+        "freeze" => freeze(sizes).await,
+        "destination-outage" => destination_outage(sizes).await,
+        "poison" => poison().await,
+        "hot-key" => hot_key(sizes).await,
+        "horizon" => horizon(sizes).await,
+        "hostile" => hostile(sizes).await,
+        _ => unreachable!(),
+    }
+}
+
+/// Fails the scenario with `why` unless `ok`.
+fn check(ok: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(why()) }
+}
+
+async fn wait_for(
+    limit: Duration,
+    what: &str,
+    mut done: impl AsyncFnMut() -> bool,
+) -> Result<Duration, String> {
+    let started = Instant::now();
+    while !done().await {
+        if started.elapsed() > limit {
+            return Err(format!("timed out after {limit:?} waiting for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(started.elapsed())
+}
+
+/// A worker appending to the shared `file` (one `write` per batch with O_APPEND, so the
+/// file is one timeline across processes).
+fn file_worker(db: &TestDb, name: &str, file: &Path, extra: &[&str]) -> Relayer {
+    let file = file.display().to_string();
+    let mut args = vec![
+        "--sink",
+        "file",
+        "--sink-file",
+        &file,
+        "--sink-file-fsync",
+        "false",
+        "--no-telemetry",
+        "--repair-interval-secs",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    Relayer::start(db, name, &args)
+}
+
+/// Enqueue order and key of every pending message (taken before relaying starts).
+async fn order_of(c: &Client) -> HashMap<Uuid, (i64, Option<String>)> {
+    c.query(
+        "SELECT outbox_id, seq, message_key FROM outbox.messages",
+        &[],
+    )
+    .await
+    .expect("read messages")
+    .iter()
+    .map(|r| (r.get(0), (r.get(1), r.get(2))))
+    .collect()
+}
+
+/// The ids in the shared file, in the order written.
+fn written(file: &Path) -> Vec<Uuid> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            v["outbox_id"]
+                .as_str()
+                .expect("outbox_id")
+                .parse()
+                .expect("a uuid")
+        })
+        .collect()
+}
+
+/// What the timeline in `file` shows against the enqueue order.
+struct Audit {
+    lost: usize,
+    duplicates: usize,
+    /// A message written after a later message of its key had been written.
+    order_violations: usize,
+}
+
+async fn audit(c: &Client, file: &Path, order: &HashMap<Uuid, (i64, Option<String>)>) -> Audit {
+    let lines = written(file);
+    let seen: HashSet<Uuid> = lines.iter().copied().collect();
+    let dead: HashSet<Uuid> = common::dead_letters(c)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    let lost = order
+        .keys()
+        .filter(|id| !seen.contains(id) && !dead.contains(id))
+        .count();
+    let mut newest: HashMap<&str, i64> = HashMap::new();
+    let mut order_violations = 0;
+    for id in &lines {
+        if let Some((seq, Some(key))) = order.get(id) {
+            let top = newest.entry(key.as_str()).or_insert(*seq);
+            if *seq < *top {
+                order_violations += 1;
+            }
+            *top = (*top).max(*seq);
+        }
+    }
+    Audit {
+        lost,
+        duplicates: lines.len() - seen.len(),
+        order_violations,
+    }
+}
+
+/// Messages whose attempt numbers are not 1, 2, 3 … without a gap.
+async fn broken_histories(c: &Client) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM (SELECT min(attempt_no) AS lo, max(attempt_no) AS hi, count(*) AS n \
+         FROM outbox.attempts GROUP BY outbox_id) AS h WHERE lo <> 1 OR hi <> n",
+        &[],
+    )
+    .await
+    .expect("histories")
+    .get(0)
+}
+
+fn guarantees(a: &Audit, broken: i64) -> Result<(), String> {
+    check(a.lost == 0, || format!("{} messages lost", a.lost))?;
+    check(a.order_violations == 0, || {
+        format!("{} per-key order violations", a.order_violations)
+    })?;
+    check(broken == 0, || {
+        format!("{broken} attempt histories with gaps")
+    })
+}
+
+async fn kill_storm(sizes: &Sizes) -> Outcome {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, "storm", sizes.messages, Some(10)).await;
+    let order = order_of(&c).await;
+    let file = db.scratch_dir().join("storm.jsonl");
+    let started = Instant::now();
+    let mut workers: Vec<Relayer> = (0..4)
+        .map(|i| file_worker(&db, &format!("storm-{i}-0"), &file, &["--lease-secs", "5"]))
+        .collect();
+    let mut kills = 0;
+    while kills < sizes.kills {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let victim = rand::random_range(0..workers.len());
+        workers[victim].signal("KILL");
+        kills += 1;
+        workers[victim] = file_worker(
+            &db,
+            &format!("storm-{victim}-{kills}"),
+            &file,
+            &["--lease-secs", "5"],
+        );
+    }
+    wait_for(
+        Duration::from_secs(600),
+        "the storm backlog to drain",
+        async || pending(&c).await == 0,
+    )
+    .await?;
+    let took = started.elapsed();
+    let a = audit(&c, &file, &order).await;
+    let broken = broken_histories(&c).await;
+    // A duplicate is only allowed for a message whose lease a killed worker held.
+    let unexplained: i64 = {
+        let dup: Vec<Uuid> = {
+            let mut count: HashMap<Uuid, usize> = HashMap::new();
+            for id in written(&file) {
+                *count.entry(id).or_default() += 1;
+            }
+            count
+                .into_iter()
+                .filter(|(_, n)| *n > 1)
+                .map(|(id, _)| id)
+                .collect()
+        };
+        c.query_one(
+            "SELECT count(*) FROM unnest($1::uuid[]) AS d(id) WHERE NOT EXISTS \
+             (SELECT 1 FROM outbox.attempts AS a WHERE a.outbox_id = d.id AND a.state = 'ZOMBIE_REQUEUE')",
+            &[&dup],
+        )
+        .await
+        .expect("duplicates")
+        .get(0)
+    };
+    drop(workers);
+    guarantees(&a, broken)?;
+    check(unexplained == 0, || {
+        format!("{unexplained} duplicates of messages no killed worker held")
+    })?;
+    db.finish().await;
+    Ok(format!(
+        "{} messages, 4 processes, {kills} kill -9 with restarts, drained in {:.1} s ({:.0} msg/s); \
+         lost 0, duplicates {} (all among killed leases), per-key order violations 0, gapless histories",
+        sizes.messages,
+        took.as_secs_f64(),
+        sizes.messages as f64 / took.as_secs_f64(),
+        a.duplicates
+    ))
+}
+
+/// `pg_ctl` of the throwaway cluster, from `scripts/chaos.sh`.
+fn pg_ctl(action: &[&str]) -> Result<(), String> {
+    let command = std::env::var("CHAOS_PG_CTL")
+        .map_err(|_| "needs the throwaway cluster of scripts/chaos.sh (CHAOS_PG_CTL is not set); run `make chaos`".to_owned())?;
+    let mut words = command.split_whitespace();
+    let status = std::process::Command::new(words.next().unwrap_or("pg_ctl"))
+        .args(words)
+        .args(action)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("{command}: {e}"))?;
+    check(status.success(), || format!("{command} {action:?} failed"))
+}
+
+async fn pg_restart(sizes: &Sizes) -> Outcome {
+    pg_ctl(&["status"])?;
+    let db = TestDb::new().await;
+    let file = db.scratch_dir().join("restart.jsonl");
+    let workers: Vec<Relayer> = (0..2)
+        .map(|i| file_worker(&db, &format!("restart-{i}"), &file, &["--lease-secs", "5"]))
+        .collect();
+    // A producer enqueues steadily through the restarts; only committed rows count.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (url, stop) = (db.url.clone(), stop.clone());
+        let per_tick = (sizes.messages / 200).max(50);
+        tokio::spawn(async move {
+            let mut sent: Vec<(Uuid, i64, Option<String>)> = Vec::new();
+            let mut refused = 0_u64;
+            let mut client: Option<Client> = None;
+            while !stop.load(Ordering::Relaxed) {
+                if client.as_ref().is_none_or(Client::is_closed) {
+                    client = connect(&url).await.ok();
+                }
+                if let Some(c) = &client {
+                    match c
+                        .query(
+                            "INSERT INTO outbox.messages (topic, message_key, payload) \
+                             SELECT 'restart', 'k' || (i % 20), convert_to(json_build_object('n', i)::text, 'UTF8') \
+                             FROM generate_series(1, $1::bigint) AS i RETURNING outbox_id, seq, message_key",
+                            &[&per_tick],
+                        )
+                        .await
+                    {
+                        Ok(rows) => sent.extend(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2)))),
+                        Err(_) => refused += 1,
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (sent, refused)
+        })
+    };
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        pg_ctl(&["restart", "-m", "immediate", "-w"])?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pg_ctl(&["stop", "-m", "immediate", "-w"])?;
+    tokio::time::sleep(sizes.outage.min(Duration::from_secs(30))).await;
+    pg_ctl(&["start", "-w"])?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (sent, refused) = producer.await.map_err(|e| e.to_string())?;
+    let c = db.client().await;
+    let drained = wait_for(
+        Duration::from_secs(600),
+        "the backlog to drain after the outage",
+        async || pending(&c).await == 0,
+    )
+    .await?;
+    let order: HashMap<Uuid, (i64, Option<String>)> = sent
+        .into_iter()
+        .map(|(id, seq, key)| (id, (seq, key)))
+        .collect();
+    let a = audit(&c, &file, &order).await;
+    let broken = broken_histories(&c).await;
+    drop(workers);
+    guarantees(&a, broken)?;
+    db.finish().await;
+    Ok(format!(
+        "{} messages committed by a steady producer ({refused} enqueue calls failed during the outages), \
+         2 processes, 3 immediate restarts and a {} s outage; drained {:.1} s after the database was back; \
+         lost 0, duplicates {}, per-key order violations 0, gapless histories",
+        order.len(),
+        sizes.outage.min(Duration::from_secs(30)).as_secs(),
+        drained.as_secs_f64(),
+        a.duplicates
+    ))
+}
+
+async fn freeze(sizes: &Sizes) -> Outcome {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let n = (sizes.messages / 5).max(2_000);
+    fill(&c, "freeze", n, Some(1)).await;
+    let order = order_of(&c).await;
+    let file = db.scratch_dir().join("freeze.jsonl");
+    let lease = ["--lease-secs", "2", "--batch-size", "50"];
+    let sleeper = file_worker(&db, "sleeper", &file, &lease);
+    let steady = file_worker(&db, "steady", &file, &lease);
+    let freezes = if sizes.kills > 4 { 3 } else { 2 };
+    for _ in 0..freezes {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        sleeper.signal("STOP");
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        sleeper.signal("CONT");
+    }
+    wait_for(
+        Duration::from_secs(600),
+        "the freeze backlog to drain",
+        async || pending(&c).await == 0,
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a = audit(&c, &file, &order).await;
+    let broken = broken_histories(&c).await;
+    let given_back = sleeper
+        .log_text()
+        .matches("not publishing a batch whose leases may have expired")
+        .count();
+    drop((sleeper, steady));
+    guarantees(&a, broken)?;
+    db.finish().await;
+    Ok(format!(
+        "{n} keyed messages (50 keys), 2 processes, {freezes} SIGSTOP of 4 s past a 2 s lease; \
+         stale batches given back on waking {given_back}, per-key order violations 0, lost 0, \
+         duplicates {} (written within their lease, completion refused after the freeze)",
+        a.duplicates
+    ))
+}
+
+/// An HTTP destination whose availability the scenario switches.
+async fn switchable_hook() -> (String, Arc<AtomicBool>, Arc<std::sync::Mutex<u64>>) {
+    let down = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(std::sync::Mutex::new(0_u64));
+    let (d, r) = (down.clone(), received.clone());
+    let app = axum::Router::new().route(
+        "/hooks/{topic}",
+        axum::routing::post(move || {
+            let (d, r) = (d.clone(), r.clone());
+            async move {
+                if d.load(Ordering::Relaxed) {
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    *r.lock().unwrap() += 1;
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!(
+        "http://{}/hooks/{{topic}}",
+        listener.local_addr().expect("addr")
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (url, down, received)
+}
+
+async fn destination_outage(sizes: &Sizes) -> Outcome {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (url, down, _received) = switchable_hook().await;
+    let config = db.scratch_dir().join("outage.toml");
+    std::fs::write(
+        &config,
+        format!("[destinations.hook]\ntype = \"http\"\nurl = \"{url}\"\n\n[[routes]]\ntopic = \"*\"\ndestination = \"hook\"\n"),
+    )
+    .map_err(|e| e.to_string())?;
+    let n = (sizes.messages / 2).max(10_000);
+    down.store(true, Ordering::Relaxed);
+    let outage_started = Instant::now();
+    // Defaults: batch 500, 3 batches in flight, 5 failures to open, 5 s cool-down.
+    let w = Relayer::start(
+        &db,
+        "outage",
+        &["--config", &config.display().to_string(), "--no-telemetry"],
+    );
+    fill(&c, "orders", n, None).await;
+    tokio::time::sleep(sizes.outage).await;
+    let outage = outage_started.elapsed();
+    let r = c
+        .query_one(
+            "SELECT count(*), coalesce(max(n), 0)::bigint FROM (SELECT outbox_id, count(*) AS n \
+             FROM outbox.attempts GROUP BY outbox_id) AS a",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let attempted_messages: i64 = r.get(0);
+    let most: i64 = r.get(1);
+    let attempts: i64 = c
+        .query_one("SELECT count(*) FROM outbox.attempts", &[])
+        .await
+        .map_err(|e| e.to_string())?
+        .get(0);
+    let log = w.log_text();
+    let opened = log.matches("circuit open").count();
+    let probes = log.matches("circuit half-open").count();
+    down.store(false, Ordering::Relaxed);
+    let back = Instant::now();
+    wait_for(
+        Duration::from_secs(600),
+        "the backlog to drain after the outage",
+        async || pending(&c).await == 0,
+    )
+    .await?;
+    let drained = back.elapsed();
+    drop(w);
+    let allowed = 5 + i64::try_from(outage.as_secs() / 5 + 1).unwrap_or(i64::MAX);
+    check(attempts <= allowed, || {
+        format!(
+            "{attempts} attempts in a {} s outage; at most {allowed} (5 to open + one per probe)",
+            outage.as_secs()
+        )
+    })?;
+    check(most <= 1, || {
+        format!("a message got {most} attempts from one outage")
+    })?;
+    db.finish().await;
+    Ok(format!(
+        "{n} messages, HTTP destination down {:.0} s (batch 500, 3 in flight, 5 failures to open, 5 s cool-down): \
+         {attempts} attempts recorded on {attempted_messages} messages (most per message {most}), circuit opened {opened} times, \
+         {probes} half-open probes; drained {:.1} s after it came back",
+        outage.as_secs_f64(),
+        drained.as_secs_f64()
+    ))
+}
+
+async fn poison() -> Outcome {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Two kinds of poison at the head of a key: a payload over max_message_bytes, and a
+    // payload that claims to be JSON and is not (the file sink refuses it for good).
+    c.batch_execute(
+        "SELECT outbox.enqueue('poison', decode(repeat('ab', 100000), 'hex'), 'big'); \
+         SELECT outbox.enqueue('poison', '\\x7b6e6f74206a736f6e'::bytea, 'broken', p_content_type => 'application/json'); \
+         INSERT INTO outbox.messages (topic, message_key, payload) \
+         SELECT 'poison', CASE WHEN i % 2 = 0 THEN 'big' ELSE 'broken' END, convert_to(json_build_object('n', i)::text, 'UTF8') \
+         FROM generate_series(1, 200) AS i; \
+         INSERT INTO outbox.messages (topic, payload) \
+         SELECT 'other', convert_to(json_build_object('n', i)::text, 'UTF8') FROM generate_series(1, 2000) AS i;",
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let order = order_of(&c).await;
+    let file = db.scratch_dir().join("poison.jsonl");
+    let w = file_worker(&db, "poison", &file, &["--max-message-bytes", "65536"]);
+    let took = wait_for(
+        Duration::from_secs(120),
+        "the keys behind the poison to drain",
+        async || pending(&c).await == 0,
+    )
+    .await?;
+    let dead = common::dead_letters(&c).await;
+    let a = audit(&c, &file, &order).await;
+    drop(w);
+    check(dead.len() == 2, || {
+        format!("expected the 2 poison messages dead-lettered, got {dead:?}")
+    })?;
+    check(
+        dead.iter().any(|(_, e)| e.contains("max_message_bytes")),
+        || format!("no dead letter names max_message_bytes: {dead:?}"),
+    )?;
+    guarantees(&a, broken_histories(&c).await)?;
+    db.finish().await;
+    Ok(format!(
+        "2 poison heads (200 KB over a 64 KiB limit; invalid JSON) in front of 200 keyed and 2,000 other messages: \
+         both dead-lettered with the reason, everything behind them delivered in order in {:.1} s",
+        took.as_secs_f64()
+    ))
+}
+
+/// Messages delivered per second by two null-destination processes over `window`.
+async fn drain_rate(db: &TestDb, c: &Client, window: Duration, topic: &str) -> f64 {
+    let left = async || -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM outbox.messages WHERE topic = $1",
+            &[&topic],
+        )
+        .await
+        .expect("count")
+        .get(0)
+    };
+    let before = left().await;
+    let workers: Vec<Relayer> = (0..2)
+        .map(|i| {
+            Relayer::start(
+                db,
+                &format!("{topic}-{i}"),
+                &["--sink", "null", "--no-telemetry"],
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    tokio::time::sleep(window).await;
+    let after = left().await;
+    let secs = started.elapsed().as_secs_f64();
+    drop(workers);
+    (before - after) as f64 / secs
+}
+
+async fn hot_key(sizes: &Sizes) -> Outcome {
+    let n = (sizes.messages / 2).max(5_000);
+    // Baseline: the same number of unkeyed messages alone.
+    let base = TestDb::new().await;
+    let bc = base.client().await;
+    fill(&bc, "plain", 2 * n, None).await;
+    let baseline = drain_rate(&base, &bc, sizes.window, "plain").await;
+    base.finish().await;
+
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute(
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+         SELECT 'mixed', 'hot', convert_to(json_build_object('n', i)::text, 'UTF8') FROM generate_series(1, $1::bigint) AS i",
+        &[&n],
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    fill(&c, "mixed", n, None).await;
+    let hot: HashMap<Uuid, i64> = order_of(&c)
+        .await
+        .into_iter()
+        .filter(|(_, (_, key))| key.as_deref() == Some("hot"))
+        .map(|(id, (seq, _))| (id, seq))
+        .collect();
+    let left_hot = async || -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM outbox.messages WHERE message_key = 'hot'",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0)
+    };
+    let hot_before = left_hot().await;
+    let mixed = drain_rate(&db, &c, sizes.window, "mixed").await;
+    let hot_rate = (hot_before - left_hot().await) as f64 / sizes.window.as_secs_f64();
+    // Per-key order of what the hot key delivered: completion order against enqueue order.
+    let dispatched: Vec<Uuid> = c
+        .query(
+            "SELECT a.outbox_id FROM outbox.attempts AS a WHERE a.state = 'DISPATCHED' \
+             AND a.outbox_id = ANY ($1) ORDER BY a.created_at",
+            &[&hot.keys().copied().collect::<Vec<Uuid>>()],
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let out_of_order = dispatched
+        .windows(2)
+        .filter(|w| hot[&w[0]] > hot[&w[1]])
+        .count();
+    check(out_of_order == 0, || {
+        format!("{out_of_order} hot-key messages delivered out of order")
+    })?;
+    db.finish().await;
+    Ok(format!(
+        "{n} messages of one key + {n} unkeyed, 2 null-destination processes, {} s window: \
+         {:.0} msg/s overall ({:.0} % of the {:.0} msg/s of {} unkeyed alone), hot key {hot_rate:.1} msg/s, in order",
+        sizes.window.as_secs(),
+        mixed,
+        100.0 * mixed / baseline.max(1.0),
+        baseline,
+        2 * n
+    ))
+}
+
+async fn horizon(sizes: &Sizes) -> Outcome {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let file = db.scratch_dir().join("horizon.jsonl");
+    let w = file_worker(&db, "horizon", &file, &[]);
+    // The culprit: a snapshot held open for the whole scenario.
+    let holder = db.client().await;
+    holder
+        .batch_execute(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.attempts",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut windows = Vec::new();
+    let mut sent: Vec<(Uuid, i64, Option<String>)> = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < sizes.horizon {
+        let window_start = Instant::now();
+        let delivered_before = written(&file).len();
+        while window_start.elapsed() < sizes.window && started.elapsed() < sizes.horizon {
+            let rows = c
+                .query(
+                    "INSERT INTO outbox.messages (topic, message_key, payload) \
+                     SELECT 'steady', 'k' || (i % 100), convert_to(json_build_object('n', i)::text, 'UTF8') \
+                     FROM generate_series(1, 100) AS i RETURNING outbox_id, seq, message_key",
+                    &[],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            sent.extend(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let dead: i64 = c
+            .query_one(
+                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'outbox' AND relname = 'messages'",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .get(0);
+        let delivered = written(&file).len() - delivered_before;
+        windows.push(format!(
+            "{:.0} msg/s, {dead} dead tuples",
+            delivered as f64 / window_start.elapsed().as_secs_f64()
+        ));
+    }
+    holder
+        .batch_execute("ROLLBACK")
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_for(
+        Duration::from_secs(300),
+        "the stream to drain after the horizon moved",
+        async || pending(&c).await == 0,
+    )
+    .await?;
+    let order = sent
+        .into_iter()
+        .map(|(id, seq, key)| (id, (seq, key)))
+        .collect();
+    let a = audit(&c, &file, &order).await;
+    drop(w);
+    guarantees(&a, broken_histories(&c).await)?;
+    db.finish().await;
+    Ok(format!(
+        "a snapshot held {} s while about 1,000 msg/s flowed (1 process); per {} s window: {}; lost 0",
+        sizes.horizon.as_secs(),
+        sizes.window.as_secs(),
+        windows.join(" | ")
+    ))
+}
+
+/// One hostile call's arguments, all as text so that casts happen in the database.
+fn hostile_args(i: usize, used: &[Uuid]) -> [Option<String>; 8] {
+    let pick =
+        |options: &[Option<&str>]| options[rand::random_range(0..options.len())].map(str::to_owned);
+    let topic = match rand::random_range(0..8) {
+        0 => None,
+        1 => Some(String::new()),
+        2 => Some("t".repeat(5_000)),
+        3 => Some("a/../b?x#y %_\\".to_owned()),
+        4 => Some("ünïcødé ✓".to_owned()),
+        _ => Some(format!("hostile-{}", i % 7)),
+    };
+    let key = match rand::random_range(0..6) {
+        0 => Some(String::new()),
+        1 => Some("k".repeat(3_000)),
+        2 | 3 => Some(format!("key-{}", i % 13)),
+        _ => None,
+    };
+    let payload = match rand::random_range(0..6) {
+        0 => None,
+        1 => Some(String::from("\\x")),
+        2 => Some(format!("\\x{}", "ff00".repeat(rand::random_range(1..2000)))),
+        3 => Some("not hex".to_owned()),
+        _ => Some(format!("\\x{}", hex(format!("{{\"n\": {i}}}").as_bytes()))),
+    };
+    let headers = pick(&[
+        None,
+        Some("[]"),
+        Some("\"s\""),
+        Some("null"),
+        Some("{bad json"),
+        Some("{\"traceparent\": \"00-x\"}"),
+        Some("{}"),
+        Some("{}"),
+    ]);
+    let available_at = pick(&[
+        None,
+        None,
+        None,
+        Some("infinity"),
+        Some("-infinity"),
+        Some("not a time"),
+        Some("2999-01-01"),
+        Some("1970-01-01"),
+    ]);
+    let id = match rand::random_range(0..6) {
+        0 if !used.is_empty() => Some(used[rand::random_range(0..used.len())].to_string()),
+        1 => Some("not-a-uuid".to_owned()),
+        2 => Some(Uuid::new_v4().to_string()),
+        _ => None,
+    };
+    let max_attempts = pick(&[
+        None,
+        Some("0"),
+        Some("-1"),
+        Some("1"),
+        Some("2147483647"),
+        Some("99999999999"),
+        None,
+    ]);
+    let content_type = pick(&[
+        None,
+        Some(""),
+        Some("application/json"),
+        Some("text/plain; charset=utf-8"),
+        None,
+    ]);
+    [
+        topic,
+        payload,
+        key,
+        headers,
+        available_at,
+        id,
+        max_attempts,
+        content_type,
+    ]
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn hostile(sizes: &Sizes) -> Outcome {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut accepted: Vec<Uuid> = Vec::new();
+    let mut refused: HashMap<String, usize> = HashMap::new();
+    for i in 0..sizes.hostile {
+        let args = hostile_args(i, &accepted);
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+            .iter()
+            .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect();
+        match c
+            .query_one(
+                "SELECT outbox.enqueue($1::text, $2::text::bytea, $3::text, $4::text::jsonb, \
+                 $5::text::timestamptz, $6::text::uuid, $7::text::int, $8::text)",
+                &params,
+            )
+            .await
+        {
+            Ok(row) => accepted.push(row.get(0)),
+            Err(e) => {
+                let db_error = e
+                    .as_db_error()
+                    .ok_or_else(|| format!("call {i}: not a database error: {e}"))?;
+                let code = db_error.code().code().to_owned();
+                // Clear errors: our own (P7001, 23505 naming the id) or Postgres' input
+                // checks (22xxx data exceptions, 23xxx constraints). Anything else is not.
+                check(
+                    code.starts_with("22") || code.starts_with("23") || code == "P7001",
+                    || {
+                        format!(
+                            "call {i} {args:?} failed unclearly: {code} {}",
+                            db_error.message()
+                        )
+                    },
+                )?;
+                *refused.entry(code).or_default() += 1;
+            }
+        }
+    }
+    let held: i64 = c
+        .query_one(
+            "SELECT count(*) FROM outbox.messages WHERE available_at > now() + interval '1 minute'",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .get(0);
+    let file = db.scratch_dir().join("hostile.jsonl");
+    let w = file_worker(
+        &db,
+        "hostile",
+        &file,
+        &["--retry-base-ms", "10", "--retry-cap-ms", "50"],
+    );
+    // Ready = not delayed and not queued behind a delayed head of its key (per-key order).
+    let blocked = async || -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM outbox.messages AS m WHERE m.available_at <= now() AND NOT EXISTS \
+             (SELECT 1 FROM outbox.messages AS e WHERE e.message_key = m.message_key AND e.seq < m.seq)",
+            &[],
+        )
+        .await
+        .expect("ready")
+        .get(0)
+    };
+    let took = wait_for(
+        Duration::from_secs(300),
+        "every deliverable hostile message to settle",
+        async || blocked().await == 0,
+    )
+    .await?;
+    let dead: HashSet<Uuid> = common::dead_letters(&c)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    let delivered: HashSet<Uuid> = written(&file).into_iter().collect();
+    let waiting: HashSet<Uuid> = c
+        .query("SELECT outbox_id FROM outbox.messages", &[])
+        .await
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    drop(w);
+    let lost = accepted
+        .iter()
+        .filter(|id| !delivered.contains(id) && !dead.contains(id) && !waiting.contains(id))
+        .count();
+    check(lost == 0, || {
+        format!("{lost} accepted messages are neither delivered, dead-lettered nor waiting")
+    })?;
+    db.finish().await;
+    let mut codes: Vec<String> = refused.iter().map(|(c, n)| format!("{c}×{n}")).collect();
+    codes.sort();
+    Ok(format!(
+        "{} hostile enqueue calls: {} refused with a clear error ({}), {} accepted; of those {} delivered, \
+         {} dead-lettered by the destination with the reason, {} waiting by design ({held} delayed past a minute \
+         and the messages of their keys); nothing stalled (settled in {:.1} s)",
+        sizes.hostile,
+        refused.values().sum::<usize>(),
+        codes.join(" "),
+        accepted.len(),
+        delivered.len(),
+        dead.len(),
+        waiting.len(),
+        took.as_secs_f64()
+    ))
+}
