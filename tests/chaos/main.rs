@@ -6,8 +6,8 @@
 //!   chaos [--short] [--only NAME,NAME] [--messages N] [--outage-secs S] [--horizon-secs S]
 //!         [--hostile N]
 //!
-//! Scenarios: kill-storm, pg-restart, freeze, destination-outage, poison, hot-key, horizon,
-//! hostile. `--short` is the CI size (kill-storm, freeze and hostile only, small sizes).
+//! Scenarios: kill-storm, pg-restart, freeze, destination-outage, poison, big-payloads,
+//! hot-key, horizon, hostile. `--short` is the CI size (kill-storm, freeze and hostile only, small sizes).
 //! Not part of `make test` (`test = false` in Cargo.toml).
 
 #[path = "../common/mod.rs"]
@@ -81,6 +81,7 @@ fn main() {
         "freeze",
         "destination-outage",
         "poison",
+        "big-payloads",
         "hot-key",
         "horizon",
         "hostile",
@@ -121,6 +122,7 @@ async fn run(name: &str, sizes: &Sizes) -> Outcome {
         "freeze" => freeze(sizes).await,
         "destination-outage" => destination_outage(sizes).await,
         "poison" => poison().await,
+        "big-payloads" => big_payloads(sizes).await,
         "hot-key" => hot_key(sizes).await,
         "horizon" => horizon(sizes).await,
         "hostile" => hostile(sizes).await,
@@ -351,7 +353,7 @@ async fn pg_restart(sizes: &Sizes) -> Outcome {
     let stop = Arc::new(AtomicBool::new(false));
     let producer = {
         let (url, stop) = (db.url.clone(), stop.clone());
-        let per_tick = (sizes.messages / 200).max(50);
+        let per_tick = (sizes.messages / 500).max(50);
         tokio::spawn(async move {
             let mut sent: Vec<(Uuid, i64, Option<String>)> = Vec::new();
             let mut refused = 0_u64;
@@ -364,7 +366,8 @@ async fn pg_restart(sizes: &Sizes) -> Outcome {
                     match c
                         .query(
                             "INSERT INTO outbox.messages (topic, message_key, payload) \
-                             SELECT 'restart', 'k' || (i % 20), convert_to(json_build_object('n', i)::text, 'UTF8') \
+                             SELECT 'restart', CASE WHEN i % 10 = 0 THEN 'k' || (i % 500) END, \
+                                    convert_to(json_build_object('n', i)::text, 'UTF8') \
                              FROM generate_series(1, $1::bigint) AS i RETURNING outbox_id, seq, message_key",
                             &[&per_tick],
                         )
@@ -602,6 +605,83 @@ async fn poison() -> Outcome {
     ))
 }
 
+/// Peak resident memory of a process (`VmHWM`), in MiB.
+fn peak_rss_mib(pid: u32) -> Result<f64, String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or("no VmHWM in /proc/PID/status")?;
+    Ok(kib / 1024.0)
+}
+
+async fn big_payloads(sizes: &Sizes) -> Outcome {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let n: i64 = if sizes.kills > 4 { 500 } else { 100 };
+    // 5 MiB each (stored compressed; the relayer receives them whole), plus 10 over the
+    // 8 MiB limit that must be dead-lettered without being loaded.
+    c.execute(
+        "INSERT INTO outbox.messages (topic, payload) \
+         SELECT 'big', decode(repeat(lpad(to_hex(i), 8, '0'), 5 * 1024 * 1024 / 4), 'hex') \
+         FROM generate_series(1, $1::bigint) AS i",
+        &[&n],
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    c.execute(
+        "INSERT INTO outbox.messages (topic, payload) \
+         SELECT 'huge', decode(repeat('ab', 9 * 1024 * 1024), 'hex') FROM generate_series(1, 10)",
+        &[],
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    // Defaults otherwise: batch 500, 3 in flight, max_batch_bytes 16 MiB.
+    let w = Relayer::start(
+        &db,
+        "big",
+        &[
+            "--sink",
+            "null",
+            "--no-telemetry",
+            "--max-message-bytes",
+            "8388608",
+        ],
+    );
+    let took = wait_for(
+        Duration::from_secs(600),
+        "the big payloads to drain",
+        async || pending(&c).await == 0,
+    )
+    .await?;
+    let peak = peak_rss_mib(w.pid())?;
+    drop(w);
+    let dead = common::dead_letters(&c).await;
+    check(
+        dead.len() == 10 && dead.iter().all(|(_, e)| e.contains("max_message_bytes")),
+        || {
+            format!(
+                "expected the 10 payloads over 8 MiB dead-lettered by size, got {}",
+                dead.len()
+            )
+        },
+    )?;
+    check(peak < 128.0, || {
+        format!("peak RSS {peak:.1} MiB with {n} × 5 MiB payloads; the bound is 128 MiB")
+    })?;
+    db.finish().await;
+    Ok(format!(
+        "{n} × 5 MiB payloads + 10 × 9 MiB over an 8 MiB max_message_bytes, 1 process, null destination, \
+         batch 500, max_batch_bytes 16 MiB, 3 in flight: drained in {:.1} s ({:.0} MiB/s), peak RSS {peak:.1} MiB, \
+         the 10 oversized dead-lettered unloaded",
+        took.as_secs_f64(),
+        (n * 5) as f64 / took.as_secs_f64()
+    ))
+}
+
 /// Messages delivered per second by two null-destination processes over `window`.
 async fn drain_rate(db: &TestDb, c: &Client, window: Duration, topic: &str) -> f64 {
     let left = async || -> i64 {
@@ -722,7 +802,8 @@ async fn horizon(sizes: &Sizes) -> Outcome {
             let rows = c
                 .query(
                     "INSERT INTO outbox.messages (topic, message_key, payload) \
-                     SELECT 'steady', 'k' || (i % 100), convert_to(json_build_object('n', i)::text, 'UTF8') \
+                     SELECT 'steady', CASE WHEN i % 10 = 0 THEN 'k' || (i % 50) END, \
+                            convert_to(json_build_object('n', i)::text, 'UTF8') \
                      FROM generate_series(1, 100) AS i RETURNING outbox_id, seq, message_key",
                     &[],
                 )
