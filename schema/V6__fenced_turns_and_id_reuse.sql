@@ -118,7 +118,7 @@ $$;
 --                        header without fetching or decompressing it
 -- Turns: claims queue on the 'claim' row of outbox.turns instead of an advisory lock, so no
 -- login without the owner's rights can hold them up.
-DROP FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[]);
+DROP FUNCTION IF EXISTS outbox.claim_outbox_batch(integer, text, integer, text[], text[]);
 CREATE FUNCTION outbox.claim_outbox_batch(
     p_batch_size integer,
     p_worker_id text,
