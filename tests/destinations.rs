@@ -277,6 +277,16 @@ struct Hook {
     down: bool,
 }
 
+impl Hook {
+    /// The outbox ids the server received (the `idempotency-key` header), without repeats.
+    fn delivered_ids(&self) -> HashSet<Uuid> {
+        self.requests
+            .iter()
+            .map(|(h, _)| h["idempotency-key"].to_str().unwrap().parse().unwrap())
+            .collect()
+    }
+}
+
 async fn start_hook(hook: Arc<Mutex<Hook>>) -> (String, tokio::task::JoinHandle<()>) {
     start_hook_on(hook, 0).await
 }
@@ -457,20 +467,7 @@ async fn a_stopped_http_server_opens_the_circuit_and_nothing_is_attempted_until_
     )
     .await;
     assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
-    let delivered: HashSet<Uuid> = hook
-        .lock()
-        .unwrap()
-        .requests
-        .iter()
-        .map(|(hm, _)| {
-            hm.get("idempotency-key")
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect();
+    let delivered = hook.lock().unwrap().delivered_ids();
     assert_eq!(delivered, first.union(&rest).copied().collect());
     w.signal("TERM");
     assert_eq!(w.exit_code(MINUTE).await, Some(0));
@@ -556,13 +553,7 @@ async fn an_outage_costs_one_attempt_per_failure_and_probe_and_no_message_two() 
     )
     .await;
     assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
-    let delivered: HashSet<Uuid> = hook
-        .lock()
-        .unwrap()
-        .requests
-        .iter()
-        .map(|(h, _)| h["idempotency-key"].to_str().unwrap().parse().unwrap())
-        .collect();
+    let delivered = hook.lock().unwrap().delivered_ids();
     assert_eq!(delivered, all);
     w.signal("TERM");
     assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
