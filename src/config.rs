@@ -8,6 +8,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::destination::DestinationConfig;
+use crate::dispatch::{
+    CircuitSettings, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, DestinationSettings,
+    DestinationTable, DispatchSettings, RouteConfig, Routes, TopicPattern,
+};
 use crate::message::WorkerId;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -127,60 +132,10 @@ pub struct RawConfig {
     pub circuit_cooldown_ms: Option<i64>,
     /// Named destinations (TOML only: `[destinations.NAME]` with `type = ...`).
     #[arg(skip)]
-    pub destinations: Option<BTreeMap<String, DestinationConfig>>,
+    pub destinations: Option<BTreeMap<String, DestinationTable>>,
     /// Topic routes, first match wins (TOML only: `[[routes]]` with `topic` and `destination`).
     #[arg(skip)]
     pub routes: Option<Vec<RouteConfig>>,
-}
-
-/// One destination as written in the TOML file.
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
-pub enum DestinationConfig {
-    Stdout {},
-    File {
-        path: PathBuf,
-        fsync: Option<bool>,
-    },
-    Null {
-        latency_ms: Option<u64>,
-    },
-    /// POST to `url` (`{topic}` is replaced by the topic).
-    Http {
-        url: String,
-        timeout_ms: Option<u64>,
-        /// Standard Webhooks signing secret (`whsec_` + base64).
-        signing_secret: Option<String>,
-        headers: Option<BTreeMap<String, String>>,
-        concurrency: Option<usize>,
-    },
-    /// Publish to JetStream subject `subject` (`{topic}` replaced) [default: `{topic}`].
-    Nats {
-        url: Option<String>,
-        subject: Option<String>,
-        timeout_ms: Option<u64>,
-    },
-    /// Publish to RabbitMQ `exchange` with `routing_key` (`{topic}` replaced).
-    Amqp {
-        url: Option<String>,
-        exchange: Option<String>,
-        routing_key: Option<String>,
-    },
-    /// XADD to Redis stream `stream` (`{topic}` replaced) [default: `outbox:{topic}`].
-    Redis {
-        url: Option<String>,
-        stream: Option<String>,
-        maxlen: Option<usize>,
-        timeout_ms: Option<u64>,
-    },
-}
-
-/// One `[[routes]]` entry: `topic` is an exact topic, `prefix.*`, or `*` (everything).
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteConfig {
-    pub topic: String,
-    pub destination: String,
 }
 
 impl RawConfig {
@@ -258,112 +213,6 @@ fn interpolate(path: &str, value: &mut toml::Value) -> Result<(), String> {
     Ok(())
 }
 
-/// One destination, validated.
-#[derive(Clone, Debug, PartialEq)]
-pub enum SinkSettings {
-    Stdout,
-    File {
-        path: PathBuf,
-        fsync: bool,
-    },
-    Null {
-        latency: Duration,
-    },
-    Http {
-        url: String,
-        timeout: Duration,
-        signing_secret: Option<Vec<u8>>,
-        headers: Vec<(String, String)>,
-        concurrency: usize,
-    },
-    Nats {
-        url: String,
-        subject: String,
-        timeout: Duration,
-    },
-    Amqp {
-        url: String,
-        exchange: String,
-        routing_key: String,
-    },
-    Redis {
-        url: String,
-        stream: String,
-        maxlen: Option<usize>,
-        timeout: Duration,
-    },
-}
-
-/// Which topics a route takes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TopicPattern {
-    Exact(String),
-    /// `orders.*`: every topic starting with `orders.`.
-    Prefix(String),
-    /// `*`: every topic (a default route).
-    Any,
-}
-
-impl TopicPattern {
-    pub fn parse(pattern: &str) -> Result<Self, ConfigError> {
-        match pattern {
-            "" => Err(invalid("routes", "a route's topic must not be empty")),
-            "*" => Ok(TopicPattern::Any),
-            p if p.ends_with('*') => {
-                let prefix = &p[..p.len() - 1];
-                if prefix.contains('*') {
-                    return Err(invalid(
-                        "routes",
-                        format!("topic pattern {p:?}: only a trailing * is supported"),
-                    ));
-                }
-                Ok(TopicPattern::Prefix(prefix.to_owned()))
-            }
-            p if p.contains('*') => Err(invalid(
-                "routes",
-                format!("topic pattern {p:?}: only a trailing * is supported"),
-            )),
-            p => Ok(TopicPattern::Exact(p.to_owned())),
-        }
-    }
-
-    pub fn matches(&self, topic: &str) -> bool {
-        match self {
-            TopicPattern::Exact(t) => t == topic,
-            TopicPattern::Prefix(p) => topic.starts_with(p.as_str()),
-            TopicPattern::Any => true,
-        }
-    }
-
-    /// The same pattern for SQL `LIKE` (with `\` escaping `%`, `_` and `\`).
-    pub fn to_like(&self) -> String {
-        let escape = |s: &str| {
-            s.replace('\\', "\\\\")
-                .replace('%', "\\%")
-                .replace('_', "\\_")
-        };
-        match self {
-            TopicPattern::Exact(t) => escape(t),
-            TopicPattern::Prefix(p) => format!("{}%", escape(p)),
-            TopicPattern::Any => "%".to_owned(),
-        }
-    }
-}
-
-/// A named destination and its circuit-breaker thresholds.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DestinationSettings {
-    pub name: String,
-    pub sink: SinkSettings,
-}
-
-/// Circuit breaker thresholds, the same for every destination.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CircuitSettings {
-    pub failures: u32,
-    pub cooldown: Duration,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Human,
@@ -383,10 +232,8 @@ pub struct RetrySettings {
 pub struct Settings {
     pub database_url: String,
     pub worker_id: WorkerId,
-    pub destinations: Vec<DestinationSettings>,
-    /// First match wins; the index is into `destinations`.
-    pub routes: Vec<(TopicPattern, usize)>,
-    pub circuit: CircuitSettings,
+    /// Destinations, routes and circuit thresholds.
+    pub dispatch: DispatchSettings,
     pub topics: Option<Vec<String>>,
     pub batch_size: i32,
     pub max_batch_bytes: i64,
@@ -433,7 +280,21 @@ fn ranged<T: TryFrom<i64>>(
 
 impl Settings {
     pub fn from_raw(raw: RawConfig) -> Result<Settings, ConfigError> {
-        let (destinations, routes) = destinations_and_routes(&raw)?;
+        let circuit = CircuitSettings {
+            failures: ranged(
+                "circuit_failures",
+                raw.circuit_failures.unwrap_or(5),
+                1,
+                10_000,
+            )?,
+            cooldown: Duration::from_millis(ranged(
+                "circuit_cooldown_ms",
+                raw.circuit_cooldown_ms.unwrap_or(5000),
+                100,
+                3_600_000,
+            )?),
+        };
+        let dispatch = dispatch_settings(&raw, circuit)?;
         let worker_id = match raw.worker_id {
             Some(id) if id.trim().is_empty() => {
                 return Err(invalid("worker_id", "must not be empty"));
@@ -495,22 +356,7 @@ impl Settings {
                 .database_url
                 .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
             worker_id,
-            destinations,
-            routes,
-            circuit: CircuitSettings {
-                failures: ranged(
-                    "circuit_failures",
-                    raw.circuit_failures.unwrap_or(5),
-                    1,
-                    10_000,
-                )?,
-                cooldown: Duration::from_millis(ranged(
-                    "circuit_cooldown_ms",
-                    raw.circuit_cooldown_ms.unwrap_or(5000),
-                    100,
-                    3_600_000,
-                )?),
-            },
+            dispatch,
             topics: raw.topics,
             batch_size: ranged("batch_size", raw.batch_size.unwrap_or(500), 1, 10_000)?,
             max_batch_bytes: ranged(
@@ -570,10 +416,10 @@ impl Settings {
 
 /// The destinations and routes: from `[destinations]`/`[[routes]]` when given, otherwise
 /// the one `--sink` taking every topic.
-#[allow(clippy::type_complexity)]
-fn destinations_and_routes(
+fn dispatch_settings(
     raw: &RawConfig,
-) -> Result<(Vec<DestinationSettings>, Vec<(TopicPattern, usize)>), ConfigError> {
+    circuit: CircuitSettings,
+) -> Result<DispatchSettings, ConfigError> {
     let Some(configured) = &raw.destinations else {
         if raw.routes.is_some() {
             return Err(invalid(
@@ -581,19 +427,17 @@ fn destinations_and_routes(
                 "routes need [destinations.NAME] tables to point at",
             ));
         }
-        let sink = single_sink(raw)?;
-        let name = match sink {
-            SinkSettings::File { .. } => "file",
-            SinkSettings::Null { .. } => "null",
-            _ => "stdout",
-        };
-        return Ok((
-            vec![DestinationSettings {
-                name: name.to_owned(),
-                sink,
+        let destination = single_sink(raw)?;
+        return Ok(DispatchSettings {
+            destinations: vec![DestinationSettings {
+                name: destination.kind().to_owned(),
+                destination,
+                deadline: Duration::from_millis(DEFAULT_TIMEOUT_MS.unsigned_abs()),
+                max_in_flight: usize::try_from(DEFAULT_MAX_IN_FLIGHT).unwrap_or(1),
             }],
-            vec![(TopicPattern::Any, 0)],
-        ));
+            routes: Routes(vec![(TopicPattern::Any, 0)]),
+            circuit,
+        });
     };
     if raw.sink.is_some() {
         return Err(invalid(
@@ -607,60 +451,35 @@ fn destinations_and_routes(
             "at least one destination is needed",
         ));
     }
-    let mut destinations = Vec::new();
-    for (name, d) in configured {
-        destinations.push(DestinationSettings {
-            name: name.clone(),
-            sink: destination(name, d)?,
-        });
-    }
-    let routes = raw
-        .routes
-        .as_deref()
-        .filter(|r| !r.is_empty())
-        .ok_or_else(|| {
-            invalid(
-                "routes",
-                "at least one [[routes]] entry (topic, destination) is needed",
-            )
-        })?;
-    let mut parsed = Vec::new();
-    for r in routes {
-        let index = destinations
-            .iter()
-            .position(|d| d.name == r.destination)
-            .ok_or_else(|| {
-                invalid(
-                    "routes",
-                    format!(
-                        "route {:?} points at unknown destination {:?}",
-                        r.topic, r.destination
-                    ),
-                )
-            })?;
-        parsed.push((TopicPattern::parse(&r.topic)?, index));
-    }
-    Ok((destinations, parsed))
+    let destinations = configured
+        .iter()
+        .map(|(name, table)| DestinationSettings::from_table(name, table))
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
+    let routes = Routes::parse(raw.routes.as_deref().unwrap_or_default(), &names)?;
+    Ok(DispatchSettings {
+        destinations,
+        routes,
+        circuit,
+    })
 }
 
-fn single_sink(raw: &RawConfig) -> Result<SinkSettings, ConfigError> {
+/// The destination of `--sink` (stdout, file or null) and its flags.
+fn single_sink(raw: &RawConfig) -> Result<DestinationConfig, ConfigError> {
     Ok(match raw.sink.as_deref().unwrap_or("stdout") {
-        "stdout" => SinkSettings::Stdout,
-        "file" => SinkSettings::File {
-            path: raw
-                .sink_file
+        "stdout" => DestinationConfig::stdout(),
+        "file" => DestinationConfig::file(
+            raw.sink_file
                 .clone()
                 .ok_or_else(|| invalid("sink_file", "is required when sink = \"file\""))?,
-            fsync: raw.sink_file_fsync.unwrap_or(true),
-        },
-        "null" => SinkSettings::Null {
-            latency: Duration::from_millis(ranged(
-                "null_latency_ms",
-                raw.null_latency_ms.unwrap_or(0),
-                0,
-                600_000,
-            )?),
-        },
+            raw.sink_file_fsync,
+        ),
+        "null" => DestinationConfig::null(Some(ranged(
+            "null_latency_ms",
+            raw.null_latency_ms.unwrap_or(0),
+            0,
+            600_000,
+        )?)),
         other => {
             return Err(invalid(
                 "sink",
@@ -670,169 +489,6 @@ fn single_sink(raw: &RawConfig) -> Result<SinkSettings, ConfigError> {
             ));
         }
     })
-}
-
-fn timeout(setting: &str, ms: Option<u64>, default: u64) -> Result<Duration, ConfigError> {
-    Ok(Duration::from_millis(in_range(
-        setting,
-        ms.unwrap_or(default),
-        1,
-        600_000,
-    )?))
-}
-
-/// Validates one `[destinations.NAME]` table.
-fn destination(name: &str, d: &DestinationConfig) -> Result<SinkSettings, ConfigError> {
-    let template = |value: Option<&String>, default: &str| {
-        value.cloned().unwrap_or_else(|| default.to_owned())
-    };
-    Ok(match d {
-        DestinationConfig::Stdout {} => SinkSettings::Stdout,
-        DestinationConfig::File { path, fsync } => SinkSettings::File {
-            path: path.clone(),
-            fsync: fsync.unwrap_or(true),
-        },
-        DestinationConfig::Null { latency_ms } => SinkSettings::Null {
-            latency: Duration::from_millis(in_range(
-                &format!("destinations.{name}.latency_ms"),
-                latency_ms.unwrap_or(0),
-                0,
-                600_000,
-            )?),
-        },
-        DestinationConfig::Http {
-            url,
-            timeout_ms,
-            signing_secret,
-            headers,
-            concurrency,
-        } => {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(invalid(
-                    format!("destinations.{name}.url"),
-                    format!("{url:?} must start with http:// or https://"),
-                ));
-            }
-            let signing_secret = signing_secret
-                .as_deref()
-                .map(|s| webhook_secret(name, s))
-                .transpose()?;
-            SinkSettings::Http {
-                url: url.clone(),
-                timeout: timeout(
-                    &format!("destinations.{name}.timeout_ms"),
-                    *timeout_ms,
-                    10_000,
-                )?,
-                signing_secret,
-                headers: headers.clone().unwrap_or_default().into_iter().collect(),
-                concurrency: in_range(
-                    &format!("destinations.{name}.concurrency"),
-                    concurrency.unwrap_or(64),
-                    1,
-                    1024,
-                )?,
-            }
-        }
-        DestinationConfig::Nats {
-            url,
-            subject,
-            timeout_ms,
-        } => SinkSettings::Nats {
-            url: nats_url(name, &template(url.as_ref(), "nats://127.0.0.1:4222"))?,
-            subject: template(subject.as_ref(), "{topic}"),
-            timeout: timeout(
-                &format!("destinations.{name}.timeout_ms"),
-                *timeout_ms,
-                10_000,
-            )?,
-        },
-        DestinationConfig::Amqp {
-            url,
-            exchange,
-            routing_key,
-        } => SinkSettings::Amqp {
-            url: amqp_url(
-                name,
-                &template(url.as_ref(), "amqp://guest:guest@127.0.0.1:5672/%2f"),
-            )?,
-            exchange: template(exchange.as_ref(), ""),
-            routing_key: template(routing_key.as_ref(), "{topic}"),
-        },
-        DestinationConfig::Redis {
-            url,
-            stream,
-            maxlen,
-            timeout_ms,
-        } => SinkSettings::Redis {
-            url: template(url.as_ref(), "redis://127.0.0.1:6379"),
-            stream: template(stream.as_ref(), "outbox:{topic}"),
-            maxlen: *maxlen,
-            timeout: timeout(
-                &format!("destinations.{name}.timeout_ms"),
-                *timeout_ms,
-                5_000,
-            )?,
-        },
-    })
-}
-
-/// A NATS server list as the client reads it: comma-separated addresses, each checked by
-/// the client's own parser, so that a typo stops the start instead of every delivery.
-fn nats_url(name: &str, url: &str) -> Result<String, ConfigError> {
-    if url.trim().is_empty() {
-        return Err(invalid(
-            format!("destinations.{name}.url"),
-            "must not be empty",
-        ));
-    }
-    for server in url.split(',') {
-        server
-            .trim()
-            .parse::<async_nats::ServerAddr>()
-            .map_err(|e| {
-                invalid(
-                    format!("destinations.{name}.url"),
-                    format!(
-                        "{:?} is not a NATS server address (nats://, tls://, ws:// or wss://): {e}",
-                        crate::secret::redact_url(server.trim())
-                    ),
-                )
-            })?;
-    }
-    Ok(url.to_owned())
-}
-
-/// An AMQP URL as the client reads it (amqp:// or amqps://, checked by its own parser).
-fn amqp_url(name: &str, url: &str) -> Result<String, ConfigError> {
-    let setting = || format!("destinations.{name}.url");
-    if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
-        return Err(invalid(setting(), "must start with amqp:// or amqps://"));
-    }
-    url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
-        invalid(
-            setting(),
-            format!(
-                "{:?} is not a valid AMQP URL: {e}",
-                crate::secret::redact_url(url)
-            ),
-        )
-    })?;
-    Ok(url.to_owned())
-}
-
-/// A Standard Webhooks secret: `whsec_` followed by base64 (the key bytes).
-fn webhook_secret(name: &str, secret: &str) -> Result<Vec<u8>, ConfigError> {
-    use base64::Engine;
-    let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
-    base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .map_err(|e| {
-            invalid(
-                format!("destinations.{name}.signing_secret"),
-                format!("must be whsec_ followed by base64 ({e})"),
-            )
-        })
 }
 
 /// `host-pid-random`: unique per process, readable in `outbox.in_flight`.
@@ -858,8 +514,8 @@ mod tests {
     #[test]
     fn defaults_work_against_a_local_postgres() {
         let s = settings(RawConfig::default()).unwrap();
-        assert_eq!(s.destinations[0].sink, SinkSettings::Stdout);
-        assert_eq!(s.routes, vec![(TopicPattern::Any, 0)]);
+        assert_eq!(s.dispatch.destinations[0].destination.kind(), "stdout");
+        assert_eq!(s.dispatch.routes, Routes(vec![(TopicPattern::Any, 0)]));
         assert_eq!((s.batch_size, s.lease_secs), (500, 30));
         assert_eq!(s.telemetry_addr, Some("127.0.0.1:9187".parse().unwrap()));
         assert!(

@@ -14,14 +14,14 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::route::Router as Destinations;
+use crate::dispatch::Dispatcher;
 use crate::store::Store;
 
 #[derive(Clone)]
 struct Probe {
     metrics: PrometheusHandle,
     store: Store,
-    router: Arc<Destinations>,
+    dispatcher: Arc<Dispatcher>,
 }
 
 /// Binds `addr` now (so a taken port fails the start) and serves until `shutdown`.
@@ -29,7 +29,7 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: PrometheusHandle,
     store: Store,
-    router: Arc<Destinations>,
+    dispatcher: Arc<Dispatcher>,
     shutdown: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await.map_err(|e| {
@@ -51,7 +51,7 @@ pub async fn serve(
         .with_state(Probe {
             metrics,
             store,
-            router,
+            dispatcher,
         });
     tracing::info!(addr = %bound, "telemetry listening (/metrics, /healthz, /readyz)");
     Ok(tokio::spawn(async move {
@@ -76,7 +76,7 @@ async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
         Ok(version) => format!("database: ok (schema version {version})\n"),
         Err(e) => format!("database: {e}\n"),
     };
-    for (name, circuit, ready) in probe.router.readiness().await {
+    for (name, circuit, ready) in probe.dispatcher.readiness().await {
         ok &= ready.is_ok();
         match ready {
             Ok(()) => body += &format!("destination {name}: ok (circuit {circuit:?})\n"),

@@ -9,13 +9,15 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+mod bench;
+
 use outbox_relay::config::{RawConfig, Settings};
+use outbox_relay::dispatch::Dispatcher;
 use outbox_relay::message::{NewMessage, OutboxId};
 use outbox_relay::relay::Relay;
-use outbox_relay::route::Router;
 use outbox_relay::secret::{read_secret_file, redact_url};
 use outbox_relay::store::{Store, StoreError};
-use outbox_relay::{bench, http, logging, telemetry};
+use outbox_relay::{http, logging, telemetry};
 
 #[derive(Parser)]
 #[command(
@@ -276,19 +278,20 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     spawn_signal_handler(shutdown.clone())?;
 
     let store = Store::connect(&settings.database_url, settings.pool_size)?;
+    let destinations: Vec<&str> = settings
+        .dispatch
+        .destinations
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
     tracing::info!(worker_id = %settings.worker_id, database = %redact_url(&settings.database_url),
-        sslmode = store.target().mode.as_str(),
-        destinations = ?settings.destinations.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), batch_size = settings.batch_size, lease_secs = settings.lease_secs,
-        "starting");
+        sslmode = store.target().mode.as_str(), destinations = destinations.join(","),
+        batch_size = settings.batch_size, lease_secs = settings.lease_secs, "starting");
     if let Some(weakness) = store.target().weakness() {
         tracing::warn!("{weakness}");
     }
     let metrics = telemetry::install();
-    let router = Arc::new(Router::new(
-        &settings.destinations,
-        settings.routes.clone(),
-        settings.circuit,
-    )?);
+    let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
     // The listener comes first: /healthz answers from the start (liveness must not depend on
     // the database), and /readyz says why the relayer is not ready while it waits.
     let listener = match settings.telemetry_addr {
@@ -297,7 +300,7 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
                 addr,
                 metrics,
                 store.clone(),
-                router.clone(),
+                dispatcher.clone(),
                 shutdown.clone(),
             )
             .await?,
@@ -306,7 +309,7 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     };
     wait_for_database(&store, migrate, &shutdown).await?;
     if !shutdown.is_cancelled() {
-        Relay::new(settings, store, router).run(shutdown).await;
+        Relay::new(settings, store, dispatcher).run(shutdown).await;
     }
     if let Some(listener) = listener {
         listener.abort();

@@ -1,5 +1,5 @@
-//! Domain types shared by the store, the sinks and the relay: identities that must not be
-//! mixed up, a claimed message, and the outcome a sink reports for it.
+//! Domain types shared by the store, the destinations, dispatch and the relay: identities that must not be
+//! mixed up, a claimed message, and the outcome a destination reports for it.
 
 use std::fmt;
 
@@ -76,7 +76,7 @@ pub enum Outcome {
     Permanent { reason: String },
     /// Not tried, or not counted as tried: its destination's circuit is open, or the whole
     /// batch failed and this message was not the one charged for it. Given back to the
-    /// queue without an attempt. Only the dispatch layer answers this; sinks never do.
+    /// queue without an attempt. Only the dispatch layer answers this; destinations never do.
     NotAttempted { reason: String },
 }
 
@@ -116,6 +116,8 @@ pub struct CompletionResult {
     /// The attempt number recorded; `None` when the lease was lost.
     pub attempt_no: Option<i32>,
     pub lease_lost: bool,
+    /// The message went to dead letters: refused for good, or its last retry failed.
+    pub dead_lettered: bool,
 }
 
 /// A message to enqueue.

@@ -1,8 +1,10 @@
 //! The worker pool of one process. It is thin on purpose: the claimer leases batches with
-//! `claim_outbox_batch`, each batch is handed to the sink, and its outcomes go back in one
-//! `complete_outbox_batch` call, where the database checks the leases. Up to
-//! `max_batches_in_flight` batches are out at once, so the next batch is already claimed
-//! (and its round trips are overlapping) while the current one is being delivered.
+//! `claim_outbox_batch`, the [`Dispatcher`] splits each batch into one part per destination,
+//! and each part's outcomes go back in one `complete_outbox_batch` call as soon as its own
+//! destination answered, where the database checks the leases. Up to
+//! `max_batches_in_flight` claimed batches wait to be taken by their destinations; each
+//! destination then has its own budget, so the next batch is claimed while the current ones
+//! are delivered, and a slow destination holds up only its own messages.
 //!
 //! Around that loop: the notification listener wakes the claimer when messages arrive
 //! (polling is the fallback), the lease keeper extends batches still in flight at a third
@@ -15,16 +17,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, Semaphore};
+use futures_util::future::join_all;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::dispatch::{Dispatcher, Part};
 use crate::message::{
     AttemptState, ClaimedMessage, Completion, LeaseToken, OutboxId, Outcome, WorkerId,
 };
-use crate::route::Router;
-use crate::sink::Sink;
 use crate::store::{ClaimSizes, Store, StoreError};
 use crate::{janitor, retry, telemetry};
 
@@ -34,7 +36,7 @@ pub struct Summary {
     pub claimed: u64,
     pub delivered: u64,
     pub retried: u64,
-    /// Refused for good by the destination (dead-lettered).
+    /// Dead-lettered: refused for good, or out of attempts.
     pub rejected: u64,
     /// Outcomes the database refused because the lease was no longer ours.
     pub lease_lost: u64,
@@ -59,6 +61,9 @@ struct Leases {
     since: Instant,
     /// Until when this process may still publish it, by its own monotonic clock.
     publish_before: Instant,
+    /// Its dispatch deadline, once it is being published: the lease keeper does not extend
+    /// it past this (the destination did not answer; the batch is being given back).
+    dispatch_until: Option<Instant>,
     leases: Vec<(OutboxId, LeaseToken)>,
 }
 
@@ -86,6 +91,7 @@ impl LeaseBook {
             Leases {
                 since: asked,
                 publish_before: asked + publish_window,
+                dispatch_until: None,
                 leases,
             },
         );
@@ -107,12 +113,22 @@ impl LeaseBook {
             .is_some_and(|b| Instant::now() < b.publish_before)
     }
 
-    /// Batches claimed (or last extended) at least `age` ago, with their leases; marks them
-    /// extended.
+    /// Batch `id` is being published and must be answered by `deadline`.
+    fn dispatching(&self, id: u64, deadline: Instant) {
+        if let Some(batch) = self.lock().get_mut(&id) {
+            batch.dispatch_until = Some(deadline);
+        }
+    }
+
+    /// Batches claimed (or last extended) at least `age` ago and not past their dispatch
+    /// deadline, with their leases; marks them extended.
     fn due(&self, age: Duration) -> Vec<(u64, Vec<(OutboxId, LeaseToken)>)> {
         let now = Instant::now();
         let mut due = Vec::new();
         for (id, batch) in self.lock().iter_mut() {
+            if batch.dispatch_until.is_some_and(|d| now >= d) {
+                continue;
+            }
             if now.duration_since(batch.since) >= age {
                 batch.since = now;
                 due.push((*id, batch.leases.clone()));
@@ -134,17 +150,17 @@ impl LeaseBook {
 pub struct Relay {
     settings: Arc<Settings>,
     store: Store,
-    sink: Arc<Router>,
+    dispatcher: Arc<Dispatcher>,
     leases: Arc<LeaseBook>,
     wake: Arc<Notify>,
 }
 
 impl Relay {
-    pub fn new(settings: Settings, store: Store, sink: Arc<Router>) -> Self {
+    pub fn new(settings: Settings, store: Store, dispatcher: Arc<Dispatcher>) -> Self {
         Self {
             settings: Arc::new(settings),
             store,
-            sink,
+            dispatcher,
             leases: Arc::default(),
             wake: Arc::new(Notify::new()),
         }
@@ -170,7 +186,9 @@ impl Relay {
         if batch.is_empty() {
             return Ok(Summary::default());
         }
-        Ok(self.process(asked, batch, CancellationToken::new()).await)
+        Ok(self
+            .process(asked, batch, CancellationToken::new(), None)
+            .await)
     }
 
     async fn claim(&self) -> Result<(Instant, Vec<ClaimedMessage>), StoreError> {
@@ -182,7 +200,7 @@ impl Relay {
                 self.worker(),
                 self.settings.lease_secs,
                 self.settings.topics.as_deref(),
-                self.sink.paused_topics().as_deref(),
+                self.dispatcher.held_back_topics().as_deref(),
                 ClaimSizes {
                     max_batch_bytes: Some(self.settings.max_batch_bytes),
                     max_message_bytes: Some(self.settings.max_message_bytes),
@@ -225,7 +243,7 @@ impl Relay {
                 permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
             };
             while let Some(done) = batches.try_join_next() {
-                total += done.unwrap_or_default();
+                total += self.joined(done);
             }
             match self.claim().await {
                 Ok((_, batch)) if batch.is_empty() => {
@@ -241,9 +259,7 @@ impl Relay {
                     let relay = self.clone();
                     let abandon = abandon.clone();
                     batches.spawn(async move {
-                        let summary = relay.process(asked, batch, abandon).await;
-                        drop(permit);
-                        summary
+                        relay.process(asked, batch, abandon, Some(permit)).await
                     });
                 }
                 Err(e) => {
@@ -266,7 +282,7 @@ impl Relay {
         loop {
             tokio::select! {
                 done = batches.join_next() => match done {
-                    Some(done) => total += done.unwrap_or_default(),
+                    Some(done) => total += self.joined(done),
                     None => break,
                 },
                 () = &mut deadline, if !abandon.is_cancelled() => {
@@ -282,87 +298,113 @@ impl Relay {
         total
     }
 
-    /// Delivers one claimed batch (claimed by a call sent at `asked`) and reports its
-    /// outcomes; releases it instead if `abandon` fires before the sink answers, or if its
-    /// leases may have run out before it could be published.
+    /// The summary of a finished batch task; a task that panicked is logged and counted.
+    fn joined(&self, done: Result<Summary, tokio::task::JoinError>) -> Summary {
+        match done {
+            Ok(summary) => summary,
+            Err(e) => {
+                if e.is_panic() {
+                    telemetry::batch_task_panicked(self.worker(), &e.to_string());
+                }
+                Summary::default()
+            }
+        }
+    }
+
+    /// Delivers one claimed batch (claimed by a call sent at `asked`): refuses what cannot be
+    /// published (a payload over `max_message_bytes`, a topic no route takes), and hands
+    /// each destination its part. `handoff` is the batch's place among the claimed batches
+    /// waiting for their destinations; it is given up once every part was taken.
     async fn process(
         &self,
         asked: Instant,
         batch: Vec<ClaimedMessage>,
         abandon: CancellationToken,
+        handoff: Option<OwnedSemaphorePermit>,
     ) -> Summary {
-        let book_id = self.leases.insert(&batch, asked, self.publish_window());
-        telemetry::in_flight(self.leases.messages());
-        let mut summary = if self.leases.publishable(book_id) {
-            let started = Instant::now();
-            let outcomes = tokio::select! {
-                outcomes = self.publish(&batch) => Some(outcomes),
-                () = abandon.cancelled() => None,
-            };
-            match outcomes {
-                Some(outcomes) => {
-                    telemetry::batch_dispatched(self.sink.name(), started.elapsed());
-                    self.complete(&batch, outcomes).await
-                }
-                None => self.release(&batch).await,
+        let claimed = batch.len() as u64;
+        let (withheld, loaded): (Vec<_>, Vec<_>) =
+            batch.into_iter().partition(|m| m.payload_withheld);
+        let (parts, mut refused) = self.dispatcher.split(loaded);
+        refused.extend(withheld.into_iter().map(|m| {
+            let reason = format!(
+                "payload is {} bytes, more than max_message_bytes ({}); not relayed",
+                m.payload_bytes, self.settings.max_message_bytes
+            );
+            (m, Outcome::Permanent { reason })
+        }));
+        let handoff = handoff.map(Arc::new);
+        let refused = async {
+            if refused.is_empty() {
+                return Summary::default();
             }
-        } else {
-            telemetry::stale_batch(self.worker(), &batch, asked.elapsed());
-            self.release(&batch).await
+            let (messages, outcomes): (Vec<_>, Vec<_>) = refused.into_iter().unzip();
+            self.report(&messages, outcomes).await
         };
-        summary.claimed = batch.len() as u64;
+        let parts = join_all(
+            parts
+                .into_iter()
+                .map(|part| self.deliver(asked, part, abandon.clone(), handoff.clone())),
+        );
+        drop(handoff);
+        let (mut summary, parts) = tokio::join!(refused, parts);
+        for s in parts {
+            summary += s;
+        }
+        summary.claimed = claimed;
+        summary
+    }
+
+    /// Delivers one destination's part of a batch and reports its outcomes; releases it
+    /// instead if `abandon` fires before the destination answers, or if its leases may have
+    /// run out before it could be published.
+    async fn deliver(
+        &self,
+        asked: Instant,
+        part: Part,
+        abandon: CancellationToken,
+        handoff: Option<Arc<OwnedSemaphorePermit>>,
+    ) -> Summary {
+        let batch = &part.messages;
+        let book_id = self.leases.insert(batch, asked, self.publish_window());
+        telemetry::in_flight(self.leases.messages());
+        let admitted = tokio::select! {
+            permit = self.dispatcher.admit(&part) => Some(permit),
+            () = abandon.cancelled() => None,
+        };
+        drop(handoff);
+        let summary = match admitted {
+            None => self.release(batch).await,
+            Some(_room) if !self.leases.publishable(book_id) => {
+                telemetry::stale_batch(self.worker(), batch, asked.elapsed());
+                self.release(batch).await
+            }
+            Some(_room) => {
+                self.leases
+                    .dispatching(book_id, Instant::now() + self.dispatcher.deadline(&part));
+                let outcomes = tokio::select! {
+                    outcomes = self.dispatcher.publish(&part) => Some(outcomes),
+                    () = abandon.cancelled() => None,
+                };
+                match outcomes {
+                    Some(outcomes) => self.complete(batch, outcomes).await,
+                    None => self.release(batch).await,
+                }
+            }
+        };
         self.leases.remove(book_id);
         telemetry::in_flight(self.leases.messages());
-        // Completing a keyed message makes the next one of its key claimable.
+        // Room at the destination, and completing a keyed message makes the next one of
+        // its key claimable.
         self.wake.notify_one();
         summary
     }
 
-    /// Publishes the messages whose payload was loaded; the others (larger than
-    /// `max_message_bytes`) are refused here without reaching the destination.
-    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<Outcome> {
-        let too_large = |m: &ClaimedMessage| Outcome::Permanent {
-            reason: format!(
-                "payload is {} bytes, more than max_message_bytes ({}); not relayed",
-                m.payload_bytes, self.settings.max_message_bytes
-            ),
-        };
-        if !batch.iter().any(|m| m.payload_withheld) {
-            return self.sink.publish(batch).await;
-        }
-        let loaded: Vec<ClaimedMessage> = batch
-            .iter()
-            .filter(|m| !m.payload_withheld)
-            .cloned()
-            .collect();
-        let mut published = if loaded.is_empty() {
-            Vec::new()
-        } else {
-            self.sink.publish(&loaded).await
-        }
-        .into_iter();
-        batch
-            .iter()
-            .map(|m| {
-                if m.payload_withheld {
-                    too_large(m)
-                } else {
-                    published.next().unwrap_or_else(|| Outcome::Retryable {
-                        reason: format!("sink {} returned too few outcomes", self.sink.name()),
-                        retry_after: None,
-                    })
-                }
-            })
-            .collect()
-    }
-
-    /// Reports a batch's outcomes in one call. A failed call is retried until the leases
-    /// would have expired anyway (after that the janitor requeues them: at-least-once).
+    /// Reports a batch's outcomes; gives back without an attempt what was not attempted.
     async fn complete(&self, batch: &[ClaimedMessage], outcomes: Vec<Outcome>) -> Summary {
-        if outcomes.len() != batch.len()
-            || !outcomes
-                .iter()
-                .any(|o| matches!(o, Outcome::NotAttempted { .. }))
+        if !outcomes
+            .iter()
+            .any(|o| matches!(o, Outcome::NotAttempted { .. }))
         {
             return self.report(batch, outcomes).await;
         }
@@ -384,26 +426,15 @@ impl Relay {
         summary
     }
 
-    /// Records attempts for every outcome of a batch in one call.
+    /// Records attempts for every outcome of a batch in one call. A failed call is retried
+    /// until the leases would have expired anyway (after that the janitor requeues them:
+    /// at-least-once).
     async fn report(&self, batch: &[ClaimedMessage], outcomes: Vec<Outcome>) -> Summary {
-        let outcomes = if outcomes.len() == batch.len() {
-            outcomes
-        } else {
-            let reason = format!(
-                "sink {} returned {} outcomes for {} messages",
-                self.sink.name(),
-                outcomes.len(),
-                batch.len()
-            );
-            tracing::error!(worker_id = %self.worker(), reason, "treating the whole batch as retryable");
-            vec![
-                Outcome::Retryable {
-                    reason,
-                    retry_after: None
-                };
-                batch.len()
-            ]
-        };
+        debug_assert_eq!(
+            batch.len(),
+            outcomes.len(),
+            "dispatch answers one outcome per message"
+        );
         let now = chrono::Utc::now();
         let mut delays = vec![Duration::ZERO; batch.len()];
         let completions: Vec<Completion> = batch
@@ -483,6 +514,10 @@ impl Relay {
                 Outcome::Delivered => {
                     summary.delivered += 1;
                     delivered.push(m);
+                }
+                Outcome::Retryable { reason, .. } if result.dead_lettered => {
+                    summary.rejected += 1;
+                    telemetry::retries_exhausted(self.worker(), m, reason);
                 }
                 Outcome::Retryable { reason, .. } => {
                     summary.retried += 1;

@@ -407,6 +407,7 @@ impl Store {
                 id: OutboxId(r.get(0)),
                 attempt_no: r.get(1),
                 lease_lost: r.get(2),
+                dead_lettered: r.get(3),
             })
             .collect())
     }

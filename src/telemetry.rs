@@ -28,6 +28,117 @@ pub const REPAIR_DEAD_LETTERED: &str = "outbox_repair_dead_lettered_total";
 pub const DATABASE_ERRORS: &str = "outbox_database_errors_total";
 pub const POOL_CONNECTIONS: &str = "outbox_db_pool_connections";
 pub const CIRCUIT_STATE: &str = "outbox_destination_circuit_state";
+pub const DISPATCH_PANICS: &str = "outbox_dispatch_panics_total";
+pub const DISPATCH_DEADLINES: &str = "outbox_dispatch_deadline_exceeded_total";
+
+/// Every metric with its kind and HELP text: the one list of metric names.
+pub const METRICS: [(&str, Kind, &str); 20] = [
+    (CLAIMED, Kind::Counter, "Messages claimed, by topic."),
+    (
+        DELIVERED,
+        Kind::Counter,
+        "Messages acknowledged by their destination, by topic.",
+    ),
+    (
+        RETRIED,
+        Kind::Counter,
+        "Delivery attempts that failed retryably and were scheduled again, by topic.",
+    ),
+    (
+        DEAD_LETTERED,
+        Kind::Counter,
+        "Messages moved to dead letters by a completion: refused for good, or their last retry failed, by topic.",
+    ),
+    (
+        LEASE_LOST,
+        Kind::Counter,
+        "Outcomes the database refused because the lease was no longer this worker's, by topic.",
+    ),
+    (
+        RELEASED,
+        Kind::Counter,
+        "Messages given back without an attempt (open circuit, shutdown, stale batch), by topic.",
+    ),
+    (
+        STALE_BATCHES,
+        Kind::Counter,
+        "Batches not published because their leases may have expired.",
+    ),
+    (
+        IN_FLIGHT,
+        Kind::Gauge,
+        "Messages claimed by this process and not yet completed.",
+    ),
+    (
+        CLAIM_SECONDS,
+        Kind::Histogram,
+        "Time of one claim_outbox_batch call.",
+    ),
+    (
+        COMPLETE_SECONDS,
+        Kind::Histogram,
+        "Time of one complete_outbox_batch call.",
+    ),
+    (
+        DISPATCH_SECONDS,
+        Kind::Histogram,
+        "Time a destination took to answer a batch, by destination.",
+    ),
+    (
+        DELIVERY_LATENCY_SECONDS,
+        Kind::Histogram,
+        "Time from enqueue to the destination's acknowledgement.",
+    ),
+    (
+        REPAIR_REQUEUED,
+        Kind::Counter,
+        "Expired leases requeued by repair (zombie requeues).",
+    ),
+    (
+        REPAIR_DEAD_LETTERED,
+        Kind::Counter,
+        "Messages dead-lettered by repair after their last attempt expired.",
+    ),
+    (
+        DATABASE_ERRORS,
+        Kind::Counter,
+        "Failed database calls, by operation.",
+    ),
+    (
+        POOL_CONNECTIONS,
+        Kind::Gauge,
+        "Database pool connections, by state (open, idle, max).",
+    ),
+    (
+        CIRCUIT_STATE,
+        Kind::Gauge,
+        "Circuit of each destination: 0 closed, 1 open, 2 half-open.",
+    ),
+    (
+        DISPATCH_PANICS,
+        Kind::Counter,
+        "Batches whose destination panicked while publishing, by destination.",
+    ),
+    (
+        DISPATCH_DEADLINES,
+        Kind::Counter,
+        "Batches a destination did not answer within its timeout_ms, by destination.",
+    ),
+    (
+        BUILD_INFO,
+        Kind::Gauge,
+        "Always 1, labelled with the version of this build.",
+    ),
+];
+
+pub const BUILD_INFO: &str = "outbox_build_info";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
 
 /// Installs the global Prometheus recorder (once per process) and returns its handle.
 pub fn install() -> PrometheusHandle {
@@ -38,13 +149,31 @@ pub fn install() -> PrometheusHandle {
                 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0, 30.0, 60.0,
             ];
-            PrometheusBuilder::new()
+            let handle = PrometheusBuilder::new()
                 .set_buckets(&buckets)
                 .expect("non-empty buckets")
                 .install_recorder()
-                .expect("the metrics recorder is installed once")
+                .expect("the metrics recorder is installed once");
+            register();
+            handle
         })
         .clone()
+}
+
+/// Describes every metric and creates the counters, so that they read 0 from the start
+/// rather than being absent until their first event.
+fn register() {
+    for (name, kind, help) in METRICS {
+        match kind {
+            Kind::Counter => {
+                metrics::describe_counter!(name, help);
+                counter!(name).absolute(0);
+            }
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => metrics::describe_histogram!(name, help),
+        }
+    }
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
 fn by_topic<'a>(messages: impl Iterator<Item = &'a ClaimedMessage>) -> HashMap<&'a str, u64> {
@@ -63,8 +192,37 @@ pub fn batch_claimed(worker: &WorkerId, batch: &[ClaimedMessage], took: Duration
     tracing::debug!(worker_id = %worker, messages = batch.len(), took_ms = took.as_millis(), "claimed a batch");
 }
 
-pub fn batch_dispatched(sink: &'static str, took: Duration) {
-    histogram!(DISPATCH_SECONDS, "sink" => sink).record(took.as_secs_f64());
+pub fn batch_dispatched(destination: &str, took: Duration) {
+    histogram!(DISPATCH_SECONDS, "destination" => destination.to_owned())
+        .record(took.as_secs_f64());
+}
+
+pub fn dispatch_deadline(destination: &str, deadline: Duration, messages: usize) {
+    counter!(DISPATCH_DEADLINES, "destination" => destination.to_owned()).increment(1);
+    tracing::warn!(
+        destination,
+        messages,
+        timeout_ms = deadline.as_millis(),
+        "destination did not answer within its deadline; the batch is retryable"
+    );
+}
+
+pub fn dispatch_panicked(destination: &str, batch: &[ClaimedMessage], panic: &str) {
+    counter!(DISPATCH_PANICS, "destination" => destination.to_owned()).increment(1);
+    let ids: Vec<String> = batch.iter().map(|m| m.id.to_string()).collect();
+    tracing::error!(
+        destination,
+        outbox_ids = ids.join(","),
+        panic,
+        "destination panicked while publishing; releasing the batch's leases"
+    );
+}
+
+/// A batch task ended in a panic outside the destination (a defect of the relay itself):
+/// its leases run out and repair requeues them.
+pub fn batch_task_panicked(worker: &WorkerId, panic: &str) {
+    counter!(DISPATCH_PANICS, "destination" => "").increment(1);
+    tracing::error!(worker_id = %worker, panic, "a batch task panicked; its leases will be repaired when they expire");
 }
 
 pub fn batch_completed(took: Duration) {
@@ -100,6 +258,12 @@ pub fn rejected(worker: &WorkerId, m: &ClaimedMessage, reason: &str) {
     counter!(DEAD_LETTERED, "topic" => m.topic.clone()).increment(1);
     tracing::warn!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
         reason, "destination rejected the message; dead-lettered");
+}
+
+pub fn retries_exhausted(worker: &WorkerId, m: &ClaimedMessage, reason: &str) {
+    counter!(DEAD_LETTERED, "topic" => m.topic.clone()).increment(1);
+    tracing::warn!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
+        reason, "last attempt failed; dead-lettered");
 }
 
 pub fn lease_lost(worker: &WorkerId, m: &ClaimedMessage) {
@@ -144,24 +308,24 @@ pub fn pool(status: PoolStatus) {
     }
 }
 
-pub fn circuit_state(destination: &str, state: crate::circuit::State) {
+pub fn circuit_state(destination: &str, state: crate::dispatch::State) {
     gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(state.as_gauge());
 }
 
-pub fn circuit_changed(destination: &str, state: crate::circuit::State) {
+pub fn circuit_changed(destination: &str, state: crate::dispatch::State) {
     circuit_state(destination, state);
     match state {
-        crate::circuit::State::Open => tracing::warn!(
+        crate::dispatch::State::Open => tracing::warn!(
             destination,
             "circuit open: not claiming its topics until a probe succeeds"
         ),
-        crate::circuit::State::HalfOpen => {
+        crate::dispatch::State::HalfOpen => {
             tracing::info!(
                 destination,
                 "circuit half-open: the next message is a probe"
             )
         }
-        crate::circuit::State::Closed => {
+        crate::dispatch::State::Closed => {
             tracing::info!(destination, "circuit closed: destination is back")
         }
     }

@@ -107,17 +107,17 @@ async fn healthz_answers_from_the_start_and_readyz_carries_the_database_error() 
 async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    // What a database migrated by the previous release (V5) looks like.
+    // What a database migrated by the previous release (V6) looks like, as far as V7
+    // changes it: V7 replaces complete_outbox_batch whichever version is there.
     c.batch_execute(
-        "DROP TABLE outbox.turns; \
-         DROP FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint); \
-         DELETE FROM refinery_schema_history WHERE version = 6",
+        "DROP FUNCTION outbox.complete_outbox_batch(text, uuid[], uuid[], outbox.attempt_state[], text[], timestamptz[]); \
+         DELETE FROM refinery_schema_history WHERE version = 7",
     )
     .await
     .unwrap();
     let needed = outbox_relay::schema::version();
     let message = format!(
-        "schema outbox is at version 5, this build needs {needed}: run `outbox-relay migrate` \
+        "schema outbox is at version 6, this build needs {needed}: run `outbox-relay migrate` \
          (as the schema owner)"
     );
     for args in [
@@ -139,7 +139,7 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
 
     let out = verb(&["migrate"], &db.url);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "applied V6__fenced_turns_and_id_reuse\n");
+    assert_eq!(text(&out.stdout), "applied V7__completion_reports_dead_letters\n");
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")
             .await

@@ -6,7 +6,12 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+mod kit;
+
 use std::sync::atomic::{AtomicU32, Ordering};
+
+#[allow(unused_imports)] // not every test binary waits
+pub use kit::eventually;
 
 use outbox_relay::store::{Store, with_database};
 use tokio_postgres::{Client, NoTls};
@@ -212,37 +217,12 @@ impl TestDb {
     }
 }
 
-/// Polls `check` every 50 ms until it is true; panics naming `what` after `limit`.
-pub async fn eventually<F, Fut>(limit: std::time::Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 /// Inserts `n` messages on `topic` with payload `{"n": i}`; with `keyed_every = Some(k)`
 /// every k-th message gets one of 50 keys. Returns their ids in enqueue order.
 pub async fn fill(c: &Client, topic: &str, n: i64, keyed_every: Option<i64>) -> Vec<uuid::Uuid> {
-    c.query(
-        "INSERT INTO outbox.messages (topic, message_key, payload) \
-         SELECT $1, CASE WHEN i % $3::bigint = 0 THEN 'k' || (i % 50) END, \
-                convert_to(json_build_object('n', i)::text, 'UTF8') \
-           FROM generate_series(1, $2::bigint) AS i RETURNING outbox_id",
-        &[&topic, &n, &keyed_every],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    kit::fill_messages(c, topic, n, keyed_every, 50, 0)
+        .await
+        .unwrap()
 }
 
 /// Every dead letter: (outbox_id, last_error).

@@ -10,10 +10,18 @@
 //! a failure opens it again. Every change of state is logged.
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::config::CircuitSettings;
 use crate::message::Outcome;
+
+/// Circuit breaker thresholds, the same for every destination.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CircuitSettings {
+    /// Consecutive failed batches that open the circuit.
+    pub failures: u32,
+    /// How long an open circuit waits before a probe.
+    pub cooldown: Duration,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -153,6 +161,17 @@ impl Breaker {
     /// circuit opened while they were out).
     pub fn record(&self, ticket: Ticket, outcomes: &mut [Outcome]) {
         let mut guard = self.lock();
+        if outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::NotAttempted { .. }))
+        {
+            // Nothing was learnt about the destination (its publish panicked): a probe that
+            // told nothing is owed again.
+            if ticket.probe && matches!(guard.0, Inner::Probing { .. }) {
+                guard.0 = Inner::Probing { in_flight: false };
+            }
+            return;
+        }
         let all_failed = !outcomes.is_empty()
             && outcomes
                 .iter()
@@ -194,8 +213,6 @@ impl Breaker {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn retry() -> Outcome {
@@ -278,5 +295,22 @@ mod tests {
         let mut late = vec![retry(), retry(), retry()];
         b.record(second, &mut late);
         assert_eq!(attempted(&late), 0);
+    }
+
+    #[test]
+    fn a_probe_that_learnt_nothing_is_owed_again() {
+        let b = breaker(1);
+        let t = b.start().unwrap();
+        b.record(t, &mut [retry()]);
+        std::thread::sleep(Duration::from_millis(60));
+        let probe = b.start().unwrap();
+        assert!(probe.probe && !b.admits());
+        b.record(
+            probe,
+            &mut [Outcome::NotAttempted {
+                reason: "panicked".into(),
+            }],
+        );
+        assert!(b.admits(), "another probe may go");
     }
 }

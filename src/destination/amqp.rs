@@ -1,7 +1,10 @@
 //! The `amqp` destination (RabbitMQ): publisher confirms on, persistent delivery,
 //! `message_id` = outbox_id, `mandatory` so that a message no queue is bound for comes back
-//! (permanent: it would otherwise be dropped silently). A message is delivered when the
-//! broker confirms it; a nack or a lost connection is retryable.
+//! (permanent: it would otherwise be dropped silently). The message's own headers go into
+//! the AMQP `headers` table with the outbox metadata (`outbox-id`, `outbox-topic`,
+//! `outbox-key`, `outbox-attempt`) beside them. A message is delivered when the broker
+//! confirms it; a nack or a lost connection is retryable. The client has no timeout of its
+//! own: a broker that stops answering is cut off by the dispatch deadline.
 
 use std::collections::HashMap;
 
@@ -11,8 +14,51 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-use super::{Sink, SinkError, install_tls_provider};
+use super::{Destination, Setting, install_tls_provider, metadata, user_headers};
+use crate::config::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
+use crate::secret::redact_url;
+
+/// `type = "amqp"`.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpConfig {
+    /// `amqp://` or `amqps://` [default: amqp://guest:guest@127.0.0.1:5672/%2f].
+    pub url: Option<String>,
+    /// Exchange [default: "", the default exchange].
+    pub exchange: Option<String>,
+    /// Routing key template [default: `{topic}`].
+    pub routing_key: Option<String>,
+}
+
+impl AmqpConfig {
+    /// Checks the URL with the client's own parser.
+    pub(super) fn build(&self, at: Setting<'_>) -> Result<Amqp, ConfigError> {
+        install_tls_provider();
+        let url = self
+            .url
+            .as_deref()
+            .unwrap_or("amqp://guest:guest@127.0.0.1:5672/%2f");
+        if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+            return Err(at.invalid("url", "must start with amqp:// or amqps://"));
+        }
+        url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+            at.invalid(
+                "url",
+                format!("{:?} is not a valid AMQP URL: {e}", redact_url(url)),
+            )
+        })?;
+        Ok(Amqp {
+            url: url.to_owned(),
+            exchange: self.exchange.clone().unwrap_or_default(),
+            routing_key: self
+                .routing_key
+                .clone()
+                .unwrap_or_else(|| "{topic}".to_owned()),
+            channel: tokio::sync::Mutex::new(None),
+        })
+    }
+}
 
 pub struct Amqp {
     url: String,
@@ -22,22 +68,6 @@ pub struct Amqp {
 }
 
 impl Amqp {
-    pub fn new(url: &str, exchange: &str, routing_key: &str) -> Result<Self, SinkError> {
-        install_tls_provider();
-        if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
-            return Err(SinkError {
-                sink: "amqp",
-                problem: "url must start with amqp:// or amqps://".into(),
-            });
-        }
-        Ok(Self {
-            url: url.to_owned(),
-            exchange: exchange.to_owned(),
-            routing_key: routing_key.to_owned(),
-            channel: tokio::sync::Mutex::new(None),
-        })
-    }
-
     /// The channel, (re)connecting when needed. The caller holds `slot` for a whole batch:
     /// returned messages are drained per channel, so batches must not share it at once.
     async fn channel(&self, slot: &mut Option<(Connection, Channel)>) -> Result<Channel, String> {
@@ -66,11 +96,29 @@ impl Amqp {
     }
 }
 
-impl Sink for Amqp {
-    fn name(&self) -> &'static str {
-        "amqp"
+/// The AMQP `headers` table of `m`: its own headers, then the outbox metadata; or why they
+/// cannot be sent.
+fn headers(m: &ClaimedMessage) -> Result<FieldTable, String> {
+    let mut table = FieldTable::default();
+    let mut insert = |name: &str, value: AMQPValue| -> Result<(), String> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(format!(
+                "header name {name:?} is not valid in AMQP (1 to 255 bytes)"
+            ));
+        }
+        table.insert(name.into(), value);
+        Ok(())
+    };
+    for (name, value) in user_headers(m)? {
+        insert(name, AMQPValue::LongString(LongString::from(value)))?;
     }
+    for (name, value) in metadata(m) {
+        insert(name, AMQPValue::LongString(LongString::from(value)))?;
+    }
+    Ok(table)
+}
 
+impl Destination for Amqp {
     fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let retry = |reason: String| Outcome::Retryable {
@@ -85,18 +133,13 @@ impl Sink for Amqp {
             let mut confirms = Vec::with_capacity(batch.len());
             for m in batch {
                 let routing_key = self.routing_key.replace("{topic}", &m.topic);
-                let mut headers = FieldTable::default();
-                headers.insert(
-                    "outbox-topic".into(),
-                    AMQPValue::LongString(LongString::from(m.topic.as_str())),
-                );
-                headers.insert("outbox-attempt".into(), AMQPValue::LongInt(m.attempt_no));
-                if let Some(key) = &m.key {
-                    headers.insert(
-                        "outbox-key".into(),
-                        AMQPValue::LongString(LongString::from(key.as_str())),
-                    );
-                }
+                let headers = match headers(m) {
+                    Ok(h) => h,
+                    Err(reason) => {
+                        confirms.push((routing_key, Err(Outcome::Permanent { reason })));
+                        continue;
+                    }
+                };
                 let properties = BasicProperties::default()
                     .with_message_id(ShortString::from(m.id.to_string()))
                     .with_delivery_mode(2)
@@ -113,7 +156,8 @@ impl Sink for Amqp {
                         &m.payload,
                         properties,
                     )
-                    .await;
+                    .await
+                    .map_err(|e| retry(format!("amqp publish: {e}")));
                 confirms.push((routing_key, sent));
             }
             // A returned (unroutable) message may be handed back with the confirm of another
@@ -124,7 +168,7 @@ impl Sink for Amqp {
             let mut returned: HashMap<String, String> = HashMap::new();
             for (routing_key, sent) in confirms {
                 let answer = match sent {
-                    Err(e) => Err(format!("amqp publish: {e}")),
+                    Err(refused) => Err(refused),
                     Ok(confirm) => match confirm.await {
                         Ok(Confirmation::Ack(r)) => {
                             if let Some(r) = r
@@ -137,9 +181,13 @@ impl Sink for Amqp {
                             }
                             Ok(())
                         }
-                        Ok(Confirmation::Nack(_)) => Err("the broker nacked the message".into()),
-                        Ok(Confirmation::NotRequested) => Err("publisher confirms are off".into()),
-                        Err(e) => Err(format!("amqp confirm: {e}")),
+                        Ok(Confirmation::Nack(_)) => {
+                            Err(retry("the broker nacked the message".into()))
+                        }
+                        Ok(Confirmation::NotRequested) => {
+                            Err(retry("publisher confirms are off".into()))
+                        }
+                        Err(e) => Err(retry(format!("amqp confirm: {e}"))),
                     },
                 };
                 answers.push(answer);
@@ -170,7 +218,7 @@ impl Sink for Amqp {
                     |(m, answer)| match (answer, returned.remove(&m.id.to_string())) {
                         (_, Some(reason)) => Outcome::Permanent { reason },
                         (Ok(()), None) => Outcome::Delivered,
-                        (Err(reason), None) => retry(reason),
+                        (Err(outcome), None) => outcome,
                     },
                 )
                 .collect();

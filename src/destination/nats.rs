@@ -1,16 +1,65 @@
 //! The `nats` destination: JetStream publish to a subject template (`{topic}` replaced)
 //! with `Nats-Msg-Id` = outbox_id, so the stream's duplicate window drops a redelivery.
-//! A message is delivered when its PubAck arrives (a duplicate ack counts: the stream has
-//! it). No stream for the subject is permanent; timeouts and connection loss are retryable.
+//! The message's own headers travel as NATS headers, with the outbox metadata
+//! (`outbox-id`, `outbox-topic`, `outbox-key`, `outbox-attempt`) and `Content-Type` beside
+//! them; a header NATS cannot carry makes that message permanent. A message is delivered
+//! when its PubAck arrives (a duplicate ack counts: the stream has it). No stream for the
+//! subject is permanent; timeouts and connection loss are retryable.
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use futures_util::future::BoxFuture;
 
-use super::{Sink, SinkError};
+use super::{Destination, Setting, metadata, user_headers};
+use crate::config::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
+
+/// `type = "nats"`.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Comma-separated server addresses [default: nats://127.0.0.1:4222].
+    pub url: Option<String>,
+    /// Subject template [default: `{topic}`].
+    pub subject: Option<String>,
+}
+
+impl NatsConfig {
+    /// Checks every server address with the client's own parser, so that a typo stops the
+    /// start instead of every delivery.
+    pub(super) fn build(&self, at: Setting<'_>, deadline: Duration) -> Result<Nats, ConfigError> {
+        let url = self.url.as_deref().unwrap_or("nats://127.0.0.1:4222");
+        if url.trim().is_empty() {
+            return Err(at.invalid("url", "must not be empty"));
+        }
+        for server in url.split(',') {
+            server
+                .trim()
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| {
+                    at.invalid(
+                        "url",
+                        format!(
+                            "{:?} is not a NATS server address (nats://, tls://, ws:// or wss://): {e}",
+                            redact_url(server.trim())
+                        ),
+                    )
+                })?;
+        }
+        let subject = self.subject.as_deref().unwrap_or("{topic}");
+        if subject.trim().is_empty() {
+            return Err(at.invalid("subject", "must not be empty"));
+        }
+        Ok(Nats {
+            url: url.to_owned(),
+            subject: subject.to_owned(),
+            timeout: deadline,
+            context: tokio::sync::Mutex::new(None),
+        })
+    }
+}
 
 pub struct Nats {
     url: String,
@@ -20,21 +69,6 @@ pub struct Nats {
 }
 
 impl Nats {
-    pub fn new(url: &str, subject: &str, timeout: Duration) -> Result<Self, SinkError> {
-        if url.is_empty() {
-            return Err(SinkError {
-                sink: "nats",
-                problem: "url must not be empty".into(),
-            });
-        }
-        Ok(Self {
-            url: url.to_owned(),
-            subject: subject.to_owned(),
-            timeout,
-            context: tokio::sync::Mutex::new(None),
-        })
-    }
-
     async fn context(&self) -> Result<jetstream::Context, String> {
         let mut slot = self.context.lock().await;
         if let Some(c) = slot.as_ref() {
@@ -68,11 +102,30 @@ impl Nats {
     }
 }
 
-impl Sink for Nats {
-    fn name(&self) -> &'static str {
-        "nats"
+/// The NATS headers of `m`: its own, then the outbox metadata; or why they cannot be sent.
+fn headers(m: &ClaimedMessage) -> Result<async_nats::HeaderMap, String> {
+    let mut headers = async_nats::HeaderMap::new();
+    let mut insert = |name: &str, value: &str| -> Result<(), String> {
+        let n: async_nats::HeaderName = name
+            .parse()
+            .map_err(|_| format!("header name {name:?} is not valid in NATS"))?;
+        let v: async_nats::HeaderValue = value
+            .parse()
+            .map_err(|_| format!("header {name:?}: the value is not valid in NATS"))?;
+        headers.insert(n, v);
+        Ok(())
+    };
+    for (name, value) in user_headers(m)? {
+        insert(name, &value)?;
     }
+    insert("Content-Type", &m.content_type)?;
+    for (name, value) in metadata(m) {
+        insert(name, &value)?;
+    }
+    Ok(headers)
+}
 
+impl Destination for Nats {
     fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let context = match self.context().await {
@@ -94,13 +147,13 @@ impl Sink for Nats {
             let mut pending = Vec::with_capacity(batch.len());
             for m in batch {
                 let subject = self.subject.replace("{topic}", &m.topic);
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Outbox-Topic", m.topic.as_str());
-                headers.insert("Outbox-Attempt", m.attempt_no.to_string().as_str());
-                headers.insert("Content-Type", m.content_type.as_str());
-                if let Some(key) = &m.key {
-                    headers.insert("Outbox-Key", key.as_str());
-                }
+                let headers = match headers(m) {
+                    Ok(h) => h,
+                    Err(reason) => {
+                        pending.push((subject, Err(Outcome::Permanent { reason })));
+                        continue;
+                    }
+                };
                 let publish = jetstream::message::PublishMessage::build()
                     .payload(m.payload.clone().into())
                     .headers(headers)
@@ -111,7 +164,7 @@ impl Sink for Nats {
                     context.send_publish(subject.clone(), publish),
                 )
                 .await;
-                pending.push((subject, sent));
+                pending.push((subject, Ok(sent)));
             }
             let timed_out = |subject: &str| Outcome::Retryable {
                 reason: format!("publish to {subject}: no answer within {:?}", self.timeout),
@@ -120,9 +173,10 @@ impl Sink for Nats {
             let mut outcomes = Vec::with_capacity(batch.len());
             for (subject, sent) in pending {
                 outcomes.push(match sent {
-                    Err(_) => timed_out(&subject),
-                    Ok(Err(e)) => self.classify(&subject, &e),
-                    Ok(Ok(ack)) => match tokio::time::timeout_at(deadline, ack).await {
+                    Err(refused) => refused,
+                    Ok(Err(_)) => timed_out(&subject),
+                    Ok(Ok(Err(e))) => self.classify(&subject, &e),
+                    Ok(Ok(Ok(ack))) => match tokio::time::timeout_at(deadline, ack).await {
                         Err(_) => timed_out(&subject),
                         Ok(Ok(_)) => Outcome::Delivered,
                         Ok(Err(e)) => self.classify(&subject, &e),

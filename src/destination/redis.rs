@@ -1,45 +1,67 @@
 //! The `redis` destination: `XADD` to a stream per topic (`{topic}` in the stream name
 //! template), fields `outbox_id`, `topic`, `key`, `attempt`, `content_type`, `headers`,
-//! `payload`, optionally trimmed with `MAXLEN ~`. A batch is one pipeline; a message is
-//! delivered when Redis answered its entry id. Streams do not deduplicate: consumers
-//! dedupe on the `outbox_id` field.
+//! `payload`, optionally trimmed with `MAXLEN ~`. A batch is one pipeline whose replies are
+//! read one per entry: a message is delivered when Redis answered its entry id, and an entry
+//! Redis refuses (a key of another type, say) fails only its own message. Streams do not
+//! deduplicate: consumers dedupe on the `outbox_id` field.
 
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 
-use super::{Sink, SinkError};
+use super::{Destination, Setting};
+use crate::config::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
+use crate::secret::redact_url;
+
+/// `type = "redis"`.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://` or `rediss://` [default: redis://127.0.0.1:6379].
+    pub url: Option<String>,
+    /// Stream name template [default: `outbox:{topic}`].
+    pub stream: Option<String>,
+    /// Trim each stream to about this many entries, 1.. [default: no trimming].
+    pub maxlen: Option<i64>,
+}
+
+impl RedisConfig {
+    pub(super) fn build(
+        &self,
+        at: Setting<'_>,
+        deadline: Duration,
+    ) -> Result<RedisStreams, ConfigError> {
+        let url = self.url.as_deref().unwrap_or("redis://127.0.0.1:6379");
+        let client = redis::Client::open(url)
+            .map_err(|e| at.invalid("url", format!("{:?}: {e}", redact_url(url))))?;
+        let maxlen = self
+            .maxlen
+            .map(|n| at.ranged("maxlen", Some(n), 0, 1, i64::MAX))
+            .transpose()?;
+        Ok(RedisStreams {
+            client,
+            connection: tokio::sync::Mutex::new(None),
+            stream: self
+                .stream
+                .clone()
+                .unwrap_or_else(|| "outbox:{topic}".to_owned()),
+            maxlen,
+            timeout: deadline,
+        })
+    }
+}
 
 pub struct RedisStreams {
     client: redis::Client,
     connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
     stream: String,
-    maxlen: Option<usize>,
+    maxlen: Option<i64>,
     timeout: Duration,
 }
 
 impl RedisStreams {
-    pub fn new(
-        url: &str,
-        stream: &str,
-        maxlen: Option<usize>,
-        timeout: Duration,
-    ) -> Result<Self, SinkError> {
-        let client = redis::Client::open(url).map_err(|e| SinkError {
-            sink: "redis",
-            problem: format!("url: {e}"),
-        })?;
-        Ok(Self {
-            client,
-            connection: tokio::sync::Mutex::new(None),
-            stream: stream.to_owned(),
-            maxlen,
-            timeout,
-        })
-    }
-
     async fn connection(&self) -> Result<MultiplexedConnection, String> {
         let mut slot = self.connection.lock().await;
         if let Some(c) = slot.as_ref() {
@@ -62,11 +84,32 @@ impl RedisStreams {
     }
 }
 
-impl Sink for RedisStreams {
-    fn name(&self) -> &'static str {
-        "redis"
+/// What Redis's refusal of one entry means: the server is busy or failing over (retry), or
+/// the entry can never be written as it is (permanent).
+fn refused(e: &redis::RedisError) -> Outcome {
+    const TRANSIENT: [&str; 8] = [
+        "LOADING",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "MASTERDOWN",
+        "READONLY",
+        "OOM",
+        "BUSY",
+        "NOREPLICAS",
+    ];
+    if e.code().is_some_and(|c| TRANSIENT.contains(&c)) {
+        Outcome::Retryable {
+            reason: format!("redis XADD: {e}"),
+            retry_after: None,
+        }
+    } else {
+        Outcome::Permanent {
+            reason: format!("redis XADD refused: {e}"),
+        }
     }
+}
 
+impl Destination for RedisStreams {
     fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let retry = |reason: String| {
@@ -83,6 +126,8 @@ impl Sink for RedisStreams {
                 Err(reason) => return retry(reason),
             };
             let mut pipe = redis::pipe();
+            // Each reply on its own: one refused entry must not fail the others.
+            pipe.ignore_errors();
             for m in batch {
                 let cmd = pipe
                     .cmd("XADD")
@@ -106,25 +151,22 @@ impl Sink for RedisStreams {
                     .arg("payload")
                     .arg(&m.payload[..]);
             }
-            match pipe.query_async::<Vec<String>>(&mut connection).await {
-                Ok(ids) if ids.len() == batch.len() => vec![Outcome::Delivered; batch.len()],
-                Ok(ids) => retry(format!(
-                    "redis answered {} entry ids for {} messages",
-                    ids.len(),
+            match pipe
+                .query_async::<Vec<redis::RedisResult<String>>>(&mut connection)
+                .await
+            {
+                Ok(replies) if replies.len() == batch.len() => replies
+                    .iter()
+                    .map(|r| match r {
+                        Ok(_) => Outcome::Delivered,
+                        Err(e) => refused(e),
+                    })
+                    .collect(),
+                Ok(replies) => retry(format!(
+                    "redis answered {} replies for {} entries",
+                    replies.len(),
                     batch.len()
                 )),
-                Err(e)
-                    if e.kind()
-                        == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
-                        || e.is_unrecoverable_error() && !e.is_io_error() =>
-                {
-                    vec![
-                        Outcome::Permanent {
-                            reason: format!("redis XADD refused: {e}")
-                        };
-                        batch.len()
-                    ]
-                }
                 Err(e) => {
                     self.forget_connection().await;
                     retry(format!("redis XADD: {e}"))

@@ -1,19 +1,69 @@
-//! The `stdout` and `file` sinks: one JSON object per line per message. A message is
+//! The `stdout` and `file` destinations: one JSON object per line per message. A message is
 //! reported delivered once its line is written (and, for a file with fsync on, synced to
 //! disk). A payload whose content type says JSON but that does not parse is refused for
 //! good: writing it would hand every reader a broken line.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::{Sink, SinkError};
+use super::{Destination, Setting};
+use crate::config::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
+
+/// `type = "stdout"`: no settings.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutConfig {}
+
+impl StdoutConfig {
+    pub(super) fn build(&self) -> JsonLines {
+        JsonLines {
+            name: "stdout",
+            target: Arc::new(Target::Stdout),
+        }
+    }
+}
+
+/// `type = "file"`: append to `path` (created if missing), fsync after every batch unless
+/// `fsync = false`.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub path: PathBuf,
+    pub fsync: Option<bool>,
+}
+
+impl FileConfig {
+    pub(super) fn build(&self, at: Setting<'_>) -> Result<JsonLines, ConfigError> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| {
+                at.invalid(
+                    "path",
+                    format!(
+                        "{} cannot be opened for appending: {e}",
+                        self.path.display()
+                    ),
+                )
+            })?;
+        Ok(JsonLines {
+            name: "file",
+            target: Arc::new(Target::File {
+                path: self.path.clone(),
+                file: Mutex::new(file),
+                fsync: self.fsync.unwrap_or(true),
+            }),
+        })
+    }
+}
 
 enum Target {
     Stdout,
@@ -25,6 +75,7 @@ enum Target {
 }
 
 pub struct JsonLines {
+    name: &'static str,
     target: Arc<Target>,
 }
 
@@ -83,36 +134,6 @@ fn render(message: &ClaimedMessage, out: &mut Vec<u8>) -> Result<(), String> {
     Ok(())
 }
 
-impl JsonLines {
-    pub fn stdout() -> Self {
-        Self {
-            target: Arc::new(Target::Stdout),
-        }
-    }
-
-    /// Appends to `path` (created if missing).
-    pub fn file(path: &Path, fsync: bool) -> Result<Self, SinkError> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| SinkError {
-                sink: "file",
-                problem: format!(
-                    "sink_file {} cannot be opened for appending: {e}",
-                    path.display()
-                ),
-            })?;
-        Ok(Self {
-            target: Arc::new(Target::File {
-                path: path.to_owned(),
-                file: Mutex::new(file),
-                fsync,
-            }),
-        })
-    }
-}
-
 /// Writes the whole buffer with one call per batch, so lines of concurrent batches (and of
 /// other processes appending to the same file) never interleave within a batch.
 fn write_batch(target: &Target, buf: &[u8]) -> std::io::Result<()> {
@@ -135,14 +156,7 @@ fn write_batch(target: &Target, buf: &[u8]) -> std::io::Result<()> {
     }
 }
 
-impl Sink for JsonLines {
-    fn name(&self) -> &'static str {
-        match *self.target {
-            Target::Stdout => "stdout",
-            Target::File { .. } => "file",
-        }
-    }
-
+impl Destination for JsonLines {
     fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let mut buf = Vec::with_capacity(batch.len() * 512);
@@ -163,7 +177,7 @@ impl Sink for JsonLines {
                 let delivered = match written {
                     Ok(()) => Outcome::Delivered,
                     Err(e) => Outcome::Retryable {
-                        reason: format!("{} sink write failed: {e}", self.name()),
+                        reason: format!("{} write failed: {e}", self.name),
                         retry_after: None,
                     },
                 };

@@ -1,4 +1,4 @@
-//! `outbox-relay bench`: measures the relayer against the Postgres in `DATABASE_URL`, in a
+//! `outbox-relay bench` (a module of the binary, not of the library): measures the relayer against the Postgres in `DATABASE_URL`, in a
 //! database of its own that it creates and drops. It prints figures; it judges nothing.
 //!
 //! 1. floor: a bare SQL drain with no relayer (claim and complete in one statement per
@@ -20,13 +20,16 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::{RawConfig, Settings};
-use crate::connection::Target;
-use crate::message::{ClaimedMessage, Outcome};
-use crate::relay::Relay;
-use crate::route::Router;
-use crate::sink::Sink;
-use crate::store::{Store, StoreError, with_database};
+use outbox_relay::config::{RawConfig, Settings};
+use outbox_relay::connection::Target;
+use outbox_relay::destination::{Destination, DestinationConfig};
+use outbox_relay::dispatch::Dispatcher;
+use outbox_relay::message::{ClaimedMessage, Outcome};
+use outbox_relay::relay::Relay;
+use outbox_relay::store::{Store, StoreError, with_database};
+
+#[path = "../../tests/common/kit.rs"]
+mod kit;
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct Options {
@@ -58,7 +61,7 @@ pub struct Options {
 /// message was acknowledged.
 struct Recorder {
     /// The destination measured; `None` acknowledges everything at once.
-    inner: Option<Arc<dyn Sink>>,
+    inner: Option<Arc<dyn Destination>>,
     delivered: AtomicU64,
     target: AtomicU64,
     done: Notify,
@@ -67,7 +70,7 @@ struct Recorder {
 }
 
 impl Recorder {
-    fn new(inner: Option<Arc<dyn Sink>>) -> Arc<Self> {
+    fn new(inner: Option<Arc<dyn Destination>>) -> Arc<Self> {
         Arc::new(Self {
             inner,
             delivered: AtomicU64::new(0),
@@ -97,15 +100,11 @@ impl Recorder {
     }
 }
 
-impl Sink for Recorder {
-    fn name(&self) -> &'static str {
-        "bench"
-    }
-
+impl Destination for Recorder {
     fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let outcomes = match &self.inner {
-                Some(sink) => sink.publish(batch).await,
+                Some(destination) => destination.publish(batch).await,
                 None => vec![Outcome::Delivered; batch.len()],
             };
             let now = Instant::now();
@@ -133,8 +132,8 @@ impl Sink for Recorder {
 }
 
 pub async fn run(database_url: &str, o: &Options) -> Result<()> {
-    crate::logging::init(crate::config::LogFormat::Human);
-    crate::telemetry::install();
+    outbox_relay::logging::init(outbox_relay::config::LogFormat::Human);
+    outbox_relay::telemetry::install();
     let db = format!("outbox_bench_{}", std::process::id());
     let admin = connect(database_url)
         .await
@@ -167,8 +166,8 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     );
 
     if o.destination != "null" {
-        let (sink, cleanup) = destination(&o.destination).await?;
-        let recorder = Recorder::new(Some(sink));
+        let (destination, cleanup) = destination(&o.destination).await?;
+        let recorder = Recorder::new(Some(destination));
         let shutdown = CancellationToken::new();
         let relays = start_relays(url, o, &recorder, &shutdown)?;
         let t = drain(&sql, &recorder, o.messages).await?;
@@ -213,7 +212,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     let relays = start_relays(url, o, &recorder, &shutdown)?;
     let rate = drain(&sql, &recorder, o.messages).await?;
     report(
-        "relay drain (null sink)",
+        "relay drain (null destination)",
         o.messages,
         o.messages,
         rate,
@@ -282,7 +281,7 @@ fn start_relays(
     o: &Options,
     sink: &Arc<Recorder>,
     shutdown: &CancellationToken,
-) -> Result<Vec<tokio::task::JoinHandle<crate::relay::Summary>>> {
+) -> Result<Vec<tokio::task::JoinHandle<outbox_relay::relay::Summary>>> {
     let mut relays = Vec::new();
     for w in 0..o.workers {
         let settings = Settings::from_raw(RawConfig {
@@ -294,8 +293,14 @@ fn start_relays(
             ..RawConfig::default()
         })?;
         let store = Store::connect(url, settings.pool_size)?;
-        let router = Router::single("bench", sink.clone(), settings.circuit);
-        let relay = Relay::new(settings, store, Arc::new(router));
+        let dispatcher = Dispatcher::single(
+            "bench",
+            sink.clone(),
+            settings.dispatch.circuit,
+            BENCH_DEADLINE,
+            settings.max_batches_in_flight,
+        );
+        let relay = Relay::new(settings, store, Arc::new(dispatcher));
         relays.push(tokio::spawn(relay.run(shutdown.clone())));
     }
     Ok(relays)
@@ -303,7 +308,7 @@ fn start_relays(
 
 async fn shutdown_relays(
     shutdown: &CancellationToken,
-    relays: Vec<tokio::task::JoinHandle<crate::relay::Summary>>,
+    relays: Vec<tokio::task::JoinHandle<outbox_relay::relay::Summary>>,
 ) {
     shutdown.cancel();
     for r in relays {
@@ -320,17 +325,9 @@ async fn drain(sql: &tokio_postgres::Client, recorder: &Recorder, n: u64) -> Res
     Ok(started.elapsed())
 }
 
-/// Inserts `n` messages in one statement: 256-byte JSON payloads, every tenth keyed.
+/// Inserts `n` messages: 256-byte JSON payloads, every tenth with one of 1,000 keys.
 async fn fill(sql: &tokio_postgres::Client, n: u64) -> Result<()> {
-    let n = i64::try_from(n)?;
-    sql.execute(
-        "INSERT INTO outbox.messages (topic, message_key, payload) \
-         SELECT 'bench', CASE WHEN i % 10 = 0 THEN 'key-' || (i % 1000) END, \
-                convert_to(json_build_object('n', i, 'pad', repeat('x', 256 - 20 - length(i::text)))::text, 'UTF8') \
-           FROM generate_series(1, $1::bigint) AS i",
-        &[&n],
-    )
-    .await?;
+    kit::fill_messages(sql, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
     Ok(())
 }
 
@@ -478,10 +475,17 @@ impl Cleanup {
 /// Stream, queue and subject prefix the destination benchmarks use.
 const BENCH_TARGET: &str = "outbox-bench";
 
-/// The sink for a destination benchmark, with whatever it needs on the server.
-async fn destination(kind: &str) -> Result<(Arc<dyn Sink>, Cleanup)> {
-    use crate::config::SinkSettings;
-    let timeout = Duration::from_secs(10);
+/// The dispatch deadline of the benchmarked destinations.
+const BENCH_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A destination built from its `[destinations.NAME]` settings, as the relayer builds it.
+fn build(toml: &str) -> Result<Arc<dyn Destination>> {
+    let config: DestinationConfig = toml::from_str(toml).context("bench destination settings")?;
+    Ok(config.build("bench", BENCH_DEADLINE)?)
+}
+
+/// The destination for a destination benchmark, with whatever it needs on the server.
+async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cleanup)> {
     Ok(match kind {
         "http" => {
             let app =
@@ -491,14 +495,10 @@ async fn destination(kind: &str) -> Result<(Arc<dyn Sink>, Cleanup)> {
             tokio::spawn(async move {
                 let _ = axum::serve(listener, app).await;
             });
-            let settings = SinkSettings::Http {
-                url,
-                timeout,
-                signing_secret: None,
-                headers: vec![],
-                concurrency: 64,
-            };
-            (crate::sink::from_settings(&settings)?, Cleanup::Nothing)
+            (
+                build(&format!("type = \"http\"\nurl = \"{url}\"\n"))?,
+                Cleanup::Nothing,
+            )
         }
         "nats" => {
             let js = async_nats::jetstream::new(
@@ -514,15 +514,10 @@ async fn destination(kind: &str) -> Result<(Arc<dyn Sink>, Cleanup)> {
             })
             .await
             .map_err(|e| anyhow::anyhow!("create JetStream stream: {e}"))?;
-            let settings = SinkSettings::Nats {
-                url: "nats://127.0.0.1:4222".into(),
-                subject: format!("{BENCH_TARGET}.{{topic}}"),
-                timeout,
-            };
-            (
-                crate::sink::from_settings(&settings)?,
-                Cleanup::NatsStream(js),
-            )
+            let destination = build(&format!(
+                "type = \"nats\"\nsubject = \"{BENCH_TARGET}.{{topic}}\"\n"
+            ))?;
+            (destination, Cleanup::NatsStream(js))
         }
         "amqp" => {
             let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -536,31 +531,20 @@ async fn destination(kind: &str) -> Result<(Arc<dyn Sink>, Cleanup)> {
                 Default::default(),
             )
             .await?;
-            let settings = SinkSettings::Amqp {
-                url: url.into(),
-                exchange: String::new(),
-                routing_key: BENCH_TARGET.into(),
-            };
-            (
-                crate::sink::from_settings(&settings)?,
-                Cleanup::AmqpQueue(ch),
-            )
+            let destination = build(&format!(
+                "type = \"amqp\"\nurl = \"{url}\"\nrouting_key = \"{BENCH_TARGET}\"\n"
+            ))?;
+            (destination, Cleanup::AmqpQueue(ch))
         }
         "redis" => {
             let r = redis::Client::open("redis://127.0.0.1:6379")?
                 .get_multiplexed_async_connection()
                 .await
                 .context("Redis on 127.0.0.1:6379")?;
-            let settings = SinkSettings::Redis {
-                url: "redis://127.0.0.1:6379".into(),
-                stream: format!("{BENCH_TARGET}:{{topic}}"),
-                maxlen: Some(100_000),
-                timeout,
-            };
-            (
-                crate::sink::from_settings(&settings)?,
-                Cleanup::RedisStream(r),
-            )
+            let destination = build(&format!(
+                "type = \"redis\"\nstream = \"{BENCH_TARGET}:{{topic}}\"\nmaxlen = 100000\n"
+            ))?;
+            (destination, Cleanup::RedisStream(r))
         }
         other => anyhow::bail!("unknown destination {other}"),
     })

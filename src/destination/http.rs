@@ -1,0 +1,260 @@
+//! The `http` destination: one POST per message to a URL template (`{topic}` replaced by
+//! the topic, percent-encoded, so a topic can never rewrite the path or the query), with the
+//! outbox_id as `Idempotency-Key` and, when a secret is configured, signed the Standard
+//! Webhooks way (`webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64
+//! HMAC-SHA256 of "id.timestamp.body">`) so receivers can verify with the existing libraries.
+//! The message's own headers (W3C `traceparent`/`tracestate` among them) become request
+//! headers, with the outbox metadata (`outbox-id`, `outbox-topic`, `outbox-key`,
+//! `outbox-attempt`) beside them; a header HTTP cannot carry makes that message permanent.
+//! 2xx is delivered; 408, 429, 5xx and transport errors are retryable (honouring
+//! `Retry-After` seconds); any other status is permanent.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine;
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use hmac::{Hmac, Mac};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use sha2::Sha256;
+
+use super::{Destination, Setting, install_tls_provider, metadata, user_headers};
+use crate::config::ConfigError;
+use crate::message::{ClaimedMessage, Outcome};
+use crate::secret::redact_url;
+
+/// `type = "http"`.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// `http://` or `https://`; `{topic}` is replaced by the percent-encoded topic.
+    pub url: String,
+    /// Standard Webhooks signing secret (`whsec_` + base64).
+    pub signing_secret: Option<String>,
+    /// Headers sent with every request.
+    pub headers: Option<BTreeMap<String, String>>,
+    /// Requests of one batch in flight at once, 1..=1024 [default: 64].
+    pub concurrency: Option<i64>,
+}
+
+impl HttpConfig {
+    pub(super) fn build(&self, at: Setting<'_>, deadline: Duration) -> Result<Http, ConfigError> {
+        install_tls_provider();
+        let url = &self.url;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(at.invalid(
+                "url",
+                format!("{:?} must start with http:// or https://", redact_url(url)),
+            ));
+        }
+        let secret = self
+            .signing_secret
+            .as_deref()
+            .map(|s| {
+                let encoded = s.strip_prefix("whsec_").unwrap_or(s);
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| {
+                        at.invalid(
+                            "signing_secret",
+                            format!("must be whsec_ followed by base64 ({e})"),
+                        )
+                    })
+            })
+            .transpose()?;
+        let concurrency = at.ranged("concurrency", self.concurrency, 64, 1, 1024)?;
+        let concurrency = usize::try_from(concurrency).unwrap_or(64);
+        let mut map = HeaderMap::new();
+        for (name, value) in self.headers.iter().flatten() {
+            let header = HeaderName::try_from(name.as_str())
+                .map_err(|e| at.invalid("headers", format!("header name {name:?}: {e}")))?;
+            let value = HeaderValue::try_from(value.as_str())
+                .map_err(|e| at.invalid("headers", format!("header {name} value: {e}")))?;
+            map.insert(header, value);
+        }
+        // A request never outlives the batch's dispatch deadline.
+        let client = reqwest::Client::builder()
+            .timeout(deadline)
+            .connect_timeout(deadline)
+            .pool_max_idle_per_host(concurrency)
+            .build()
+            .map_err(|e| at.invalid("url", e.to_string()))?;
+        Ok(Http {
+            client,
+            url: url.clone(),
+            secret,
+            headers: map,
+            concurrency,
+        })
+    }
+}
+
+pub struct Http {
+    client: reqwest::Client,
+    url: String,
+    secret: Option<Vec<u8>>,
+    headers: HeaderMap,
+    concurrency: usize,
+}
+
+impl Http {
+    /// The request headers of `m`: the configured ones, the message's own, then the outbox
+    /// metadata; or why the message's own cannot be sent.
+    fn headers(&self, m: &ClaimedMessage, id: &str) -> Result<HeaderMap, String> {
+        let mut headers = self.headers.clone();
+        for (name, value) in user_headers(m)? {
+            let header = HeaderName::try_from(name)
+                .map_err(|_| format!("header name {name:?} is not valid in HTTP"))?;
+            let value = HeaderValue::try_from(value)
+                .map_err(|_| format!("header {name:?}: the value is not valid in HTTP"))?;
+            headers.insert(header, value);
+        }
+        let mut set = |name: &'static str, value: &str| -> Result<(), String> {
+            let v = HeaderValue::try_from(value)
+                .map_err(|_| format!("{name} {value:?} is not a valid HTTP header value"))?;
+            headers.insert(name, v);
+            Ok(())
+        };
+        set("content-type", &m.content_type)?;
+        set("idempotency-key", id)?;
+        for (name, value) in metadata(m) {
+            set(name, &value)?;
+        }
+        if let Some(secret) = &self.secret {
+            let timestamp = chrono::Utc::now().timestamp().to_string();
+            set("webhook-id", id)?;
+            set("webhook-timestamp", &timestamp)?;
+            set(
+                "webhook-signature",
+                &format!("v1,{}", sign(secret, id, &timestamp, &m.payload)),
+            )?;
+        }
+        Ok(headers)
+    }
+
+    async fn send(&self, m: &ClaimedMessage) -> Outcome {
+        let id = m.id.to_string();
+        let headers = match self.headers(m, &id) {
+            Ok(h) => h,
+            Err(reason) => return Outcome::Permanent { reason },
+        };
+        let url = match url_for(&self.url, &m.topic) {
+            Ok(url) => url,
+            Err(reason) => return Outcome::Permanent { reason },
+        };
+        let response = self
+            .client
+            .post(&url)
+            .headers(headers)
+            .body(m.payload.clone())
+            .send()
+            .await;
+        match response {
+            Err(e) => Outcome::Retryable {
+                reason: format!("POST {}: {}", redact_url(&url), e.without_url()),
+                retry_after: None,
+            },
+            Ok(r) => {
+                let status = r.status();
+                if status.is_success() {
+                    return Outcome::Delivered;
+                }
+                let retry_after = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                let body: String = r
+                    .text()
+                    .await
+                    .unwrap_or_default()
+                    .chars()
+                    .take(200)
+                    .collect();
+                let reason = format!("POST {}: HTTP {status} {body}", redact_url(&url))
+                    .trim_end()
+                    .to_owned();
+                if status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error() {
+                    Outcome::Retryable {
+                        reason,
+                        retry_after,
+                    }
+                } else {
+                    Outcome::Permanent { reason }
+                }
+            }
+        }
+    }
+}
+
+/// The URL for `topic`: `{topic}` replaced by the topic percent-encoded as one path segment
+/// (every byte but RFC 3986's unreserved characters), so `/`, `?`, `#` and `%` in a topic
+/// stay inside it. `.` and `..` are refused: URL parsers resolve them even when encoded.
+fn url_for(template: &str, topic: &str) -> Result<String, String> {
+    if !template.contains("{topic}") {
+        return Ok(template.to_owned());
+    }
+    if topic == "." || topic == ".." {
+        return Err(format!("topic {topic:?} cannot be a URL path segment"));
+    }
+    let mut encoded = String::with_capacity(topic.len());
+    for b in topic.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(b));
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Ok(template.replace("{topic}", &encoded))
+}
+
+/// base64(HMAC-SHA256(secret, "id.timestamp.body")), the Standard Webhooks `v1` signature.
+fn sign(secret: &[u8], id: &str, timestamp: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+}
+
+impl Destination for Http {
+    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(
+            futures_util::stream::iter(batch)
+                .map(|m| self.send(m))
+                .buffered(self.concurrency)
+                .collect(),
+        )
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_for;
+
+    #[test]
+    fn a_topic_stays_one_path_segment() {
+        assert_eq!(
+            url_for("http://h/hooks/{topic}?v=1", "a/../b?x#y").unwrap(),
+            "http://h/hooks/a%2F..%2Fb%3Fx%23y?v=1"
+        );
+        assert_eq!(
+            url_for("http://h/{topic}", "orders.created-v1_x~").unwrap(),
+            "http://h/orders.created-v1_x~"
+        );
+        assert_eq!(
+            url_for("http://h/{topic}", "100%").unwrap(),
+            "http://h/100%25"
+        );
+        assert!(url_for("http://h/{topic}", "..").is_err());
+        assert_eq!(url_for("http://h/fixed", "..").unwrap(), "http://h/fixed");
+    }
+}

@@ -1,0 +1,291 @@
+//! Destinations. Each is one module that owns everything about it: its `[destinations.NAME]`
+//! settings (serde, unknown keys refused, defaults, validation naming
+//! `destinations.NAME.FIELD`), building it, publishing a batch, and classifying what the
+//! destination answered into delivered / retryable / permanent. [`DestinationConfig`] is the
+//! one place that lists them; adding a destination is a new module, one arm there and its
+//! conformance harness under `tests/destinations/`.
+//!
+//! A destination publishes a batch and answers one [`Outcome`] per message, in batch order,
+//! only after the destination acknowledged or refused it. It never answers
+//! [`Outcome::NotAttempted`]: that is the dispatch layer's (circuits, deadlines, budgets).
+//! A batch never holds two messages with the same key (the claim returns only the head of
+//! each key), so a destination may deliver a batch's messages in any order or in parallel.
+//! A problem with one message (a header the protocol cannot carry, a payload refused) makes
+//! that message permanent, never the batch.
+
+mod amqp;
+mod http;
+mod jsonl;
+mod nats;
+mod null;
+mod redis;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::config::ConfigError;
+use crate::message::{ClaimedMessage, Outcome};
+
+/// A destination, built from its [`DestinationConfig`].
+pub trait Destination: Send + Sync + 'static {
+    /// Publishes `batch` and returns exactly one outcome per message, in the same order.
+    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>>;
+
+    /// Whether the destination can take messages now (for /readyz); the error says why not.
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>>;
+}
+
+/// One `[destinations.NAME]` table's destination part, chosen by its `type`.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum DestinationConfig {
+    Stdout(jsonl::StdoutConfig),
+    File(jsonl::FileConfig),
+    Null(null::NullConfig),
+    Http(http::HttpConfig),
+    Nats(nats::NatsConfig),
+    Amqp(amqp::AmqpConfig),
+    Redis(redis::RedisConfig),
+}
+
+impl DestinationConfig {
+    /// The `stdout` destination (the default of a relayer given no destinations).
+    pub fn stdout() -> Self {
+        Self::Stdout(jsonl::StdoutConfig {})
+    }
+
+    /// The `file` destination appending to `path`.
+    pub fn file(path: std::path::PathBuf, fsync: Option<bool>) -> Self {
+        Self::File(jsonl::FileConfig { path, fsync })
+    }
+
+    /// The `null` destination, acknowledging after `latency_ms`.
+    pub fn null(latency_ms: Option<i64>) -> Self {
+        Self::Null(null::NullConfig { latency_ms })
+    }
+
+    /// The `type` as written in the config.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Stdout(_) => "stdout",
+            Self::File(_) => "file",
+            Self::Null(_) => "null",
+            Self::Http(_) => "http",
+            Self::Nats(_) => "nats",
+            Self::Amqp(_) => "amqp",
+            Self::Redis(_) => "redis",
+        }
+    }
+
+    /// Validates the settings of destination `name` and builds it. `deadline` is the
+    /// dispatch deadline of a batch: clients that have timeouts of their own use it too.
+    /// Network destinations connect on first use, not here.
+    pub fn build(
+        &self,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<Arc<dyn Destination>, ConfigError> {
+        let at = Setting(name);
+        Ok(match self {
+            Self::Stdout(c) => Arc::new(c.build()),
+            Self::File(c) => Arc::new(c.build(at)?),
+            Self::Null(c) => Arc::new(c.build(at)?),
+            Self::Http(c) => Arc::new(c.build(at, deadline)?),
+            Self::Nats(c) => Arc::new(c.build(at, deadline)?),
+            Self::Amqp(c) => Arc::new(c.build(at)?),
+            Self::Redis(c) => Arc::new(c.build(at, deadline)?),
+        })
+    }
+}
+
+/// Names the settings of destination `.0` in errors: `destinations.NAME.FIELD`.
+#[derive(Clone, Copy)]
+struct Setting<'a>(&'a str);
+
+impl Setting<'_> {
+    fn invalid(self, field: &str, problem: impl Into<String>) -> ConfigError {
+        ConfigError {
+            setting: format!("destinations.{}.{field}", self.0),
+            problem: problem.into(),
+        }
+    }
+
+    /// `value` (or `default`) checked against `min..=max`.
+    fn ranged(
+        self,
+        field: &str,
+        value: Option<i64>,
+        default: i64,
+        min: i64,
+        max: i64,
+    ) -> Result<i64, ConfigError> {
+        let value = value.unwrap_or(default);
+        if (min..=max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(self.invalid(field, format!("{value} is out of range {min}..={max}")))
+        }
+    }
+}
+
+/// The message's own headers (its `headers` object), as name/value text. A string value is
+/// taken as is, a number or boolean as its JSON text; anything else is refused with the
+/// reason, which makes that message permanent.
+fn user_headers(m: &ClaimedMessage) -> Result<Vec<(&str, String)>, String> {
+    let object = match &m.headers {
+        serde_json::Value::Null => return Ok(Vec::new()),
+        serde_json::Value::Object(o) => o,
+        other => {
+            return Err(format!(
+                "headers must be a JSON object of names to values, not {}",
+                json_kind(other)
+            ));
+        }
+    };
+    object
+        .iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(s) => Ok((name.as_str(), s.clone())),
+            serde_json::Value::Number(n) => Ok((name.as_str(), n.to_string())),
+            serde_json::Value::Bool(b) => Ok((name.as_str(), b.to_string())),
+            other => Err(format!(
+                "header {name:?}: a value must be a string, number or boolean, not {}",
+                json_kind(other)
+            )),
+        })
+        .collect()
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// The outbox metadata every header-carrying destination sends beside the message's own
+/// headers (and over them, on a clash: the consumer's dedupe id must be the outbox_id).
+fn metadata(m: &ClaimedMessage) -> Vec<(&'static str, String)> {
+    let mut headers = vec![
+        ("outbox-id", m.id.to_string()),
+        ("outbox-topic", m.topic.clone()),
+        ("outbox-attempt", m.attempt_no.to_string()),
+    ];
+    if let Some(key) = &m.key {
+        headers.push(("outbox-key", key.clone()));
+    }
+    headers
+}
+
+/// TLS (HTTPS, AMQPS) uses rustls with the ring provider, installed once per process.
+fn install_tls_provider() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // Err means another provider is installed already, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml: &str) -> Result<DestinationConfig, String> {
+        toml::from_str(toml).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn each_type_refuses_keys_it_does_not_know() {
+        assert!(parse("type = \"redis\"\nstream = \"s\"\n").is_ok());
+        let err = parse("type = \"redis\"\nstreem = \"s\"\n").unwrap_err();
+        assert!(err.contains("streem"), "{err}");
+        let err = parse("type = \"kafkaa\"\n").unwrap_err();
+        assert!(err.contains("kafkaa"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_setting() {
+        let cases = [
+            ("type = \"http\"\nurl = \"ftp://x\"\n", "destinations.d.url"),
+            (
+                "type = \"http\"\nurl = \"http://x\"\nconcurrency = 0\n",
+                "destinations.d.concurrency",
+            ),
+            (
+                "type = \"http\"\nurl = \"http://x\"\nsigning_secret = \"whsec_!!\"\n",
+                "destinations.d.signing_secret",
+            ),
+            (
+                "type = \"null\"\nlatency_ms = -1\n",
+                "destinations.d.latency_ms",
+            ),
+            (
+                "type = \"nats\"\nurl = \"nats://a:b:c:d\"\n",
+                "destinations.d.url",
+            ),
+            (
+                "type = \"amqp\"\nurl = \"http://x\"\n",
+                "destinations.d.url",
+            ),
+            (
+                "type = \"redis\"\nurl = \"mongodb://x\"\n",
+                "destinations.d.url",
+            ),
+            ("type = \"redis\"\nmaxlen = 0\n", "destinations.d.maxlen"),
+            (
+                "type = \"nats\"\nsubject = \"\"\n",
+                "destinations.d.subject",
+            ),
+        ];
+        for (toml, setting) in cases {
+            let config = parse(toml).unwrap();
+            let err = match config.build("d", Duration::from_secs(1)) {
+                Ok(_) => panic!("{toml} was accepted"),
+                Err(e) => e,
+            };
+            assert_eq!(err.setting, setting, "{toml}: {err}");
+        }
+    }
+
+    fn message(headers: serde_json::Value) -> ClaimedMessage {
+        ClaimedMessage {
+            id: crate::message::OutboxId(uuid::Uuid::nil()),
+            lease_token: crate::message::LeaseToken(uuid::Uuid::nil()),
+            topic: "t".into(),
+            key: None,
+            payload: Vec::new(),
+            content_type: "application/json".into(),
+            headers,
+            attempt_no: 1,
+            created_at: chrono::Utc::now(),
+            lease_expires_at: chrono::Utc::now(),
+            payload_bytes: 0,
+            payload_withheld: false,
+        }
+    }
+
+    #[test]
+    fn headers_are_text_and_a_nested_value_is_refused_with_its_name() {
+        let m = message(serde_json::json!({"traceparent": "00-ab-cd-01", "n": 3, "ok": true}));
+        let mut h = user_headers(&m).unwrap();
+        h.sort();
+        assert_eq!(
+            h,
+            vec![
+                ("n", "3".into()),
+                ("ok", "true".into()),
+                ("traceparent", "00-ab-cd-01".into())
+            ]
+        );
+        let err = user_headers(&message(serde_json::json!({"x": {"y": 1}}))).unwrap_err();
+        assert!(err.contains("\"x\"") && err.contains("an object"), "{err}");
+        let err = user_headers(&message(serde_json::json!([1]))).unwrap_err();
+        assert!(err.contains("JSON object"), "{err}");
+    }
+}

@@ -1,0 +1,336 @@
+//! The dispatch layer between the relay and the destinations. The relay hands it claimed
+//! messages; it splits them by route into one [`Part`] per destination and delivers each part
+//! under that destination's own rules, so that one destination never holds up another:
+//!
+//! - **routes** ([`routes`]): the first route whose pattern matches the topic wins; a message
+//!   no route takes is refused for good with a reason saying so (never retried forever,
+//!   never dropped);
+//! - **budget**: at most `max_in_flight` parts of a destination are out at once (published
+//!   and not yet completed); a part waits for room, and while a destination has none its
+//!   topics are left unclaimed;
+//! - **circuit** ([`circuit`]): repeated failures open the destination's circuit; its topics
+//!   are left unclaimed and what was already claimed is given back without an attempt;
+//! - **deadline**: a part not answered within `timeout_ms` is retryable ("did not answer"),
+//!   and counts towards the circuit like any other failure;
+//! - **panics**: a destination that panics is logged with the outbox ids and counted, and
+//!   its part is given back at once.
+
+mod circuit;
+mod routes;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use futures_util::future::join_all;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub use circuit::{CircuitSettings, State};
+pub use routes::{RouteConfig, Routes, TopicPattern};
+
+use crate::config::ConfigError;
+use crate::destination::{Destination, DestinationConfig};
+use crate::message::{ClaimedMessage, Outcome};
+use crate::telemetry;
+
+/// One `[destinations.NAME]` table: the destination (chosen by `type`) and the dispatch
+/// settings every destination has.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct DestinationTable {
+    #[serde(flatten)]
+    pub destination: DestinationConfig,
+    /// Dispatch deadline of one batch, 1..=600000 ms [default: 30000].
+    pub timeout_ms: Option<i64>,
+    /// Batches of this destination published and not yet completed at once, 1..=64
+    /// [default: 3].
+    pub max_in_flight: Option<i64>,
+}
+
+pub const DEFAULT_TIMEOUT_MS: i64 = 30_000;
+pub const DEFAULT_MAX_IN_FLIGHT: i64 = 3;
+
+/// One destination, validated as far as dispatch is concerned (the destination's own
+/// settings are checked when it is built).
+#[derive(Clone, Debug)]
+pub struct DestinationSettings {
+    pub name: String,
+    pub destination: DestinationConfig,
+    pub deadline: Duration,
+    pub max_in_flight: usize,
+}
+
+impl DestinationSettings {
+    pub fn from_table(name: &str, table: &DestinationTable) -> Result<Self, ConfigError> {
+        let ranged = |field: &str, value: Option<i64>, default: i64, min: i64, max: i64| {
+            let value = value.unwrap_or(default);
+            if (min..=max).contains(&value) {
+                Ok(value.unsigned_abs())
+            } else {
+                Err(ConfigError {
+                    setting: format!("destinations.{name}.{field}"),
+                    problem: format!("{value} is out of range {min}..={max}"),
+                })
+            }
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            destination: table.destination.clone(),
+            deadline: Duration::from_millis(ranged(
+                "timeout_ms",
+                table.timeout_ms,
+                DEFAULT_TIMEOUT_MS,
+                1,
+                600_000,
+            )?),
+            max_in_flight: usize::try_from(ranged(
+                "max_in_flight",
+                table.max_in_flight,
+                DEFAULT_MAX_IN_FLIGHT,
+                1,
+                64,
+            )?)
+            .unwrap_or(1),
+        })
+    }
+}
+
+/// Destinations, routes and circuit thresholds, validated.
+#[derive(Clone, Debug)]
+pub struct DispatchSettings {
+    pub destinations: Vec<DestinationSettings>,
+    pub routes: Routes,
+    pub circuit: CircuitSettings,
+}
+
+struct Lane {
+    name: String,
+    destination: Arc<dyn Destination>,
+    breaker: circuit::Breaker,
+    budget: Arc<Semaphore>,
+    deadline: Duration,
+}
+
+/// The messages of a claim that go to one destination.
+pub struct Part {
+    lane: usize,
+    pub messages: Vec<ClaimedMessage>,
+}
+
+pub struct Dispatcher {
+    lanes: Vec<Lane>,
+    routes: Routes,
+}
+
+impl Dispatcher {
+    /// Builds every destination; an invalid setting is named.
+    pub fn new(settings: &DispatchSettings) -> Result<Self, ConfigError> {
+        let lanes = settings
+            .destinations
+            .iter()
+            .map(|d| {
+                let destination = d.destination.build(&d.name, d.deadline)?;
+                Ok(Lane::new(
+                    &d.name,
+                    destination,
+                    settings.circuit,
+                    d.deadline,
+                    d.max_in_flight,
+                ))
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        Ok(Self {
+            lanes,
+            routes: settings.routes.clone(),
+        })
+    }
+
+    /// One destination taking every topic (for tools, benchmarks and tests).
+    pub fn single(
+        name: &str,
+        destination: Arc<dyn Destination>,
+        circuit: CircuitSettings,
+        deadline: Duration,
+        max_in_flight: usize,
+    ) -> Self {
+        Self {
+            lanes: vec![Lane::new(
+                name,
+                destination,
+                circuit,
+                deadline,
+                max_in_flight,
+            )],
+            routes: Routes(vec![(TopicPattern::Any, 0)]),
+        }
+    }
+
+    /// The claim filter: LIKE patterns of the topics to leave unclaimed now, because their
+    /// destination's circuit is open or it has no room for another batch.
+    pub fn held_back_topics(&self) -> Option<Vec<String>> {
+        self.routes.held_back(|d| {
+            let lane = &self.lanes[d];
+            lane.budget.available_permits() > 0 && lane.breaker.admits()
+        })
+    }
+
+    /// Splits claimed messages into one part per destination; messages no route takes come
+    /// back with their (permanent) outcome.
+    pub fn split(
+        &self,
+        messages: Vec<ClaimedMessage>,
+    ) -> (Vec<Part>, Vec<(ClaimedMessage, Outcome)>) {
+        let mut parts: Vec<Part> = Vec::new();
+        let mut unrouted = Vec::new();
+        for m in messages {
+            match self.routes.route(&m.topic) {
+                Some(lane) => match parts.iter_mut().find(|p| p.lane == lane) {
+                    Some(part) => part.messages.push(m),
+                    None => parts.push(Part {
+                        lane,
+                        messages: vec![m],
+                    }),
+                },
+                None => {
+                    let reason = format!(
+                        "no route for topic {:?}: add a [[routes]] entry (or a \"*\" default route)",
+                        m.topic
+                    );
+                    unrouted.push((m, Outcome::Permanent { reason }));
+                }
+            }
+        }
+        (parts, unrouted)
+    }
+
+    /// The dispatch deadline of `part`'s destination.
+    pub fn deadline(&self, part: &Part) -> Duration {
+        self.lanes[part.lane].deadline
+    }
+
+    /// Waits until `part`'s destination has room for it; the permit is its place in the
+    /// destination's budget until it is dropped (after the part is completed).
+    pub async fn admit(&self, part: &Part) -> OwnedSemaphorePermit {
+        self.lanes[part.lane]
+            .budget
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("a destination's budget is never closed")
+    }
+
+    /// Publishes `part` through its destination's circuit and deadline; one outcome per
+    /// message, in order. Nothing is published while the circuit is open, one message when
+    /// it probes; what is not published is [`Outcome::NotAttempted`].
+    pub async fn publish(&self, part: &Part) -> Vec<Outcome> {
+        let lane = &self.lanes[part.lane];
+        let messages = &part.messages[..];
+        let held_back = |n: usize| {
+            vec![
+                Outcome::NotAttempted {
+                    reason: format!("the circuit of destination {} is open", lane.name),
+                };
+                n
+            ]
+        };
+        let Some(ticket) = lane.breaker.start() else {
+            return held_back(messages.len());
+        };
+        let now = if ticket.probe {
+            &messages[..messages.len().min(1)]
+        } else {
+            messages
+        };
+        let started = Instant::now();
+        let answer = AssertUnwindSafe(tokio::time::timeout(
+            lane.deadline,
+            lane.destination.publish(now),
+        ))
+        .catch_unwind()
+        .await;
+        let retryable = |reason: String| {
+            vec![
+                Outcome::Retryable {
+                    reason,
+                    retry_after: None
+                };
+                now.len()
+            ]
+        };
+        let mut outcomes = match answer {
+            Ok(Ok(outcomes)) if outcomes.len() == now.len() => outcomes,
+            Ok(Ok(outcomes)) => retryable(format!(
+                "destination {} returned {} outcomes for {} messages",
+                lane.name,
+                outcomes.len(),
+                now.len()
+            )),
+            Ok(Err(_)) => {
+                telemetry::dispatch_deadline(&lane.name, lane.deadline, now.len());
+                retryable(format!(
+                    "destination {} did not answer within {} ms",
+                    lane.name,
+                    lane.deadline.as_millis()
+                ))
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                telemetry::dispatch_panicked(&lane.name, now, &what);
+                vec![
+                    Outcome::NotAttempted {
+                        reason: format!("destination {} panicked: {what}", lane.name),
+                    };
+                    now.len()
+                ]
+            }
+        };
+        telemetry::batch_dispatched(&lane.name, started.elapsed());
+        lane.breaker.record(ticket, &mut outcomes);
+        outcomes.extend(held_back(messages.len() - now.len()));
+        outcomes
+    }
+
+    /// Each destination's name, circuit state and readiness (for /readyz), each answered
+    /// within its deadline. A destination whose circuit is not closed is not ready, whatever
+    /// its connection says.
+    pub async fn readiness(&self) -> Vec<(String, State, Result<(), String>)> {
+        join_all(self.lanes.iter().map(|lane| async move {
+            let state = lane.breaker.state();
+            let answer = tokio::time::timeout(lane.deadline, lane.destination.ready())
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {} ms", lane.deadline.as_millis())));
+            let ready = match (state, answer) {
+                (_, Err(e)) => Err(e),
+                (State::Closed, Ok(())) => Ok(()),
+                (_, Ok(())) => Err(
+                    "down: its circuit opened after repeated failures; a probe is sent after each cool-down"
+                        .to_owned(),
+                ),
+            };
+            (lane.name.clone(), state, ready)
+        }))
+        .await
+    }
+}
+
+impl Lane {
+    fn new(
+        name: &str,
+        destination: Arc<dyn Destination>,
+        circuit: CircuitSettings,
+        deadline: Duration,
+        max_in_flight: usize,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            destination,
+            breaker: circuit::Breaker::new(name, circuit),
+            budget: Arc::new(Semaphore::new(max_in_flight)),
+            deadline,
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Which destination each topic goes to, and the claim filter that follows from it. Routes
+//! are tried in order and the first whose pattern matches the topic wins. This is the only
+//! place that writes SQL `LIKE` patterns: the claim leaves unclaimed the topics of a
+//! destination that admits no work now.
+
+use crate::config::ConfigError;
+
+/// One `[[routes]]` entry: `topic` is an exact topic, `prefix.*`, or `*` (everything).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub topic: String,
+    pub destination: String,
+}
+
+/// Which topics a route takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopicPattern {
+    Exact(String),
+    /// `orders.*`: every topic starting with `orders.`.
+    Prefix(String),
+    /// `*`: every topic (a default route).
+    Any,
+}
+
+fn invalid(problem: String) -> ConfigError {
+    ConfigError {
+        setting: "routes".into(),
+        problem,
+    }
+}
+
+impl TopicPattern {
+    pub fn parse(pattern: &str) -> Result<Self, ConfigError> {
+        let only_trailing = || {
+            invalid(format!(
+                "topic pattern {pattern:?}: only a trailing * is supported"
+            ))
+        };
+        match pattern {
+            "" => Err(invalid("a route's topic must not be empty".into())),
+            "*" => Ok(TopicPattern::Any),
+            p if p.ends_with('*') => {
+                let prefix = &p[..p.len() - 1];
+                if prefix.contains('*') {
+                    return Err(only_trailing());
+                }
+                Ok(TopicPattern::Prefix(prefix.to_owned()))
+            }
+            p if p.contains('*') => Err(only_trailing()),
+            p => Ok(TopicPattern::Exact(p.to_owned())),
+        }
+    }
+
+    pub fn matches(&self, topic: &str) -> bool {
+        match self {
+            TopicPattern::Exact(t) => t == topic,
+            TopicPattern::Prefix(p) => topic.starts_with(p.as_str()),
+            TopicPattern::Any => true,
+        }
+    }
+
+    /// The same pattern for SQL `LIKE` (with `\` escaping `%`, `_` and `\`).
+    pub fn to_like(&self) -> String {
+        let escape = |s: &str| {
+            s.replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        };
+        match self {
+            TopicPattern::Exact(t) => escape(t),
+            TopicPattern::Prefix(p) => format!("{}%", escape(p)),
+            TopicPattern::Any => "%".to_owned(),
+        }
+    }
+}
+
+/// Routes, first match wins; each names a destination by its index.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routes(pub Vec<(TopicPattern, usize)>);
+
+impl Routes {
+    /// Resolves `[[routes]]` against the destinations' names.
+    pub fn parse(routes: &[RouteConfig], names: &[&str]) -> Result<Self, ConfigError> {
+        if routes.is_empty() {
+            return Err(invalid(
+                "at least one [[routes]] entry (topic, destination) is needed".into(),
+            ));
+        }
+        routes
+            .iter()
+            .map(|r| {
+                let index = names
+                    .iter()
+                    .position(|n| *n == r.destination)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "route {:?} points at unknown destination {:?}",
+                            r.topic, r.destination
+                        ))
+                    })?;
+                Ok((TopicPattern::parse(&r.topic)?, index))
+            })
+            .collect::<Result<_, _>>()
+            .map(Routes)
+    }
+
+    /// The destination of `topic`, if a route takes it.
+    pub fn route(&self, topic: &str) -> Option<usize> {
+        self.0
+            .iter()
+            .find(|(p, _)| p.matches(topic))
+            .map(|(_, d)| *d)
+    }
+
+    /// LIKE patterns of the topics routed to a destination `admits` refuses; `None` when
+    /// every destination admits work. A pattern of a later route may also hold back topics an
+    /// earlier route sends elsewhere: they wait, they are not lost.
+    pub fn held_back(&self, admits: impl Fn(usize) -> bool) -> Option<Vec<String>> {
+        let held: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(_, d)| !admits(*d))
+            .map(|(p, _)| p.to_like())
+            .collect();
+        (!held.is_empty()).then_some(held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_match_wins_and_like_patterns_are_escaped() {
+        let routes = Routes::parse(
+            &[
+                RouteConfig {
+                    topic: "a_b.*".into(),
+                    destination: "x".into(),
+                },
+                RouteConfig {
+                    topic: "*".into(),
+                    destination: "y".into(),
+                },
+            ],
+            &["x", "y"],
+        )
+        .unwrap();
+        assert_eq!(routes.route("a_b.c"), Some(0));
+        assert_eq!(routes.route("a_bc"), Some(1));
+        assert_eq!(
+            routes.held_back(|d| d == 1),
+            Some(vec!["a\\_b.%".to_owned()])
+        );
+        assert_eq!(routes.held_back(|_| true), None);
+        assert!(Routes::parse(&[], &["x"]).is_err());
+        assert!(TopicPattern::parse("a*b").is_err());
+    }
+}
