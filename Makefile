@@ -11,7 +11,8 @@ help: ## list the targets
 build: ## build the relayer (release)
 	$(CARGO) build --release
 
-test: ## run every test against a real Postgres (started if none answers)
+test: ## run every test against a real Postgres and brokers (started if down; see scripts/test-services.sh)
+	scripts/test-services.sh
 	$(WITH_PG) $(CARGO) test --all-targets
 
 lint: ## cargo fmt --check and clippy with warnings as errors

@@ -173,6 +173,7 @@ fn register() {
             Kind::Histogram => metrics::describe_histogram!(name, help),
         }
     }
+    gauge!(IN_FLIGHT).set(0.0);
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 

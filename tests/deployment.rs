@@ -139,7 +139,10 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
 
     let out = verb(&["migrate"], &db.url);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "applied V7__completion_reports_dead_letters\n");
+    assert_eq!(
+        text(&out.stdout),
+        "applied V7__completion_reports_dead_letters\n"
+    );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")
             .await

@@ -145,6 +145,17 @@ impl Relayer {
     /// [`Relayer::start`] with another database URL (another login, or no database at all);
     /// `db` gives the scratch directory for the log.
     pub fn start_with_url(db: &TestDb, url: &str, worker_id: &str, args: &[&str]) -> Relayer {
+        Relayer::spawn(db, url, worker_id, args, std::process::Stdio::null())
+    }
+
+    /// [`Relayer::start_with_url`] with the process's standard output going to `stdout`.
+    pub fn spawn(
+        db: &TestDb,
+        url: &str,
+        worker_id: &str,
+        args: &[&str],
+        stdout: std::process::Stdio,
+    ) -> Relayer {
         let dir = db.scratch_dir();
         let log = dir.join(format!("{worker_id}.log"));
         let stderr = std::fs::File::create(&log).expect("log file");
@@ -154,7 +165,7 @@ impl Relayer {
             .args(args)
             .env("DATABASE_URL", url)
             .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::null())
+            .stdout(stdout)
             .stderr(stderr)
             .spawn()
             .expect("spawn outbox-relay");

@@ -1,0 +1,293 @@
+//! Harness of the `http` destination: a webhook server of the test's own (axum), which
+//! records every request and can answer a script of statuses, go down, or stop answering.
+//! Also the HTTP-only checks: Standard Webhooks signatures, retries on 503, and a topic
+//! that must stay one path segment.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use axum::http::{HeaderMap, StatusCode};
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::common::{self, TestDb};
+use crate::{Arrived, Harness, MINUTE, Unsupported, drained, histories};
+
+/// What the server saw, and how it answers.
+#[derive(Default)]
+pub struct Seen {
+    /// The topic in the request path (percent-decoded), the headers and the body.
+    pub requests: Vec<(String, HeaderMap, Vec<u8>)>,
+    /// Status codes to answer first, in order; then 200.
+    pub script: Vec<u16>,
+    /// Answer 503 to everything.
+    pub down: bool,
+    /// Hold every request unanswered.
+    pub frozen: bool,
+}
+
+/// The test webhook server: POST /hooks/{topic}; topic `rejected` gets 400.
+pub struct Hooks {
+    pub seen: Arc<Mutex<Seen>>,
+    port: u16,
+    server: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+impl Hooks {
+    pub async fn serve() -> Hooks {
+        let mut hooks = Hooks {
+            seen: Arc::default(),
+            port: common::free_port(),
+            server: None,
+        };
+        hooks.listen().await;
+        hooks
+    }
+
+    /// `url` of the destination: `http://127.0.0.1:PORT/hooks/{topic}`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/hooks/{{topic}}", self.port)
+    }
+
+    async fn listen(&mut self) {
+        let app = axum::Router::new().route(
+            "/hooks/{topic}",
+            axum::routing::post(
+                |axum::extract::Path(topic): axum::extract::Path<String>,
+                 axum::extract::State(seen): axum::extract::State<Arc<Mutex<Seen>>>,
+                 headers: HeaderMap,
+                 body: axum::body::Bytes| async move {
+                    while seen.lock().unwrap().frozen {
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    let mut s = seen.lock().unwrap();
+                    if s.down {
+                        return StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    let rejected = topic == "rejected";
+                    s.requests.push((topic, headers, body.to_vec()));
+                    if rejected {
+                        StatusCode::BAD_REQUEST
+                    } else if s.script.is_empty() {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::from_u16(s.script.remove(0)).unwrap()
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        let serving = axum::serve(listener, app.with_state(self.seen.clone()))
+            .with_graceful_shutdown(stop.clone().cancelled_owned());
+        let task = tokio::spawn(async move {
+            serving.await.unwrap();
+        });
+        self.server = Some((stop, task));
+    }
+
+    /// Stops listening and closes every connection.
+    async fn shut(&mut self) {
+        if let Some((stop, task)) = self.server.take() {
+            stop.cancel();
+            task.await.unwrap();
+        }
+    }
+
+    /// The outbox ids received on `topic` (the `idempotency-key` header), without repeats.
+    pub fn delivered(&self, topic: &str) -> HashSet<Uuid> {
+        self.seen
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|(t, _, _)| t == topic)
+            .map(|(_, h, _)| h["idempotency-key"].to_str().unwrap().parse().unwrap())
+            .collect()
+    }
+}
+
+impl Harness for Hooks {
+    const DEDUPES: bool = false;
+
+    async fn start(_: &TestDb) -> Self {
+        Hooks::serve().await
+    }
+
+    fn table(&self) -> String {
+        format!("type = \"http\"\nurl = \"{}\"\n", self.url())
+    }
+
+    async fn received(&self) -> Vec<Arrived> {
+        self.seen
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|(topic, _, _)| topic == "orders")
+            .map(|(_, h, _)| Arrived {
+                id: h["idempotency-key"].to_str().unwrap().parse().unwrap(),
+                headers: h
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned()))
+                    .collect::<BTreeMap<_, _>>(),
+            })
+            .collect()
+    }
+
+    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
+        Ok((
+            crate::enqueue(c, "rejected", None, serde_json::json!({})).await,
+            "HTTP 400",
+        ))
+    }
+
+    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
+        Ok(("bad name".into(), "x".into()))
+    }
+
+    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
+        self.shut().await;
+        self.listen().await;
+        Ok(())
+    }
+
+    async fn stop(&mut self) -> Result<(), Unsupported> {
+        self.shut().await;
+        Ok(())
+    }
+
+    async fn restart(&mut self) {
+        self.listen().await;
+    }
+
+    async fn freeze(&mut self) -> Result<(), Unsupported> {
+        self.seen.lock().unwrap().frozen = true;
+        Ok(())
+    }
+
+    async fn thaw(&mut self) {
+        self.seen.lock().unwrap().frozen = false;
+    }
+}
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// A relayer with one `http` destination `hooks` at `url` and `extra` settings in its table.
+pub fn relayer(
+    db: &TestDb,
+    worker: &str,
+    url: &str,
+    extra: &str,
+    flags: &[&str],
+) -> common::Relayer {
+    let path = db.scratch_dir().join(format!("{worker}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "[destinations.hooks]\ntype = \"http\"\nurl = \"{url}\"\n{extra}\n\
+             [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
+        ),
+    )
+    .unwrap();
+    let path = path.display().to_string();
+    let mut args = vec![
+        "--config",
+        &path,
+        "--retry-base-ms",
+        "50",
+        "--retry-cap-ms",
+        "200",
+    ];
+    args.extend_from_slice(flags);
+    if !flags.contains(&"--telemetry-addr") {
+        args.push("--no-telemetry");
+    }
+    common::Relayer::start(db, worker, &args)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn webhooks_are_signed_the_standard_webhooks_way_and_a_503_is_retried() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let hooks = Hooks::serve().await;
+    hooks.seen.lock().unwrap().script = vec![503];
+    let ids: HashSet<Uuid> = common::fill(&c, "orders", 200, None)
+        .await
+        .into_iter()
+        .collect();
+    let mut w = relayer(
+        &db,
+        "signed",
+        &hooks.url(),
+        &format!("signing_secret = \"{SECRET}\""),
+        &[],
+    );
+    drained(&c).await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+
+    assert_eq!(hooks.delivered("orders"), ids);
+    use base64::Engine;
+    use hmac::Mac;
+    let secret = base64::engine::general_purpose::STANDARD
+        .decode(SECRET.trim_start_matches("whsec_"))
+        .unwrap();
+    {
+        let seen = hooks.seen.lock().unwrap();
+        assert_eq!(seen.requests.len(), 201, "200 + one 503 retried");
+        for (_, h, body) in &seen.requests {
+            let header = |n: &str| h[n].to_str().unwrap().to_owned();
+            let (id, ts) = (header("webhook-id"), header("webhook-timestamp"));
+            assert_eq!(id, header("idempotency-key"));
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&secret).unwrap();
+            mac.update(format!("{id}.{ts}.").as_bytes());
+            mac.update(body);
+            let expected =
+                base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+            assert_eq!(header("webhook-signature"), format!("v1,{expected}"));
+        }
+    }
+    let history = histories(&c).await;
+    assert_eq!(
+        history
+            .values()
+            .filter(|h| *h == "1:RETRYABLE 2:DISPATCHED")
+            .count(),
+        1,
+        "503 then 200"
+    );
+    assert_eq!(
+        history.values().filter(|h| *h == "1:DISPATCHED").count(),
+        199
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_with_slashes_and_query_characters_stays_one_path_segment() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let hooks = Hooks::serve().await;
+    let hostile = "a/../b?x#y";
+    let id = crate::enqueue(&c, hostile, None, serde_json::json!({})).await;
+    let dots = crate::enqueue(&c, "..", None, serde_json::json!({})).await;
+    let mut w = relayer(&db, "encoded", &hooks.url(), "", &[]);
+    drained(&c).await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+    // The server routed the request to /hooks/{topic} with the whole topic as the segment.
+    assert_eq!(hooks.delivered(hostile), HashSet::from([id]));
+    assert_eq!(hooks.seen.lock().unwrap().requests.len(), 1);
+    let dead = common::dead_letters(&c).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].0, dots);
+    assert!(
+        dead[0].1.contains("cannot be a URL path segment"),
+        "{dead:?}"
+    );
+    db.finish().await;
+}

@@ -1,0 +1,130 @@
+//! Harnesses of the `file` and `stdout` destinations (JSON lines): the lines are read back
+//! from the file, or from the file the relayer's standard output was sent to.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::common::TestDb;
+use crate::{Arrived, Harness, Unsupported};
+
+const NO_CONNECTION: Unsupported =
+    "JSON lines go to a local file or stdout: there is no connection to lose";
+const NO_SERVER: Unsupported =
+    "JSON lines go to a local file or stdout: there is no server to stop";
+const NO_STALL: Unsupported =
+    "a local write stalls only on a full or frozen filesystem, which a test cannot cause safely";
+const ANY_HEADER: Unsupported =
+    "a JSON line carries the headers as a JSON object: any header can be written";
+
+/// Every line of `path` with topic `orders`.
+fn lines(path: &PathBuf) -> Vec<Arrived> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["topic"] == "orders")
+        .map(|l| {
+            let mut headers: BTreeMap<String, String> = l["headers"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+                    )
+                })
+                .collect();
+            headers.insert(
+                "outbox-id".into(),
+                l["outbox_id"].as_str().unwrap().to_owned(),
+            );
+            headers.insert(
+                "outbox-topic".into(),
+                l["topic"].as_str().unwrap().to_owned(),
+            );
+            headers.insert("outbox-attempt".into(), l["attempt_no"].to_string());
+            if let Some(key) = l["key"].as_str() {
+                headers.insert("outbox-key".into(), key.to_owned());
+            }
+            Arrived {
+                id: l["outbox_id"].as_str().unwrap().parse().unwrap(),
+                headers,
+            }
+        })
+        .collect()
+}
+
+/// A payload that says it is JSON and is not: refused for good.
+async fn broken_json(c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
+    let id = c
+        .query_one(
+            "SELECT outbox.enqueue('orders', convert_to('{not json', 'UTF8'), NULL, '{}', NULL, NULL, NULL, 'application/json')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    Ok((id, "payload is not valid JSON"))
+}
+
+/// The `file` destination, or (`STDOUT`) the `stdout` one.
+pub struct JsonLines<const STDOUT: bool> {
+    path: PathBuf,
+}
+
+pub type File = JsonLines<false>;
+pub type Stdout = JsonLines<true>;
+
+impl<const STDOUT: bool> Harness for JsonLines<STDOUT> {
+    const DEDUPES: bool = false;
+
+    async fn start(db: &TestDb) -> Self {
+        JsonLines {
+            path: db.scratch_dir().join("out.jsonl"),
+        }
+    }
+
+    fn table(&self) -> String {
+        if STDOUT {
+            "type = \"stdout\"\n".to_owned()
+        } else {
+            format!("type = \"file\"\npath = \"{}\"\n", self.path.display())
+        }
+    }
+
+    fn stdout(&self) -> Option<PathBuf> {
+        STDOUT.then(|| self.path.clone())
+    }
+
+    async fn received(&self) -> Vec<Arrived> {
+        lines(&self.path)
+    }
+
+    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
+        broken_json(c).await
+    }
+
+    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
+        Err(ANY_HEADER)
+    }
+
+    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
+        Err(NO_CONNECTION)
+    }
+
+    async fn stop(&mut self) -> Result<(), Unsupported> {
+        Err(NO_SERVER)
+    }
+
+    async fn restart(&mut self) {}
+
+    async fn freeze(&mut self) -> Result<(), Unsupported> {
+        Err(NO_STALL)
+    }
+
+    async fn thaw(&mut self) {}
+}

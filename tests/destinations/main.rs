@@ -1,0 +1,518 @@
+//! The destination conformance suite: one set of scenarios every destination must pass,
+//! run through the built binary against real servers (each destination's harness starts its
+//! own server, or puts a proxy of its own in front of a shared one, so that it can break it
+//! without disturbing other tests), and read back with an independent client, never with
+//! the destination's own code.
+//!
+//! Scenarios: 5,000 messages arrive exactly once with the outbox_id in the destination's
+//! native dedupe field; a redelivery is recognisable by that id; per-message headers arrive
+//! (and one the protocol cannot carry fails only its message); a permanent refusal
+//! dead-letters only that message; the connection killed server-side is survived without a
+//! restart; the server down for a while opens the circuit with no attempts while it is open
+//! and everything delivered after; a server that stops answering hits the dispatch
+//! deadline. A destination that cannot support a scenario says why in its harness; the
+//! scenario prints that reason.
+//!
+//! Servers: Redis (`redis-server`), NATS (`nats-server`) started per test; RabbitMQ on
+//! 127.0.0.1:5672 (`rabbitmq-server -detached`; `make test` starts it).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod amqp;
+mod dispatch;
+mod http;
+mod jsonl;
+mod nats;
+mod proxy;
+mod redis;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use common::{Relayer, TestDb, eventually, pending};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+pub const MINUTE: Duration = Duration::from_secs(60);
+
+/// A message as the destination's server holds it.
+#[derive(Debug)]
+pub struct Arrived {
+    /// Read from the destination's native dedupe field.
+    pub id: Uuid,
+    /// Headers (or the entry's header fields), with the outbox metadata under the names
+    /// `outbox-id`, `outbox-topic`, `outbox-key`, `outbox-attempt`.
+    pub headers: BTreeMap<String, String>,
+}
+
+/// What a scenario cannot do with a destination, and why.
+pub type Unsupported = &'static str;
+
+/// One destination's part of the suite.
+trait Harness: Sized {
+    /// Whether the destination itself drops a redelivery of an id it holds.
+    const DEDUPES: bool;
+
+    /// Starts what the destination needs for one test.
+    async fn start(db: &TestDb) -> Self;
+
+    /// The `[destinations.d]` table's settings (`type` and the rest, not `timeout_ms`).
+    fn table(&self) -> String;
+
+    /// Where the relayer's standard output goes (the `stdout` destination), if anywhere.
+    fn stdout(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+
+    /// Everything that arrived on topic `orders`, read back with an independent client.
+    async fn received(&self) -> Vec<Arrived>;
+
+    /// Inserts one message the destination refuses for good; returns its id and a piece of
+    /// the reason the refusal carries.
+    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported>;
+
+    /// A header (name, value) the destination's protocol cannot carry.
+    fn unsendable_header(&self) -> Result<(String, String), Unsupported>;
+
+    /// The server closes the relayer's connections.
+    async fn kill_connections(&mut self) -> Result<(), Unsupported>;
+
+    /// The server goes away ([`Harness::restart`] brings it back, with what it held).
+    async fn stop(&mut self) -> Result<(), Unsupported>;
+    async fn restart(&mut self);
+
+    /// The server accepts connections and answers nothing ([`Harness::thaw`] ends it).
+    async fn freeze(&mut self) -> Result<(), Unsupported>;
+    async fn thaw(&mut self);
+
+    /// Removes what the test left on a shared server.
+    async fn clean_up(self) {}
+}
+
+/// A relayer delivering everything to the harness's destination `d`, with a short retry
+/// backoff and a circuit that opens after two failed batches.
+fn start_relayer<H: Harness>(db: &TestDb, h: &H, worker: &str, timeout_ms: u64) -> Relayer {
+    let config = format!(
+        "[destinations.d]\n{}timeout_ms = {timeout_ms}\n\n[[routes]]\ntopic = \"*\"\ndestination = \"d\"\n",
+        h.table()
+    );
+    let path = db.scratch_dir().join(format!("{worker}.toml"));
+    std::fs::write(&path, config).unwrap();
+    let path = path.display().to_string();
+    let args = [
+        "--config",
+        &path,
+        "--no-telemetry",
+        "--retry-base-ms",
+        "50",
+        "--retry-cap-ms",
+        "200",
+        "--circuit-failures",
+        "2",
+        "--circuit-cooldown-ms",
+        "1500",
+        "--poll-interval-ms",
+        "100",
+    ];
+    let stdout = match h.stdout() {
+        Some(path) => std::fs::File::create(path).unwrap().into(),
+        None => std::process::Stdio::null(),
+    };
+    Relayer::spawn(db, &db.url, worker, &args, stdout)
+}
+
+async fn stop_relayer(mut w: Relayer) {
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+}
+
+async fn drained(c: &Client) {
+    eventually(MINUTE, "the outbox to drain", || async {
+        pending(c).await == 0
+    })
+    .await;
+}
+
+async fn fill(c: &Client, n: i64) -> HashSet<Uuid> {
+    common::fill(c, "orders", n, None)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// `outbox.enqueue` of a JSON payload on `topic` with `key` and `headers`.
+pub async fn enqueue(
+    c: &Client,
+    topic: &str,
+    key: Option<&str>,
+    headers: serde_json::Value,
+) -> Uuid {
+    c.query_one(
+        "SELECT outbox.enqueue($1, '{\"hello\": \"world\"}'::jsonb, $2, $3::jsonb)",
+        &[&topic, &key, &headers],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Each message's attempt history, e.g. `1:RETRYABLE 2:DISPATCHED`.
+async fn histories(c: &Client) -> BTreeMap<Uuid, String> {
+    c.query(
+        "SELECT outbox_id, string_agg(attempt_no || ':' || state, ' ' ORDER BY attempt_no) \
+         FROM outbox.attempts GROUP BY outbox_id",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+fn not_applicable(scenario: &str, why: Unsupported) {
+    eprintln!("{scenario}: not applicable to this destination: {why}");
+}
+
+/// Once the circuit is open and the batches claimed before it opened have settled, no
+/// attempt is recorded for a second (the cool-down is longer than that).
+pub async fn assert_no_attempts_while_open(c: &Client) {
+    eventually(
+        MINUTE,
+        "batches claimed before the circuit opened to settle",
+        || async {
+            c.query_one(
+                "SELECT count(*) FROM outbox.messages WHERE lease_token IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+                == 0
+        },
+    )
+    .await;
+    let attempts = || async {
+        c.query_one("SELECT count(*) FROM outbox.attempts", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let at_open = attempts().await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        attempts().await,
+        at_open,
+        "no attempts while the circuit is open"
+    );
+}
+
+async fn exactly_once<H: Harness>() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = H::start(&db).await;
+    let ids = fill(&c, 5000).await;
+    let w = start_relayer(&db, &h, "once", 10_000);
+    drained(&c).await;
+    stop_relayer(w).await;
+    let arrived = h.received().await;
+    let got: HashSet<Uuid> = arrived.iter().map(|a| a.id).collect();
+    assert_eq!(arrived.len(), 5000, "one arrival per message");
+    assert_eq!(got, ids, "every outbox_id in the native dedupe field");
+    assert!(histories(&c).await.values().all(|h| h == "1:DISPATCHED"));
+    h.clean_up().await;
+    db.finish().await;
+}
+
+/// A message delivered, then relayed again under the same id (as after a crash between
+/// publish and completion): both deliveries carry the id, or the destination dropped the
+/// second by it.
+async fn redelivery<H: Harness>() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = H::start(&db).await;
+    let id = *fill(&c, 1).await.iter().next().unwrap();
+    let w = start_relayer(&db, &h, "redelivery", 10_000);
+    drained(&c).await;
+    c.execute(
+        "INSERT INTO outbox.messages (outbox_id, topic, payload) VALUES ($1, 'orders', '{\"n\": 1}')",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    drained(&c).await;
+    stop_relayer(w).await;
+    assert_eq!(
+        histories(&c).await[&id],
+        "1:DISPATCHED 2:DISPATCHED",
+        "relayed twice"
+    );
+    let copies = h.received().await.iter().filter(|a| a.id == id).count();
+    assert_eq!(
+        copies,
+        if H::DEDUPES { 1 } else { 2 },
+        "copies carrying the outbox_id"
+    );
+    h.clean_up().await;
+    db.finish().await;
+}
+
+async fn headers<H: Harness>() {
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const TRACESTATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = H::start(&db).await;
+    let others = fill(&c, 20).await;
+    let traced = enqueue(
+        &c,
+        "orders",
+        Some("order-7"),
+        serde_json::json!({"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "x-tenant": "acme", "x-retries": 3}),
+    )
+    .await;
+    let unsendable = match h.unsendable_header() {
+        Ok((name, value)) => Some((
+            enqueue(&c, "orders", None, serde_json::json!({ &name: value })).await,
+            name,
+        )),
+        Err(why) => {
+            not_applicable("a header the protocol cannot carry", why);
+            None
+        }
+    };
+    let w = start_relayer(&db, &h, "headers", 10_000);
+    drained(&c).await;
+    stop_relayer(w).await;
+    let arrived = h.received().await;
+    let message = arrived
+        .iter()
+        .find(|a| a.id == traced)
+        .expect("the traced message arrived");
+    let expected = [
+        ("traceparent", TRACEPARENT.to_owned()),
+        ("tracestate", TRACESTATE.to_owned()),
+        ("x-tenant", "acme".to_owned()),
+        ("x-retries", "3".to_owned()),
+        ("outbox-id", traced.to_string()),
+        ("outbox-topic", "orders".to_owned()),
+        ("outbox-key", "order-7".to_owned()),
+        ("outbox-attempt", "1".to_owned()),
+    ];
+    for (name, value) in expected {
+        assert_eq!(
+            message.headers.get(name),
+            Some(&value),
+            "{name} in {:?}",
+            message.headers
+        );
+    }
+    let delivered: HashSet<Uuid> = arrived.iter().map(|a| a.id).collect();
+    assert!(others.is_subset(&delivered));
+    if let Some((id, name)) = unsendable {
+        assert!(
+            !delivered.contains(&id),
+            "a header the protocol cannot carry is not sent"
+        );
+        let dead = common::dead_letters(&c).await;
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].0, id);
+        assert!(
+            dead[0].1.contains(&name),
+            "the reason names the header: {dead:?}"
+        );
+    }
+    h.clean_up().await;
+    db.finish().await;
+}
+
+async fn refusal<H: Harness>() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = H::start(&db).await;
+    let (refused, reason) = match h.refused_message(&c).await {
+        Ok(r) => r,
+        Err(why) => return not_applicable("a permanent refusal", why),
+    };
+    // Enqueued together so that they are claimed, and published, in one batch.
+    let ids = fill(&c, 50).await;
+    let w = start_relayer(&db, &h, "refusal", 10_000);
+    drained(&c).await;
+    stop_relayer(w).await;
+    let dead = common::dead_letters(&c).await;
+    assert_eq!(dead.len(), 1, "only the refused message: {dead:?}");
+    assert_eq!(dead[0].0, refused);
+    assert!(dead[0].1.contains(reason), "{dead:?}");
+    let history = histories(&c).await;
+    assert_eq!(history[&refused], "1:FAILED");
+    assert!(
+        ids.iter().all(|id| history[id] == "1:DISPATCHED"),
+        "{history:?}"
+    );
+    let got: HashSet<Uuid> = h.received().await.iter().map(|a| a.id).collect();
+    assert_eq!(got, ids);
+    h.clean_up().await;
+    db.finish().await;
+}
+
+async fn connection_killed<H: Harness>() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut h = H::start(&db).await;
+    let w = start_relayer(&db, &h, "killed", 2_000);
+    let mut ids = fill(&c, 100).await;
+    drained(&c).await;
+    if let Err(why) = h.kill_connections().await {
+        stop_relayer(w).await;
+        return not_applicable("the connection killed server-side", why);
+    }
+    ids.extend(fill(&c, 100).await);
+    drained(&c).await;
+    stop_relayer(w).await;
+    let got: HashSet<Uuid> = h.received().await.iter().map(|a| a.id).collect();
+    assert_eq!(
+        got, ids,
+        "everything arrived (at least once) over a new connection"
+    );
+    h.clean_up().await;
+    db.finish().await;
+}
+
+async fn outage<H: Harness>() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut h = H::start(&db).await;
+    let w = start_relayer(&db, &h, "outage", 2_000);
+    let mut ids = fill(&c, 100).await;
+    drained(&c).await;
+    if let Err(why) = h.stop().await {
+        stop_relayer(w).await;
+        return not_applicable("the server down for a while", why);
+    }
+    ids.extend(fill(&c, 200).await);
+    eventually(MINUTE, "the circuit to open", || async {
+        w.log_text().contains("circuit open")
+    })
+    .await;
+    assert_no_attempts_while_open(&c).await;
+    h.restart().await;
+    drained(&c).await;
+    assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
+    let most: i64 = c
+        .query_one(
+            "SELECT coalesce(max(attempt_no), 0)::bigint FROM outbox.attempts",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        most <= 4,
+        "an outage costs a message a few attempts, not its budget ({most})"
+    );
+    stop_relayer(w).await;
+    let got: HashSet<Uuid> = h.received().await.iter().map(|a| a.id).collect();
+    assert_eq!(got, ids, "everything delivered once it was back");
+    h.clean_up().await;
+    db.finish().await;
+}
+
+async fn deadline<H: Harness>() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut h = H::start(&db).await;
+    let w = start_relayer(&db, &h, "deadline", 1_000);
+    let mut ids = fill(&c, 50).await;
+    drained(&c).await;
+    if let Err(why) = h.freeze().await {
+        stop_relayer(w).await;
+        return not_applicable("a server that stops answering", why);
+    }
+    let frozen = std::time::Instant::now();
+    ids.extend(fill(&c, 100).await);
+    // The dispatch deadline's reason, or the client's own timeout where the destination
+    // gives its client the same deadline and it fires first.
+    let timed_out = || async {
+        c.query_one(
+            "SELECT count(*) FROM outbox.attempts WHERE state = 'RETRYABLE' \
+               AND (error = 'destination d did not answer within 1000 ms' OR error ILIKE '%time%out%')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    eventually(MINUTE, "a retryable attempt at the deadline", || async {
+        timed_out().await > 0
+    })
+    .await;
+    assert!(
+        frozen.elapsed() < Duration::from_secs(10),
+        "the first batch was given up at its 1 s deadline, not later ({:?})",
+        frozen.elapsed()
+    );
+    eventually(MINUTE, "the circuit to open", || async {
+        w.log_text().contains("circuit open")
+    })
+    .await;
+    assert_no_attempts_while_open(&c).await;
+    h.thaw().await;
+    drained(&c).await;
+    stop_relayer(w).await;
+    let got: HashSet<Uuid> = h.received().await.iter().map(|a| a.id).collect();
+    assert!(ids.is_subset(&got), "everything delivered after the stall");
+    h.clean_up().await;
+    db.finish().await;
+}
+
+/// The scenarios, as tests, for one harness.
+macro_rules! conformance {
+    ($suite:ident, $harness:ty) => {
+        mod $suite {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn five_thousand_arrive_exactly_once_with_the_outbox_id() {
+                exactly_once::<$harness>().await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn a_redelivery_is_recognisable_by_the_outbox_id() {
+                redelivery::<$harness>().await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn message_headers_and_trace_context_arrive() {
+                headers::<$harness>().await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn a_permanent_refusal_dead_letters_only_that_message() {
+                refusal::<$harness>().await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn the_connection_killed_server_side_is_survived() {
+                connection_killed::<$harness>().await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn an_outage_opens_the_circuit_and_everything_arrives_after() {
+                outage::<$harness>().await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn a_server_that_stops_answering_hits_the_dispatch_deadline() {
+                deadline::<$harness>().await
+            }
+        }
+    };
+}
+
+conformance!(file_conformance, jsonl::File);
+conformance!(stdout_conformance, jsonl::Stdout);
+conformance!(http_conformance, http::Hooks);
+conformance!(nats_conformance, nats::JetStream);
+conformance!(amqp_conformance, amqp::Rabbit);
+conformance!(redis_conformance, redis::Streams);

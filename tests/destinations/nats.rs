@@ -1,0 +1,163 @@
+//! Harness of the `nats` destination: a nats-server with JetStream of the test's own (file
+//! storage, so a restart keeps what it stored), a stream capturing `<prefix>.orders` with a
+//! two-minute duplicate window, read back message by message with a plain client.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::common::{self, TestDb, eventually};
+use crate::{Arrived, Harness, MINUTE, Unsupported};
+
+pub struct JetStream {
+    port: u16,
+    dir: std::path::PathBuf,
+    prefix: String,
+    server: Option<std::process::Child>,
+}
+
+impl JetStream {
+    fn spawn(&mut self) {
+        let child = std::process::Command::new("/usr/sbin/nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server (Debian package nats-server) must be installed");
+        self.server = Some(child);
+    }
+
+    async fn answering(&self) {
+        eventually(MINUTE, "the test's nats-server to answer", || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+        })
+        .await;
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.server.as_ref().unwrap().id().to_string();
+        std::process::Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap();
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for JetStream {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Harness for JetStream {
+    const DEDUPES: bool = true;
+
+    async fn start(db: &TestDb) -> Self {
+        let mut h = JetStream {
+            port: common::free_port(),
+            dir: db.scratch_dir().join("jetstream"),
+            prefix: db.name.replace('_', "-"),
+            server: None,
+        };
+        h.spawn();
+        h.answering().await;
+        let js = async_nats::jetstream::new(async_nats::connect(h.url()).await.unwrap());
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "CONFORMANCE".into(),
+            subjects: vec![format!("{}.orders", h.prefix)],
+            duplicate_window: Duration::from_secs(120),
+            storage: async_nats::jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        h
+    }
+
+    fn table(&self) -> String {
+        format!(
+            "type = \"nats\"\nurl = \"{}\"\nsubject = \"{}.{{topic}}\"\n",
+            self.url(),
+            self.prefix
+        )
+    }
+
+    async fn received(&self) -> Vec<Arrived> {
+        let js = async_nats::jetstream::new(async_nats::connect(self.url()).await.unwrap());
+        let mut stream = js.get_stream("CONFORMANCE").await.unwrap();
+        let last = stream.info().await.unwrap().state.last_sequence;
+        let mut arrived = Vec::new();
+        for seq in 1..=last {
+            let m = stream.get_raw_message(seq).await.unwrap();
+            let headers: BTreeMap<String, String> = m
+                .headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v[0].to_string()))
+                .collect();
+            arrived.push(Arrived {
+                id: headers["Nats-Msg-Id"].parse().unwrap(),
+                headers,
+            });
+        }
+        arrived
+    }
+
+    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
+        let id = crate::enqueue(c, "nostream", None, serde_json::json!({})).await;
+        Ok((id, "no JetStream stream captures subject"))
+    }
+
+    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
+        Ok(("bad name".into(), "x".into()))
+    }
+
+    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
+        // A restart is the only way a plain nats-server hangs up on a client.
+        self.kill();
+        self.spawn();
+        self.answering().await;
+        Ok(())
+    }
+
+    async fn stop(&mut self) -> Result<(), Unsupported> {
+        self.kill();
+        Ok(())
+    }
+
+    async fn restart(&mut self) {
+        self.spawn();
+        self.answering().await;
+    }
+
+    async fn freeze(&mut self) -> Result<(), Unsupported> {
+        self.signal("-STOP");
+        Ok(())
+    }
+
+    async fn thaw(&mut self) {
+        self.signal("-CONT");
+    }
+}

@@ -1,0 +1,130 @@
+//! A TCP proxy in front of a shared server, so that a test can break the connection to it,
+//! take it away, or freeze it (connections accepted, nothing answered) without touching the
+//! server other tests use.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub struct Proxy {
+    pub port: u16,
+    upstream: String,
+    frozen: watch::Sender<bool>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Listens on a free port and forwards every connection to `upstream`.
+    pub async fn start(upstream: &str) -> Proxy {
+        let mut proxy = Proxy {
+            port: crate::common::free_port(),
+            upstream: upstream.to_owned(),
+            frozen: watch::channel(false).0,
+            connections: Arc::default(),
+            listener: None,
+        };
+        proxy.listen().await;
+        proxy
+    }
+
+    /// Accepts again on the same port.
+    pub async fn listen(&mut self) {
+        let listener = TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .expect("bind the proxy port");
+        let (upstream, frozen, connections) = (
+            self.upstream.clone(),
+            self.frozen.clone(),
+            self.connections.clone(),
+        );
+        self.listener = Some(tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let task = tokio::spawn(forward(client, upstream.clone(), frozen.subscribe()));
+                connections.lock().unwrap().push(task);
+            }
+        }));
+    }
+
+    /// Closes every forwarded connection (the server side hangs up).
+    pub fn kill_connections(&self) {
+        for task in self.connections.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Stops listening and closes every connection: the server is down.
+    pub async fn stop(&mut self) {
+        if let Some(listener) = self.listener.take() {
+            listener.abort();
+            let _ = listener.await;
+        }
+        self.kill_connections();
+    }
+
+    /// Connections are accepted and kept, but nothing is forwarded either way.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    /// Drops what was held while frozen and forwards again.
+    pub fn thaw(&self) {
+        self.kill_connections();
+        self.frozen.send_replace(false);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(listener) = self.listener.take() {
+            listener.abort();
+        }
+        self.kill_connections();
+    }
+}
+
+async fn forward(client: TcpStream, upstream: String, mut frozen: watch::Receiver<bool>) {
+    if thawed(&mut frozen).await.is_err() {
+        return;
+    }
+    let Ok(server) = TcpStream::connect(&upstream).await else {
+        return;
+    };
+    let (client_in, client_out) = client.into_split();
+    let (server_in, server_out) = server.into_split();
+    tokio::join!(
+        pump(client_in, server_out, frozen.clone()),
+        pump(server_in, client_out, frozen)
+    );
+}
+
+async fn thawed(frozen: &mut watch::Receiver<bool>) -> Result<(), watch::error::RecvError> {
+    while *frozen.borrow_and_update() {
+        frozen.changed().await?;
+    }
+    Ok(())
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        if thawed(&mut frozen).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Frozen while this was read: hold it, as a server that stopped answering would.
+        if thawed(&mut frozen).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
