@@ -61,6 +61,27 @@ pub struct ClaimedMessage {
     pub payload_withheld: bool,
 }
 
+#[cfg(test)]
+impl ClaimedMessage {
+    /// A message on topic `t` with `headers`, as a claim would return it (for unit tests).
+    pub(crate) fn example(headers: serde_json::Value) -> Self {
+        ClaimedMessage {
+            id: OutboxId(Uuid::now_v7()),
+            lease_token: LeaseToken(Uuid::new_v4()),
+            topic: "t".into(),
+            key: None,
+            payload: Vec::new(),
+            content_type: "application/json".into(),
+            headers,
+            attempt_no: 1,
+            created_at: Utc::now(),
+            lease_expires_at: Utc::now(),
+            payload_bytes: 0,
+            payload_withheld: false,
+        }
+    }
+}
+
 /// What a destination did with one message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -594,3 +594,38 @@ impl Relay {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_keeper_stops_extending_a_batch_past_its_dispatch_deadline() {
+        let book = LeaseBook::default();
+        let asked = Instant::now();
+        let waiting = book.insert(
+            &[ClaimedMessage::example(serde_json::Value::Null)],
+            asked,
+            Duration::from_secs(60),
+        );
+        let answering = book.insert(
+            &[ClaimedMessage::example(serde_json::Value::Null)],
+            asked,
+            Duration::from_secs(60),
+        );
+        let overdue = book.insert(
+            &[ClaimedMessage::example(serde_json::Value::Null)],
+            asked,
+            Duration::from_secs(60),
+        );
+        book.dispatching(answering, Instant::now() + Duration::from_secs(60));
+        book.dispatching(overdue, Instant::now());
+        let mut due: Vec<u64> = book
+            .due(Duration::ZERO)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        due.sort_unstable();
+        assert_eq!(due, vec![waiting, answering]);
+    }
+}

@@ -775,6 +775,18 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
         "null.toml",
         "[destinations.d]\ntype = \"null\"\nlatency_ms = 86400000",
     );
+    let deadline = destination(
+        "deadline.toml",
+        "[destinations.d]\ntype = \"stdout\"\ntimeout_ms = 0",
+    );
+    let budget = destination(
+        "budget.toml",
+        "[destinations.d]\ntype = \"stdout\"\nmax_in_flight = 65",
+    );
+    let typo = destination(
+        "typo.toml",
+        "[destinations.d]\ntype = \"redis\"\nstreem = \"s\"",
+    );
     // (flags, environment, the setting the error must name)
     type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
     let cases: Vec<Case> = vec![
@@ -820,6 +832,17 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
             vec![],
             "invalid setting destinations.d.latency_ms",
         ),
+        (
+            vec!["--config", &deadline],
+            vec![],
+            "invalid setting destinations.d.timeout_ms: 0 is out of range 1..=600000",
+        ),
+        (
+            vec!["--config", &budget],
+            vec![],
+            "invalid setting destinations.d.max_in_flight: 65 is out of range 1..=64",
+        ),
+        (vec!["--config", &typo], vec![], "unknown field `streem`"),
     ];
     for (args, env, setting) in cases {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))

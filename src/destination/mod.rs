@@ -253,26 +253,11 @@ mod tests {
         }
     }
 
-    fn message(headers: serde_json::Value) -> ClaimedMessage {
-        ClaimedMessage {
-            id: crate::message::OutboxId(uuid::Uuid::nil()),
-            lease_token: crate::message::LeaseToken(uuid::Uuid::nil()),
-            topic: "t".into(),
-            key: None,
-            payload: Vec::new(),
-            content_type: "application/json".into(),
-            headers,
-            attempt_no: 1,
-            created_at: chrono::Utc::now(),
-            lease_expires_at: chrono::Utc::now(),
-            payload_bytes: 0,
-            payload_withheld: false,
-        }
-    }
-
     #[test]
     fn headers_are_text_and_a_nested_value_is_refused_with_its_name() {
-        let m = message(serde_json::json!({"traceparent": "00-ab-cd-01", "n": 3, "ok": true}));
+        let m = ClaimedMessage::example(
+            serde_json::json!({"traceparent": "00-ab-cd-01", "n": 3, "ok": true}),
+        );
         let mut h = user_headers(&m).unwrap();
         h.sort();
         assert_eq!(
@@ -283,9 +268,10 @@ mod tests {
                 ("traceparent", "00-ab-cd-01".into())
             ]
         );
-        let err = user_headers(&message(serde_json::json!({"x": {"y": 1}}))).unwrap_err();
+        let err =
+            user_headers(&ClaimedMessage::example(serde_json::json!({"x": {"y": 1}}))).unwrap_err();
         assert!(err.contains("\"x\"") && err.contains("an object"), "{err}");
-        let err = user_headers(&message(serde_json::json!([1]))).unwrap_err();
+        let err = user_headers(&ClaimedMessage::example(serde_json::json!([1]))).unwrap_err();
         assert!(err.contains("JSON object"), "{err}");
     }
 }

@@ -246,12 +246,14 @@ pub async fn dead_letters(c: &Client) -> Vec<(uuid::Uuid, String)> {
         .collect()
 }
 
+/// The `bigint` that `sql` (a `SELECT count(*) …`, say) answers.
+pub async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
 /// Messages still in `outbox.messages` (ready, delayed or leased).
 pub async fn pending(c: &Client) -> i64 {
-    c.query_one("SELECT count(*) FROM outbox.messages", &[])
-        .await
-        .unwrap()
-        .get(0)
+    count(c, "SELECT count(*) FROM outbox.messages").await
 }
 
 /// A free TCP port on 127.0.0.1.

@@ -235,14 +235,11 @@ async fn a_destination_that_panics_is_counted_and_its_leases_released_at_once() 
     let relay = Relay::new(settings, db.store(), Arc::new(dispatcher));
     let summary = relay.tick().await.unwrap();
     assert_eq!((summary.claimed, summary.released), (10, 10));
-    let leased: i64 = c
-        .query_one(
-            "SELECT count(*) FROM outbox.messages WHERE lease_token IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let leased: i64 = common::count(
+        &c,
+        "SELECT count(*) FROM outbox.messages WHERE lease_token IS NOT NULL",
+    )
+    .await;
     assert_eq!(leased, 0, "released at once, not left to expire");
     assert_eq!(pending(&c).await, 10);
     assert!(histories(&c).await.is_empty(), "no attempt counted");

@@ -26,6 +26,7 @@ mod jsonl;
 mod nats;
 mod proxy;
 mod redis;
+mod server;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -182,23 +183,16 @@ pub async fn assert_no_attempts_while_open(c: &Client) {
         MINUTE,
         "batches claimed before the circuit opened to settle",
         || async {
-            c.query_one(
+            common::count(
+                c,
                 "SELECT count(*) FROM outbox.messages WHERE lease_token IS NOT NULL",
-                &[],
             )
             .await
-            .unwrap()
-            .get::<_, i64>(0)
                 == 0
         },
     )
     .await;
-    let attempts = || async {
-        c.query_one("SELECT count(*) FROM outbox.attempts", &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
+    let attempts = || async { common::count(c, "SELECT count(*) FROM outbox.attempts").await };
     let at_open = attempts().await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(
@@ -399,14 +393,11 @@ async fn outage<H: Harness>() {
     h.restart().await;
     drained(&c).await;
     assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
-    let most: i64 = c
-        .query_one(
-            "SELECT coalesce(max(attempt_no), 0)::bigint FROM outbox.attempts",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let most: i64 = common::count(
+        &c,
+        "SELECT coalesce(max(attempt_no), 0)::bigint FROM outbox.attempts",
+    )
+    .await;
     assert!(
         most <= 4,
         "an outage costs a message a few attempts, not its budget ({most})"
@@ -434,14 +425,8 @@ async fn deadline<H: Harness>() {
     // The dispatch deadline's reason, or the client's own timeout where the destination
     // gives its client the same deadline and it fires first.
     let timed_out = || async {
-        c.query_one(
-            "SELECT count(*) FROM outbox.attempts WHERE state = 'RETRYABLE' \
-               AND (error = 'destination d did not answer within 1000 ms' OR error ILIKE '%time%out%')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
+        common::count(&c, "SELECT count(*) FROM outbox.attempts WHERE state = 'RETRYABLE' \
+               AND (error = 'destination d did not answer within 1000 ms' OR error ILIKE '%time%out%')").await
     };
     eventually(MINUTE, "a retryable attempt at the deadline", || async {
         timed_out().await > 0

@@ -3,72 +3,25 @@
 //! two-minute duplicate window, read back message by message with a plain client.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::time::Duration;
 
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::common::{self, TestDb, eventually};
-use crate::{Arrived, Harness, MINUTE, Unsupported};
+use crate::common::{self, TestDb};
+use crate::server::Server;
+use crate::{Arrived, Harness, Unsupported};
 
 pub struct JetStream {
     port: u16,
-    dir: std::path::PathBuf,
     prefix: String,
-    server: Option<std::process::Child>,
+    server: Server,
 }
 
 impl JetStream {
-    fn spawn(&mut self) {
-        let child = std::process::Command::new("/usr/sbin/nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("nats-server (Debian package nats-server) must be installed");
-        self.server = Some(child);
-    }
-
-    async fn answering(&self) {
-        eventually(MINUTE, "the test's nats-server to answer", || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_ok()
-        })
-        .await;
-    }
-
     fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    fn signal(&self, name: &str) {
-        let pid = self.server.as_ref().unwrap().id().to_string();
-        std::process::Command::new("kill")
-            .args([name, &pid])
-            .status()
-            .unwrap();
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.server.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for JetStream {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -76,14 +29,17 @@ impl Harness for JetStream {
     const DEDUPES: bool = true;
 
     async fn start(db: &TestDb) -> Self {
-        let mut h = JetStream {
-            port: common::free_port(),
-            dir: db.scratch_dir().join("jetstream"),
+        let port = common::free_port();
+        let args = ["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"]
+            .map(OsString::from)
+            .into_iter()
+            .chain([db.scratch_dir().join("jetstream").into_os_string()])
+            .collect();
+        let h = JetStream {
+            port,
             prefix: db.name.replace('_', "-"),
-            server: None,
+            server: Server::start("/usr/sbin/nats-server", args, port).await,
         };
-        h.spawn();
-        h.answering().await;
         let js = async_nats::jetstream::new(async_nats::connect(h.url()).await.unwrap());
         js.create_stream(async_nats::jetstream::stream::Config {
             name: "CONFORMANCE".into(),
@@ -136,28 +92,26 @@ impl Harness for JetStream {
 
     async fn kill_connections(&mut self) -> Result<(), Unsupported> {
         // A restart is the only way a plain nats-server hangs up on a client.
-        self.kill();
-        self.spawn();
-        self.answering().await;
+        self.server.kill();
+        self.server.restart().await;
         Ok(())
     }
 
     async fn stop(&mut self) -> Result<(), Unsupported> {
-        self.kill();
+        self.server.kill();
         Ok(())
     }
 
     async fn restart(&mut self) {
-        self.spawn();
-        self.answering().await;
+        self.server.restart().await;
     }
 
     async fn freeze(&mut self) -> Result<(), Unsupported> {
-        self.signal("-STOP");
+        self.server.signal("-STOP");
         Ok(())
     }
 
     async fn thaw(&mut self) {
-        self.signal("-CONT");
+        self.server.signal("-CONT");
     }
 }

@@ -2,78 +2,35 @@
 //! on, so a restart keeps the streams), read back with XRANGE.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::common::{self, TestDb, eventually};
-use crate::{Arrived, Harness, MINUTE, Unsupported};
+use crate::common::{self, TestDb};
+use crate::server::Server;
+use crate::{Arrived, Harness, Unsupported};
 
 pub struct Streams {
     port: u16,
-    dir: std::path::PathBuf,
-    server: Option<std::process::Child>,
+    server: Server,
 }
 
 impl Streams {
-    fn spawn(&mut self) {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
-            .arg(&self.dir)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server (Debian package redis-server) must be installed");
-        self.server = Some(child);
-    }
-
-    async fn answering(&self) {
-        eventually(MINUTE, "the test's redis-server to answer", || async {
-            match self.client().get_multiplexed_async_connection().await {
-                Ok(mut c) => redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok(),
-                Err(_) => false,
-            }
-        })
-        .await;
-    }
-
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).unwrap()
-    }
-
-    fn signal(&self, name: &str) {
-        let pid = self.server.as_ref().unwrap().id().to_string();
-        std::process::Command::new("kill")
-            .args([name, &pid])
-            .status()
-            .unwrap();
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.server.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Streams {
-    fn drop(&mut self) {
-        self.kill();
+    /// A plain connection, patient with a loaded machine (the client's default response
+    /// timeout is 500 ms).
+    async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(std::time::Duration::from_secs(30)));
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap()
     }
 }
 
@@ -83,14 +40,28 @@ impl Harness for Streams {
     async fn start(db: &TestDb) -> Self {
         let dir = db.scratch_dir().join("redis");
         std::fs::create_dir_all(&dir).unwrap();
-        let mut h = Streams {
-            port: common::free_port(),
-            dir,
-            server: None,
-        };
-        h.spawn();
-        h.answering().await;
-        h
+        let port = common::free_port();
+        let args = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+        ]
+        .map(OsString::from)
+        .into_iter()
+        .chain([dir.into_os_string()])
+        .collect();
+        Streams {
+            port,
+            server: Server::start("redis-server", args, port).await,
+        }
     }
 
     fn table(&self) -> String {
@@ -101,11 +72,7 @@ impl Harness for Streams {
     }
 
     async fn received(&self) -> Vec<Arrived> {
-        let mut c = self
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut c = self.connection().await;
         let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
             .arg("test:orders")
             .arg("-")
@@ -138,11 +105,7 @@ impl Harness for Streams {
 
     async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
         // The stream's key holds a string: Redis refuses that one XADD of the pipeline.
-        let mut r = self
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut r = self.connection().await;
         let _: () = redis::cmd("SET")
             .arg("test:wrongtype")
             .arg("x")
@@ -160,11 +123,7 @@ impl Harness for Streams {
     }
 
     async fn kill_connections(&mut self) -> Result<(), Unsupported> {
-        let mut r = self
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut r = self.connection().await;
         let killed: i64 = redis::cmd("CLIENT")
             .arg("KILL")
             .arg("SKIPME")
@@ -177,21 +136,20 @@ impl Harness for Streams {
     }
 
     async fn stop(&mut self) -> Result<(), Unsupported> {
-        self.kill();
+        self.server.kill();
         Ok(())
     }
 
     async fn restart(&mut self) {
-        self.spawn();
-        self.answering().await;
+        self.server.restart().await;
     }
 
     async fn freeze(&mut self) -> Result<(), Unsupported> {
-        self.signal("-STOP");
+        self.server.signal("-STOP");
         Ok(())
     }
 
     async fn thaw(&mut self) {
-        self.signal("-CONT");
+        self.server.signal("-CONT");
     }
 }
