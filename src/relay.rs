@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::dispatch::{Dispatcher, Part};
+use crate::dispatch::{ClaimFilter, Dispatcher, Part};
 use crate::message::{
     AttemptState, ClaimedMessage, Completion, LeaseToken, OutboxId, Outcome, WorkerId,
 };
@@ -191,8 +191,15 @@ impl Relay {
             .await)
     }
 
+    /// Claims a batch of what the destinations can take now; nothing, without asking the
+    /// database, when none can.
     async fn claim(&self) -> Result<(Instant, Vec<ClaimedMessage>), StoreError> {
         let started = Instant::now();
+        let held_back = match self.dispatcher.claim_filter() {
+            ClaimFilter::Nothing => return Ok((started, Vec::new())),
+            ClaimFilter::Everything => None,
+            ClaimFilter::Except(patterns) => Some(patterns),
+        };
         let batch = self
             .store
             .claim(
@@ -200,7 +207,7 @@ impl Relay {
                 self.worker(),
                 self.settings.lease_secs,
                 self.settings.topics.as_deref(),
-                self.dispatcher.held_back_topics().as_deref(),
+                held_back.as_deref(),
                 ClaimSizes {
                     max_batch_bytes: Some(self.settings.max_batch_bytes),
                     max_message_bytes: Some(self.settings.max_message_bytes),

@@ -27,7 +27,7 @@ use futures_util::future::join_all;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use circuit::{CircuitSettings, State};
-pub use routes::{RouteConfig, Routes, TopicPattern};
+pub use routes::{ClaimFilter, RouteConfig, Routes, TopicPattern};
 
 use crate::config::ConfigError;
 use crate::destination::{Destination, DestinationConfig};
@@ -165,10 +165,10 @@ impl Dispatcher {
         }
     }
 
-    /// The claim filter: LIKE patterns of the topics to leave unclaimed now, because their
-    /// destination's circuit is open or it has no room for another batch.
-    pub fn held_back_topics(&self) -> Option<Vec<String>> {
-        self.routes.held_back(|d| {
+    /// The claim filter: the topics to leave unclaimed now, because their destination's
+    /// circuit is open or it has no room for another batch.
+    pub fn claim_filter(&self) -> ClaimFilter {
+        self.routes.claim_filter(|d| {
             let lane = &self.lanes[d];
             lane.budget.available_permits() > 0 && lane.breaker.admits()
         })

@@ -113,18 +113,34 @@ impl Routes {
             .map(|(_, d)| *d)
     }
 
-    /// LIKE patterns of the topics routed to a destination `admits` refuses; `None` when
-    /// every destination admits work. A pattern of a later route may also hold back topics an
-    /// earlier route sends elsewhere: they wait, they are not lost.
-    pub fn held_back(&self, admits: impl Fn(usize) -> bool) -> Option<Vec<String>> {
-        let held: Vec<String> = self
+    /// Which topics to claim, given which destinations admit work now. A pattern of a
+    /// later route may also hold back topics an earlier route sends elsewhere: they wait,
+    /// they are not lost.
+    pub fn claim_filter(&self, admits: impl Fn(usize) -> bool) -> ClaimFilter {
+        let held: Vec<&TopicPattern> = self
             .0
             .iter()
             .filter(|(_, d)| !admits(*d))
-            .map(|(p, _)| p.to_like())
+            .map(|(p, _)| p)
             .collect();
-        (!held.is_empty()).then_some(held)
+        if held.is_empty() {
+            ClaimFilter::Everything
+        } else if held.contains(&&TopicPattern::Any) {
+            ClaimFilter::Nothing
+        } else {
+            ClaimFilter::Except(held.iter().map(|p| p.to_like()).collect())
+        }
     }
+}
+
+/// What the next claim may take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimFilter {
+    Everything,
+    /// Every topic but those matching these SQL `LIKE` patterns.
+    Except(Vec<String>),
+    /// Nothing: no claim is worth its round trip.
+    Nothing,
 }
 
 #[cfg(test)]
@@ -150,10 +166,11 @@ mod tests {
         assert_eq!(routes.route("a_b.c"), Some(0));
         assert_eq!(routes.route("a_bc"), Some(1));
         assert_eq!(
-            routes.held_back(|d| d == 1),
-            Some(vec!["a\\_b.%".to_owned()])
+            routes.claim_filter(|d| d == 1),
+            ClaimFilter::Except(vec!["a\\_b.%".to_owned()])
         );
-        assert_eq!(routes.held_back(|_| true), None);
+        assert_eq!(routes.claim_filter(|_| true), ClaimFilter::Everything);
+        assert_eq!(routes.claim_filter(|d| d == 0), ClaimFilter::Nothing);
         assert!(Routes::parse(&[], &["x"]).is_err());
         assert!(TopicPattern::parse("a*b").is_err());
     }

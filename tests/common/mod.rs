@@ -231,7 +231,7 @@ impl TestDb {
 /// Inserts `n` messages on `topic` with payload `{"n": i}`; with `keyed_every = Some(k)`
 /// every k-th message gets one of 50 keys. Returns their ids in enqueue order.
 pub async fn fill(c: &Client, topic: &str, n: i64, keyed_every: Option<i64>) -> Vec<uuid::Uuid> {
-    kit::fill_messages(c, topic, n, keyed_every, 50, 0)
+    kit::fill_messages_returning_ids(c, topic, n, keyed_every, 50, 0)
         .await
         .unwrap()
 }
