@@ -68,7 +68,8 @@ pub struct RawConfig {
     /// 1..=1073741824 [default: 16777216].
     #[arg(long, env = "OUTBOX_MAX_MESSAGE_BYTES", allow_negative_numbers = true)]
     pub max_message_bytes: Option<i64>,
-    /// Batches claimed and not yet completed at once, 1..=64 [default: 3].
+    /// Claimed batches waiting to be taken by their destinations, 1..=64 [default: 3]; each
+    /// destination then has its own budget (`max_in_flight` in its table).
     #[arg(
         long,
         env = "OUTBOX_MAX_BATCHES_IN_FLIGHT",
