@@ -2,11 +2,20 @@
 # What `make test` needs besides Postgres (scripts/with-postgres.sh provides that):
 #   - redis-server and nats-server binaries (destination tests start servers of their own);
 #   - RabbitMQ answering on 127.0.0.1:5672 (tests put a proxy of their own in front of it);
-#   - promtool (a test checks a live /metrics with `promtool check metrics`).
-# Starts RabbitMQ, and the machine's Redis (6379) and NATS (4222) that `make bench` uses,
-# when they are installed but down; installs promtool with apt-get when missing (as root).
+#   - promtool (a test checks a live /metrics with `promtool check metrics`);
+#   - tansu, a Kafka-protocol broker (Kafka tests start brokers of their own), and kcat, the
+#     independent client they read back with;
+#   - what the build needs (scripts/build-deps.sh).
+# Starts RabbitMQ, and the machine's Redis (6379), NATS (4222) and a tansu broker (9092)
+# that `make bench` uses, when they are installed but down; installs promtool and kcat with
+# apt-get and tansu with `cargo install` (once: it stays in ~/.cargo/bin) when missing.
 # Anything still missing fails here, naming the server and the command that provides it.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build-deps.sh
+
+TANSU_VERSION=0.6.0
+TANSU="${CARGO_HOME:-$HOME/.cargo}/bin/tansu"
 
 answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 missing=()
@@ -26,17 +35,37 @@ if ! answers 4222 && [ -x /usr/sbin/nats-server ]; then
     start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
         -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || true
 fi
-if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "test-services: installing promtool (Debian package prometheus)" >&2
+apt_packages=()
+command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+command -v kcat >/dev/null 2>&1 || apt_packages+=(kcat)
+if [ ${#apt_packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test-services: installing ${apt_packages[*]} (Debian packages)" >&2
     apt-get update -qq || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+fi
+if ! "$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+    # The in-memory storage engine is the `dynostore` feature. Some minutes of compiling,
+    # once per machine.
+    echo "test-services: installing tansu $TANSU_VERSION (cargo install)" >&2
+    cargo install --quiet tansu --version "$TANSU_VERSION" --features dynostore --locked
+fi
+if ! answers 9092 && [ -x "$TANSU" ]; then
+    echo "test-services: starting tansu (Kafka protocol) on 127.0.0.1:9092" >&2
+    # From an empty directory: tansu reads a `.env` file from where it runs.
+    scratch=$(mktemp -d /tmp/tansu.XXXXXX)
+    (cd "$scratch" && nohup "$TANSU" broker --storage-engine memory://tansu/ \
+        --listener-url tcp://127.0.0.1:9092 --advertised-listener-url tcp://127.0.0.1:9092 \
+        >"$scratch/tansu.log" 2>&1 &)
 fi
 
-for _ in $(seq 1 60); do answers 5672 && break; sleep 1; done
+for _ in $(seq 1 60); do answers 5672 && answers 9092 && break; sleep 1; done
 answers 5672 || missing+=("RabbitMQ on 127.0.0.1:5672 (apt-get install rabbitmq-server; start: rabbitmq-server -detached)")
 command -v redis-server >/dev/null 2>&1 || missing+=("redis-server (apt-get install redis-server)")
 [ -x /usr/sbin/nats-server ] || missing+=("/usr/sbin/nats-server (apt-get install nats-server)")
 command -v promtool >/dev/null 2>&1 || missing+=("promtool (apt-get install prometheus)")
+command -v kcat >/dev/null 2>&1 || missing+=("kcat (apt-get install kcat)")
+[ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore)")
+answers 9092 || missing+=("a Kafka-protocol broker on 127.0.0.1:9092 (tansu broker, see above)")
 if [ ${#missing[@]} -gt 0 ]; then
     echo "test-services: the tests need:" >&2
     printf '  - %s\n' "${missing[@]}" >&2

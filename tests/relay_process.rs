@@ -783,6 +783,10 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
         "budget.toml",
         "[destinations.d]\ntype = \"stdout\"\nmax_in_flight = 65",
     );
+    let kafka = destination(
+        "kafka.toml",
+        "[destinations.d]\ntype = \"kafka\"\n[destinations.d.properties]\n\"no.such.property\" = 1",
+    );
     let typo = destination(
         "typo.toml",
         "[destinations.d]\ntype = \"redis\"\nstreem = \"s\"",
@@ -841,6 +845,11 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
             vec!["--config", &budget],
             vec![],
             "invalid setting destinations.d.max_in_flight: 65 is out of range 1..=64",
+        ),
+        (
+            vec!["--config", &kafka],
+            vec![],
+            "invalid setting destinations.d.properties.no.such.property: refused by the Kafka client",
         ),
         (vec!["--config", &typo], vec![], "unknown field `streem`"),
     ];

@@ -52,8 +52,9 @@ pub struct Options {
     pub latency_secs: u64,
     /// Destination: null (measures the relayer and Postgres), or a local server: http (a
     /// server the bench starts), nats (127.0.0.1:4222), amqp (127.0.0.1:5672), redis
-    /// (127.0.0.1:6379). With a server, only the drain and latency figures are measured.
-    #[arg(long, default_value = "null", value_parser = ["null", "http", "nats", "amqp", "redis"])]
+    /// (127.0.0.1:6379), kafka (127.0.0.1:9092). With a server, only the drain and latency
+    /// figures are measured.
+    #[arg(long, default_value = "null", value_parser = ["null", "http", "nats", "amqp", "redis", "kafka"])]
     pub destination: String,
 }
 
@@ -444,6 +445,7 @@ enum Cleanup {
     NatsStream(async_nats::jetstream::Context),
     AmqpQueue(lapin::Channel),
     RedisStream(redis::aio::MultiplexedConnection),
+    KafkaTopic(rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>),
 }
 
 impl Cleanup {
@@ -467,6 +469,11 @@ impl Cleanup {
                 .arg(format!("{BENCH_TARGET}:bench"))
                 .query_async::<()>(&mut r)
                 .await
+                .map_err(|e| e.to_string()),
+            Cleanup::KafkaTopic(admin) => admin
+                .delete_topics(&[BENCH_TARGET], &rdkafka::admin::AdminOptions::new())
+                .await
+                .map(|_| ())
                 .map_err(|e| e.to_string()),
         };
     }
@@ -545,6 +552,30 @@ async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cleanup)> {
                 "type = \"redis\"\nstream = \"{BENCH_TARGET}:{{topic}}\"\nmaxlen = 100000\n"
             ))?;
             (destination, Cleanup::RedisStream(r))
+        }
+        "kafka" => {
+            use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+            let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", "127.0.0.1:9092")
+                .create()
+                .context("Kafka admin client for 127.0.0.1:9092")?;
+            let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+            let _ = admin.delete_topics(&[BENCH_TARGET], &options).await;
+            let created = admin
+                .create_topics(
+                    &[NewTopic::new(BENCH_TARGET, 3, TopicReplication::Fixed(1))],
+                    &options,
+                )
+                .await
+                .context("a Kafka-protocol broker on 127.0.0.1:9092 (make test starts tansu)")?;
+            for result in created {
+                result.map_err(|(topic, e)| anyhow::anyhow!("create Kafka topic {topic}: {e}"))?;
+            }
+            // Every message of the bench goes to one topic, keyed by its outbox_id.
+            let destination = build(&format!(
+                "type = \"kafka\"\nbrokers = \"127.0.0.1:9092\"\ntopic = \"{BENCH_TARGET}\"\n"
+            ))?;
+            (destination, Cleanup::KafkaTopic(admin))
         }
         other => anyhow::bail!("unknown destination {other}"),
     })

@@ -16,6 +16,7 @@
 mod amqp;
 mod http;
 mod jsonl;
+mod kafka;
 mod nats;
 mod null;
 mod redis;
@@ -48,6 +49,8 @@ pub enum DestinationConfig {
     Nats(nats::NatsConfig),
     Amqp(amqp::AmqpConfig),
     Redis(redis::RedisConfig),
+    /// Boxed: its settings are several times the size of the others'.
+    Kafka(Box<kafka::KafkaConfig>),
 }
 
 impl DestinationConfig {
@@ -76,6 +79,7 @@ impl DestinationConfig {
             Self::Nats(_) => "nats",
             Self::Amqp(_) => "amqp",
             Self::Redis(_) => "redis",
+            Self::Kafka(_) => "kafka",
         }
     }
 
@@ -96,6 +100,7 @@ impl DestinationConfig {
             Self::Nats(c) => Arc::new(c.build(at, deadline)?),
             Self::Amqp(c) => Arc::new(c.build(at)?),
             Self::Redis(c) => Arc::new(c.build(at, deadline)?),
+            Self::Kafka(c) => Arc::new(c.build(at, deadline)?),
         })
     }
 }
@@ -207,6 +212,8 @@ mod tests {
         assert!(err.contains("streem"), "{err}");
         let err = parse("type = \"kafkaa\"\n").unwrap_err();
         assert!(err.contains("kafkaa"), "{err}");
+        let err = parse("type = \"kafka\"\nbroker = \"a:1\"\n").unwrap_err();
+        assert!(err.contains("broker"), "{err}");
     }
 
     #[test]

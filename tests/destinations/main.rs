@@ -13,8 +13,9 @@
 //! deadline. A destination that cannot support a scenario says why in its harness; the
 //! scenario prints that reason.
 //!
-//! Servers: Redis (`redis-server`), NATS (`nats-server`) started per test; RabbitMQ on
-//! 127.0.0.1:5672 (`rabbitmq-server -detached`; `make test` starts it).
+//! Servers: Redis (`redis-server`), NATS (`nats-server`) and a Kafka-protocol broker
+//! (`tansu`, read back with `kcat`) started per test; RabbitMQ on 127.0.0.1:5672
+//! (`rabbitmq-server -detached`). `make test` installs or starts what is missing.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -23,6 +24,7 @@ mod amqp;
 mod dispatch;
 mod http;
 mod jsonl;
+mod kafka;
 mod nats;
 mod proxy;
 mod redis;
@@ -501,3 +503,4 @@ conformance!(http_conformance, http::Hooks);
 conformance!(nats_conformance, nats::JetStream);
 conformance!(amqp_conformance, amqp::Rabbit);
 conformance!(redis_conformance, redis::Streams);
+conformance!(kafka_conformance, kafka::Tansu);

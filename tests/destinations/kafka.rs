@@ -1,0 +1,314 @@
+//! Harness of the `kafka` destination: a Kafka-protocol broker of the test's own (`tansu`,
+//! in-memory storage) behind a proxy of the test's own, which the broker advertises as its
+//! address, so every connection the relayer makes after bootstrapping goes through it too
+//! and the test can cut, stop or freeze them. Topics are created explicitly (tansu does not
+//! create them on first use); what arrived is read back with `kcat`, never with the
+//! destination's own client.
+//!
+//! Where tansu differs from Apache Kafka: it is weaker on transactions (the destination uses
+//! none: the idempotent producer alone keeps a broker retry from writing twice), and it
+//! keeps no replicas, so `acks = all` is the leader's ack.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::process::Command;
+
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::common::{self, TestDb, eventually, pending};
+use crate::proxy::Proxy;
+use crate::server::Server;
+use crate::{Arrived, Harness, MINUTE, Unsupported, histories, start_relayer, stop_relayer};
+
+/// The topic the conformance scenarios deliver to.
+const TOPIC: &str = "orders";
+const PARTITIONS: i32 = 3;
+
+pub struct Tansu {
+    port: u16,
+    proxy: Proxy,
+    _broker: Server,
+}
+
+/// One record as kcat read it.
+#[derive(Debug, serde::Deserialize)]
+struct Record {
+    partition: i32,
+    offset: i64,
+    key: Option<String>,
+    payload: Option<String>,
+    /// Name, value, name, value, …
+    #[serde(default)]
+    headers: Vec<String>,
+}
+
+/// The tansu binary: `$TANSU`, or `tansu` on the PATH, or where `cargo install` puts it.
+fn tansu() -> OsString {
+    if let Some(path) = std::env::var_os("TANSU") {
+        return path;
+    }
+    let installed = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
+        .map(|home| home.join("bin/tansu"))
+        .filter(|p| p.exists());
+    installed.map_or_else(|| "tansu".into(), OsString::from)
+}
+
+impl Tansu {
+    /// The address the broker advertises: the proxy.
+    fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.proxy.port)
+    }
+
+    fn create_topic(&self, name: &str, partitions: i32) {
+        let out = Command::new(tansu())
+            .args([
+                "topic",
+                "create",
+                name,
+                "--partitions",
+                &partitions.to_string(),
+            ])
+            .args(["--broker", &format!("tcp://127.0.0.1:{}", self.port)])
+            .output()
+            .expect("run tansu topic create");
+        assert!(
+            out.status.success(),
+            "tansu topic create {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Every record of `topic`, partition by partition in offset order, read with kcat.
+    fn records(&self, topic: &str) -> Vec<Record> {
+        let out = Command::new("kcat")
+            .args([
+                "-C",
+                "-b",
+                &self.brokers(),
+                "-t",
+                topic,
+                "-o",
+                "beginning",
+                "-e",
+            ])
+            .args(["-J", "-q", "-X", "api.version.request=true"])
+            .output()
+            .expect("kcat must be installed (apt-get install kcat)");
+        assert!(
+            out.status.success(),
+            "kcat -C {topic}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut records: Vec<Record> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect();
+        records.sort_by_key(|r| (r.partition, r.offset));
+        records
+    }
+}
+
+impl Record {
+    fn headers(&self) -> BTreeMap<String, String> {
+        // A later header of the same name wins, as a consumer's lastHeader() would see it.
+        self.headers
+            .chunks(2)
+            .map(|pair| (pair[0].clone(), pair.get(1).cloned().unwrap_or_default()))
+            .collect()
+    }
+}
+
+impl Harness for Tansu {
+    const DEDUPES: bool = false;
+
+    async fn start(db: &TestDb) -> Self {
+        let dir = db.scratch_dir().join("tansu");
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = common::free_port();
+        let proxy = Proxy::start(&format!("127.0.0.1:{port}")).await;
+        let args = [
+            "broker",
+            "--storage-engine",
+            "memory://tansu/",
+            "--listener-url",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--advertised-listener-url",
+            &format!("tcp://127.0.0.1:{}", proxy.port),
+        ]
+        .map(OsString::from)
+        .into();
+        // From an empty directory: tansu reads a `.env` file from where it runs.
+        let broker = Server::start_in(tansu(), args, port, Some(dir)).await;
+        let h = Tansu {
+            port,
+            proxy,
+            _broker: broker,
+        };
+        h.create_topic(TOPIC, PARTITIONS);
+        h
+    }
+
+    fn table(&self) -> String {
+        format!("type = \"kafka\"\nbrokers = \"{}\"\n", self.brokers())
+    }
+
+    async fn received(&self) -> Vec<Arrived> {
+        self.records(TOPIC)
+            .iter()
+            .map(|r| {
+                let headers = r.headers();
+                Arrived {
+                    id: headers["outbox-id"].parse().unwrap(),
+                    headers,
+                }
+            })
+            .collect()
+    }
+
+    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
+        // No such topic, and the broker creates none on first use.
+        Ok((
+            crate::enqueue(c, "nobody", None, serde_json::json!({})).await,
+            "nknown topic",
+        ))
+    }
+
+    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
+        Err("a Kafka record header carries any name and any bytes")
+    }
+
+    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
+        self.proxy.kill_connections();
+        Ok(())
+    }
+
+    async fn stop(&mut self) -> Result<(), Unsupported> {
+        self.proxy.stop().await;
+        Ok(())
+    }
+
+    async fn restart(&mut self) {
+        self.proxy.listen().await;
+    }
+
+    async fn freeze(&mut self) -> Result<(), Unsupported> {
+        self.proxy.freeze();
+        Ok(())
+    }
+
+    async fn thaw(&mut self) {
+        self.proxy.thaw();
+    }
+}
+
+/// Messages of one key reach one partition in enqueue order, also when the broker goes
+/// away mid-run and a key's head is retried: read back with kcat, each key's records sit
+/// in one partition with their sequence numbers never going down (a retried head may
+/// appear twice, never after its successor).
+#[tokio::test(flavor = "multi_thread")]
+async fn per_key_order_holds_per_partition_across_a_retry_of_the_head() {
+    const KEYS: i64 = 24;
+    const PER_KEY: i64 = 40;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut h = Tansu::start(&db).await;
+    c.execute(
+        "SELECT outbox.enqueue('orders', jsonb_build_object('seq', s), 'key-' || (s % $1), '{}'::jsonb) \
+         FROM generate_series(0, $2 - 1) AS s",
+        &[&KEYS, &(KEYS * PER_KEY)],
+    )
+    .await
+    .unwrap();
+    let w = start_relayer(&db, &h, "order", 2_000);
+    eventually(MINUTE, "a third of the messages delivered", || async {
+        pending(&c).await <= KEYS * PER_KEY * 2 / 3
+    })
+    .await;
+    h.stop().await.unwrap();
+    eventually(MINUTE, "a head retried", || async {
+        common::count(
+            &c,
+            "SELECT count(*) FROM outbox.attempts WHERE state = 'RETRYABLE'",
+        )
+        .await
+            > 0
+    })
+    .await;
+    h.restart().await;
+    eventually(MINUTE, "the outbox to drain", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    stop_relayer(w).await;
+
+    let retried_then_delivered = histories(&c)
+        .await
+        .values()
+        .filter(|h| h.contains("RETRYABLE") && h.ends_with("DISPATCHED"))
+        .count();
+    assert!(
+        retried_then_delivered > 0,
+        "some head was retried, then delivered"
+    );
+
+    let mut partitions: HashMap<String, i32> = HashMap::new();
+    let mut last: HashMap<String, i64> = HashMap::new();
+    let mut seen: HashMap<String, std::collections::BTreeSet<i64>> = HashMap::new();
+    for r in h.records(TOPIC) {
+        let key = r.key.clone().expect("a keyed record");
+        let seq = serde_json::from_str::<serde_json::Value>(r.payload.as_deref().unwrap()).unwrap()
+            ["seq"]
+            .as_i64()
+            .unwrap();
+        let partition = *partitions.entry(key.clone()).or_insert(r.partition);
+        assert_eq!(
+            partition, r.partition,
+            "every record of {key} in one partition"
+        );
+        let previous = last.insert(key.clone(), seq).unwrap_or(-1);
+        assert!(
+            seq >= previous,
+            "{key}: seq {seq} at offset {} after {previous}",
+            r.offset
+        );
+        seen.entry(key).or_default().insert(seq);
+    }
+    assert_eq!(seen.len(), usize::try_from(KEYS).unwrap());
+    for (key, seqs) in seen {
+        assert_eq!(
+            seqs.len(),
+            usize::try_from(PER_KEY).unwrap(),
+            "every message of {key}"
+        );
+    }
+    db.finish().await;
+}
+
+/// An unkeyed message is keyed by its outbox_id; a keyed one by its key.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_record_key_is_the_message_key_or_else_the_outbox_id() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = Tansu::start(&db).await;
+    let keyed = crate::enqueue(&c, TOPIC, Some("customer-9"), serde_json::json!({})).await;
+    let unkeyed = crate::enqueue(&c, TOPIC, None, serde_json::json!({})).await;
+    let w = start_relayer(&db, &h, "keys", 10_000);
+    eventually(MINUTE, "the outbox to drain", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    stop_relayer(w).await;
+    let keys: HashMap<Uuid, Option<String>> = h
+        .records(TOPIC)
+        .into_iter()
+        .map(|r| (r.headers()["outbox-id"].parse().unwrap(), r.key))
+        .collect();
+    assert_eq!(keys[&keyed].as_deref(), Some("customer-9"));
+    assert_eq!(keys[&unkeyed], Some(unkeyed.to_string()));
+    db.finish().await;
+}
