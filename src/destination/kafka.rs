@@ -11,7 +11,9 @@
 //! partition, record too large, invalid record, authorization failed) is permanent with the
 //! reason; everything else (broker unreachable, leader not available, timed out, queue
 //! full) is retryable. The producer gives a message up at 90 % of the dispatch deadline, so
-//! its own reason is the one recorded.
+//! its own reason is the one recorded. A producer the broker fenced, or whose id or
+//! sequence state it refused, is replaced by a new one (a new producer id), which is given
+//! the records the old one could not write.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -182,6 +184,9 @@ impl KafkaConfig {
                 "topic.metadata.propagation.max.ms",
                 (message_timeout / 3).max(1).to_string(),
             );
+        // After an outage, reconnect within a second rather than librdkafka's 10 s, so the
+        // circuit's probe finds the broker back.
+        config.set("reconnect.backoff.max.ms", "1000");
         self.security(at, &mut config)?;
         for (key, value) in self.properties.iter().flatten() {
             let field = format!("properties.{key}");
@@ -349,29 +354,50 @@ impl Kafka {
             .clone()
     }
 
-    /// After a fatal error, a new producer (a new producer id) takes over; records the old
-    /// one had not confirmed were reported retryable.
-    fn replace_fatal(&self, failed: &FutureProducer) {
-        let Some((code, reason)) = failed.client().fatal_error() else {
-            return;
-        };
+    /// After a fatal error, or an error that leaves the producer's id or sequence state
+    /// unusable (fenced, epoch or sequence refused), a new producer with a new producer id
+    /// takes over; records the old one had not confirmed were reported retryable.
+    /// Returns the producer that took over.
+    fn replace(&self, failed: &FutureProducer) -> FutureProducer {
         let mut slot = self
             .producer
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if slot.client().fatal_error().is_none() {
-            return; // another batch replaced it already
+        if slot.client().native_ptr() != failed.client().native_ptr() {
+            return slot.clone(); // another batch replaced it already
         }
         match create(&self.config) {
             Ok(producer) => {
-                tracing::error!(%code, %reason, "kafka producer hit a fatal error; replaced it");
+                let fatal = failed
+                    .client()
+                    .fatal_error()
+                    .map(|(code, reason)| format!("{code}: {reason}"));
+                tracing::warn!(
+                    fatal_error = fatal,
+                    "kafka producer cannot go on; replaced it with a new one"
+                );
                 *slot = producer;
             }
             Err(e) => {
-                tracing::error!(%code, %reason, error = %e, "kafka producer hit a fatal error and could not be replaced")
+                tracing::error!(error = %e, "kafka producer cannot go on and could not be replaced")
             }
         }
+        slot.clone()
     }
+}
+
+/// Errors after which the producer cannot deliver anything more.
+fn producer_unusable(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::Fatal
+            | C::ProducerFenced
+            | C::InvalidProducerEpoch
+            | C::InvalidProducerIdMapping
+            | C::UnknownProducerId
+            | C::OutOfOrderSequenceNumber
+    )
 }
 
 /// What the client answered about one record, as the message's outcome.
@@ -426,68 +452,91 @@ fn headers(m: &ClaimedMessage) -> Result<OwnedHeaders, String> {
     }))
 }
 
-impl Destination for Kafka {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
-        Box::pin(async move {
-            let producer = self.producer();
-            // Hand every record to the client first, then wait for the reports: the client
-            // batches them into requests.
-            let mut pending = Vec::with_capacity(batch.len());
-            for m in batch {
-                let topic = self.topic.replace("{topic}", &m.topic);
-                if topic.is_empty() || topic.len() > 249 || !topic.chars().all(topic_char) {
-                    pending.push((
-                        topic.clone(),
-                        Err(Outcome::Permanent {
-                            reason: format!(
-                                "{topic:?} is not a valid Kafka topic name (1 to 249 letters, digits, '.', '_', '-')"
-                            ),
-                        }),
-                    ));
+impl Kafka {
+    /// Produces `batch` with `producer` and waits for each record's report: one outcome
+    /// per message, and whether its error left the producer unusable.
+    async fn produce(
+        &self,
+        producer: &FutureProducer,
+        batch: &[&ClaimedMessage],
+    ) -> Vec<(Outcome, bool)> {
+        // Hand every record to the client first, then wait for the reports: the client
+        // batches them into requests.
+        let mut pending = Vec::with_capacity(batch.len());
+        for m in batch {
+            let topic = self.topic.replace("{topic}", &m.topic);
+            if topic.is_empty() || topic.len() > 249 || !topic.chars().all(topic_char) {
+                let reason = format!(
+                    "{topic:?} is not a valid Kafka topic name (1 to 249 letters, digits, '.', '_', '-')"
+                );
+                pending.push((topic, Err(Outcome::Permanent { reason })));
+                continue;
+            }
+            let headers = match headers(m) {
+                Ok(h) => h,
+                Err(reason) => {
+                    pending.push((topic, Err(Outcome::Permanent { reason })));
                     continue;
                 }
-                let headers = match headers(m) {
-                    Ok(h) => h,
-                    Err(reason) => {
-                        pending.push((topic, Err(Outcome::Permanent { reason })));
-                        continue;
-                    }
-                };
-                let id = m.id.to_string();
-                let key = m.key.as_deref().unwrap_or(&id);
-                let record = FutureRecord::to(&topic)
-                    .key(key)
-                    .payload(&m.payload)
-                    .headers(headers);
-                let sent = producer
-                    .send_result(record)
-                    .map_err(|(e, _)| classify(&topic, &e));
-                pending.push((topic, sent));
-            }
-            let mut outcomes = Vec::with_capacity(batch.len());
-            let mut fatal = false;
-            for (topic, sent) in pending {
-                outcomes.push(match sent {
-                    Err(refused) => refused,
-                    Ok(report) => match report.await {
-                        Ok(Ok(_delivery)) => Outcome::Delivered,
-                        Ok(Err((e, _))) => {
-                            fatal |= e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal);
-                            classify(&topic, &e)
-                        }
-                        Err(_canceled) => Outcome::Retryable {
+            };
+            let id = m.id.to_string();
+            let key = m.key.as_deref().unwrap_or(&id);
+            let record = FutureRecord::to(&topic)
+                .key(key)
+                .payload(&m.payload)
+                .headers(headers);
+            let sent = producer
+                .send_result(record)
+                .map_err(|(e, _)| classify(&topic, &e));
+            pending.push((topic, sent));
+        }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (topic, sent) in pending {
+            outcomes.push(match sent {
+                Err(refused) => (refused, false),
+                Ok(report) => match report.await {
+                    Ok(Ok(_delivery)) => (Outcome::Delivered, false),
+                    Ok(Err((e, _))) => (
+                        classify(&topic, &e),
+                        e.rdkafka_error_code().is_some_and(producer_unusable),
+                    ),
+                    Err(_canceled) => (
+                        Outcome::Retryable {
                             reason: format!(
                                 "produce to kafka topic {topic}: the producer closed before it reported"
                             ),
                             retry_after: None,
                         },
-                    },
-                });
+                        false,
+                    ),
+                },
+            });
+        }
+        outcomes
+    }
+}
+
+impl Destination for Kafka {
+    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let producer = self.producer();
+            let all: Vec<&ClaimedMessage> = batch.iter().collect();
+            let mut outcomes = self.produce(&producer, &all).await;
+            let again: Vec<usize> = (0..outcomes.len()).filter(|&i| outcomes[i].1).collect();
+            if !again.is_empty() {
+                // The producer cannot go on (fenced, its id or sequence refused): the
+                // records it could not write are given once to its replacement, so that
+                // the message does not pay an attempt for the producer's state.
+                let fresh = self.replace(&producer);
+                // The last handle of a replaced producer purges and flushes it (up to half a
+                // second) and joins its thread: not on the runtime's threads.
+                tokio::task::spawn_blocking(move || drop(producer));
+                let retry: Vec<&ClaimedMessage> = again.iter().map(|&i| &batch[i]).collect();
+                for (i, outcome) in again.into_iter().zip(self.produce(&fresh, &retry).await) {
+                    outcomes[i] = outcome;
+                }
             }
-            if fatal {
-                self.replace_fatal(&producer);
-            }
-            outcomes
+            outcomes.into_iter().map(|(outcome, _)| outcome).collect()
         })
     }
 

@@ -2,8 +2,10 @@
 //! in-memory storage) behind a proxy of the test's own, which the broker advertises as its
 //! address, so every connection the relayer makes after bootstrapping goes through it too
 //! and the test can cut, stop or freeze them. Topics are created explicitly (tansu does not
-//! create them on first use); what arrived is read back with `kcat`, never with the
-//! destination's own client.
+//! create them on first use); what arrived is read back with Debian's `kcat`, never with
+//! the destination's own code. Debian's kcat links librdkafka 2.0.2, which cannot read
+//! tansu 0.6.0's ApiVersions v3 answer ("Read underflow" in its tagged fields): kcat runs
+//! against the librdkafka 2.x shared library the build compiled for `rdkafka-sys`.
 //!
 //! Where tansu differs from Apache Kafka: it is weaker on transactions (the destination uses
 //! none: the idempotent producer alone keeps a broker retry from writing twice), and it
@@ -54,6 +56,22 @@ fn tansu() -> OsString {
         .map(|home| home.join("bin/tansu"))
         .filter(|p| p.exists());
     installed.map_or_else(|| "tansu".into(), OsString::from)
+}
+
+/// Where the build put the librdkafka shared library it compiled (`rdkafka-sys`'s output).
+fn librdkafka_dir() -> std::path::PathBuf {
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target directory")
+        .to_owned();
+    ["debug", "release"]
+        .iter()
+        .filter_map(|profile| std::fs::read_dir(target.join(profile).join("build")).ok())
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("out/src"))
+        .find(|dir| dir.join("librdkafka.so.1").exists())
+        .expect("librdkafka.so.1 under target/*/build/rdkafka-sys-*/out/src")
 }
 
 impl Tansu {
@@ -218,8 +236,8 @@ async fn per_key_order_holds_per_partition_across_a_retry_of_the_head() {
     let c = db.client().await;
     let mut h = Tansu::start(&db).await;
     c.execute(
-        "SELECT outbox.enqueue('orders', jsonb_build_object('seq', s), 'key-' || (s % $1), '{}'::jsonb) \
-         FROM generate_series(0, $2 - 1) AS s",
+        "SELECT outbox.enqueue('orders', jsonb_build_object('seq', s), 'key-' || (s % $1::bigint), '{}'::jsonb) \
+         FROM generate_series(0, $2::bigint - 1) AS s",
         &[&KEYS, &(KEYS * PER_KEY)],
     )
     .await
