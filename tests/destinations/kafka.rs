@@ -102,6 +102,7 @@ impl Tansu {
     /// Every record of `topic`, partition by partition in offset order, read with kcat.
     fn records(&self, topic: &str) -> Vec<Record> {
         let out = Command::new("kcat")
+            .env("LD_LIBRARY_PATH", librdkafka_dir())
             .args([
                 "-C",
                 "-b",
@@ -112,7 +113,7 @@ impl Tansu {
                 "beginning",
                 "-e",
             ])
-            .args(["-J", "-q", "-X", "api.version.request=true"])
+            .args(["-J", "-q"])
             .output()
             .expect("kcat must be installed (apt-get install kcat)");
         assert!(
