@@ -45,7 +45,8 @@ pub struct KafkaConfig {
     pub acks: Option<String>,
     /// `none`, `gzip`, `snappy`, `lz4` or `zstd` [default: none].
     pub compression: Option<String>,
-    /// How long the producer waits to fill a request, 0..=900000 [default: 5].
+    /// How long the producer waits to fill a request, 0..=900000 [default: 0: a claimed
+    /// batch is handed to the client at once, so its records share requests anyway].
     pub linger_ms: Option<i64>,
     /// The largest record the producer sends, 1000..=1000000000 [default: 1000000]; a
     /// larger message is refused for good (set it to the broker's `message.max.bytes`).
@@ -145,7 +146,7 @@ impl KafkaConfig {
         let message_timeout = u64::try_from(deadline.as_millis() * 9 / 10)
             .unwrap_or(u64::MAX)
             .max(1);
-        let linger = at.ranged("linger_ms", self.linger_ms, 5, 0, 900_000)?;
+        let linger = at.ranged("linger_ms", self.linger_ms, 0, 0, 900_000)?;
         if u64::try_from(linger).unwrap_or(0) >= message_timeout {
             return Err(at.invalid(
                 "linger_ms",

@@ -8,8 +8,11 @@
 //! against the librdkafka 2.x shared library the build compiled for `rdkafka-sys`.
 //!
 //! Where tansu differs from Apache Kafka: it is weaker on transactions (the destination uses
-//! none: the idempotent producer alone keeps a broker retry from writing twice), and it
-//! keeps no replicas, so `acks = all` is the leader's ack.
+//! none: the idempotent producer alone keeps a broker retry from writing twice); it keeps no
+//! replicas, so `acks = all` is the leader's ack; and after records timed out during an
+//! outage, it answers the producer's epoch bump (KIP-360) with `ProducerFenced`, where
+//! Kafka accepts it. The destination replaces a fenced producer and hands its records to
+//! the new one, so the outage scenario passes either way.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
