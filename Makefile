@@ -14,6 +14,7 @@ build: ## build the relayer (release)
 test: ## run every test against a real Postgres and brokers (started if down; see scripts/test-services.sh)
 	scripts/test-services.sh
 	$(WITH_PG) $(CARGO) test --all-targets
+	$(CARGO) test --doc
 
 lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 mod bench;
+mod enqueue;
 
 use outbox_relay::config::{RawConfig, Settings};
 use outbox_relay::dispatch::Dispatcher;
-use outbox_relay::message::{NewMessage, OutboxId};
+use outbox_relay::message::OutboxId;
 use outbox_relay::relay::Relay;
 use outbox_relay::secret::{read_secret_file, redact_url};
 use outbox_relay::store::{Store, StoreError};
@@ -51,20 +52,8 @@ enum Command {
     },
     /// Apply the embedded schema migrations (idempotent); prints what it applied.
     Migrate,
-    /// Enqueue one message (for trying things by hand).
-    Enqueue {
-        #[arg(long)]
-        topic: String,
-        /// Messages with the same key are delivered one at a time, in order.
-        #[arg(long)]
-        key: Option<String>,
-        /// The payload, a JSON document.
-        #[arg(long)]
-        payload: String,
-        /// Attempts before the message is dead-lettered.
-        #[arg(long)]
-        max_attempts: Option<i32>,
-    },
+    /// Enqueue one message; prints its outbox_id.
+    Enqueue(Box<enqueue::Args>),
     /// Print ready, delayed, in-flight, expired leases, dead letters and oldest ready age.
     Status {
         #[arg(long)]
@@ -100,6 +89,11 @@ enum Command {
         #[arg(long)]
         ready: bool,
     },
+    /// Print a shell completion script, e.g.
+    /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff), e.g. `outbox-relay man | man -l -`.
+    Man,
 }
 
 fn main() -> ExitCode {
@@ -195,27 +189,26 @@ async fn dispatch(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Enqueue {
-            topic,
-            key,
-            payload,
-            max_attempts,
-        } => {
-            let payload = serde_json::from_str(payload).context("--payload is not valid JSON")?;
+        Command::Enqueue(args) => {
+            let message = args.message()?;
             let id = quick_store(&cli)
                 .await?
-                .enqueue(&NewMessage {
-                    topic: topic.clone(),
-                    key: key.clone(),
-                    payload,
-                    max_attempts: *max_attempts,
-                    ..NewMessage::default()
-                })
+                .enqueue(&message)
                 .await
                 .context("enqueue")?;
             println!("{id}");
             Ok(())
         }
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "outbox-relay",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Man => Ok(clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?),
         Command::Status { json } => {
             let s = quick_store(&cli).await?.status().await.context("status")?;
             if *json {

@@ -141,14 +141,39 @@ pub struct CompletionResult {
     pub dead_lettered: bool,
 }
 
-/// A message to enqueue.
+/// A message to enqueue ([`crate::store::enqueue`]).
 #[derive(Clone, Debug, Default)]
 pub struct NewMessage {
     pub topic: String,
+    /// Messages with the same key are delivered one at a time, in enqueue order.
     pub key: Option<String>,
-    pub payload: serde_json::Value,
+    pub payload: Payload,
+    /// A JSON object of header names to values, sent as the destination's headers.
     pub headers: Option<serde_json::Value>,
+    /// Not before this time (default: now).
     pub available_at: Option<DateTime<Utc>>,
+    /// The producer's own id (default: a new UUIDv7); an id used before is refused.
     pub id: Option<OutboxId>,
+    /// Attempts before the message is dead-lettered (default 10).
     pub max_attempts: Option<i32>,
+}
+
+/// A message's payload: a JSON document (stored as its text, content type
+/// `application/json`) or bytes with their content type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Payload {
+    Json(serde_json::Value),
+    Bytes { data: Vec<u8>, content_type: String },
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Payload::Json(serde_json::Value::Object(serde_json::Map::new()))
+    }
+}
+
+impl From<serde_json::Value> for Payload {
+    fn from(value: serde_json::Value) -> Self {
+        Payload::Json(value)
+    }
 }

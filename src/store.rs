@@ -16,7 +16,8 @@ use uuid::Uuid;
 
 use crate::connection::{Target, describe_chain};
 use crate::message::{
-    ClaimedMessage, Completion, CompletionResult, LeaseToken, NewMessage, OutboxId, WorkerId,
+    ClaimedMessage, Completion, CompletionResult, LeaseToken, NewMessage, OutboxId, Payload,
+    WorkerId,
 };
 use crate::secret::redact_url;
 
@@ -310,29 +311,10 @@ impl Store {
         }
     }
 
-    /// `outbox.enqueue` (jsonb payload); returns the message's id.
+    /// `outbox.enqueue` on a connection of the pool, in a transaction of its own.
     pub async fn enqueue(&self, message: &NewMessage) -> Result<OutboxId> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT outbox.enqueue($1, $2::jsonb, $3, coalesce($4::jsonb, '{}'), $5, $6, $7)",
-            )
-            .await?;
-        let row = client
-            .query_one(
-                &stmt,
-                &[
-                    &message.topic,
-                    &message.payload,
-                    &message.key,
-                    &message.headers,
-                    &message.available_at,
-                    &message.id.map(|id| id.0),
-                    &message.max_attempts.or(Some(10)),
-                ],
-            )
-            .await?;
-        Ok(OutboxId(row.get(0)))
+        Ok(enqueue(&**client, message).await?)
     }
 
     /// `outbox.claim_outbox_batch`: leases up to `batch_size` ready messages of `topics`
@@ -594,6 +576,66 @@ pub fn with_database(url: &str, db: &str) -> String {
         Some(q) => format!("{base}/{db}?{q}"),
         None => format!("{base}/{db}"),
     }
+}
+
+/// `outbox.enqueue` on the caller's own connection or transaction, so the message commits
+/// (and wakes the relayers) with the caller's other writes, or not at all. Takes a
+/// `tokio_postgres::Transaction` or `Client`; from a `deadpool_postgres` pool, pass
+/// `&*transaction` or `&**client`. The login needs the `outbox_producer` role.
+///
+/// ```no_run
+/// # async fn order_placed(pool: deadpool_postgres::Pool) -> anyhow::Result<()> {
+/// use outbox_relay::message::NewMessage;
+///
+/// let mut client = pool.get().await?;
+/// let tx = client.transaction().await?;
+/// tx.execute("UPDATE orders SET state = 'placed' WHERE id = $1", &[&42_i64]).await?;
+/// let id = outbox_relay::store::enqueue(
+///     &*tx,
+///     &NewMessage {
+///         topic: "orders.placed".into(),
+///         key: Some("order-42".into()),
+///         payload: serde_json::json!({"order_id": 42}).into(),
+///         headers: Some(serde_json::json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})),
+///         ..NewMessage::default()
+///     },
+/// )
+/// .await?;
+/// tx.commit().await?; // the order and its message, together
+/// println!("enqueued {id}");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn enqueue(
+    client: &impl tokio_postgres::GenericClient,
+    message: &NewMessage,
+) -> std::result::Result<OutboxId, tokio_postgres::Error> {
+    let common: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+        &message.topic,
+        &message.key,
+        &message.headers,
+        &message.available_at,
+        &message.id.map(|id| id.0),
+        &message.max_attempts,
+    ];
+    let row =
+        match &message.payload {
+            Payload::Json(json) => client
+                .query_one(
+                    "SELECT outbox.enqueue($1, $7::jsonb, $2, coalesce($3::jsonb, '{}'), $4, $5, \
+                     coalesce($6, 10))",
+                    &[&common[..], &[json]].concat(),
+                )
+                .await?,
+            Payload::Bytes { data, content_type } => client
+                .query_one(
+                    "SELECT outbox.enqueue($1, $7::bytea, $2, coalesce($3::jsonb, '{}'), $4, $5, \
+                     coalesce($6, 10), $8)",
+                    &[&common[..], &[data, content_type]].concat(),
+                )
+                .await?,
+        };
+    Ok(OutboxId(row.get(0)))
 }
 
 #[cfg(test)]

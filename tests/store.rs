@@ -27,7 +27,7 @@ async fn lease_lost_and_invalid_arguments_become_typed_errors() {
         .enqueue(&NewMessage {
             topic: "orders".into(),
             key: Some("k".into()),
-            payload: serde_json::json!({"total": 42}),
+            payload: serde_json::json!({"total": 42}).into(),
             ..NewMessage::default()
         })
         .await
@@ -122,4 +122,97 @@ async fn an_unreachable_database_is_reported_as_unavailable() {
         Err(StoreError::InvalidUrl(msg)) => assert!(!msg.contains("pw@"), "{msg}"),
         other => panic!("expected InvalidUrl, got {:?}", other.err()),
     }
+}
+
+/// The producer API enqueues inside the caller's own transaction: rolled back, no message;
+/// committed, the message with the caller's other writes. A deadpool client serves too.
+#[tokio::test]
+async fn enqueue_joins_the_callers_transaction() {
+    use outbox_relay::message::{NewMessage, Payload};
+    use outbox_relay::store::enqueue;
+
+    let db = TestDb::new().await;
+    let mut c = db.client().await;
+    c.batch_execute("CREATE TABLE public.orders (id bigint PRIMARY KEY)")
+        .await
+        .unwrap();
+    let message = |key: &str| NewMessage {
+        topic: "orders.placed".into(),
+        key: Some(key.into()),
+        payload: serde_json::json!({"order": key}).into(),
+        headers: Some(serde_json::json!({"x-tenant": "acme"})),
+        ..NewMessage::default()
+    };
+
+    let tx = c.transaction().await.unwrap();
+    tx.execute("INSERT INTO public.orders VALUES (1)", &[])
+        .await
+        .unwrap();
+    enqueue(&tx, &message("rolled-back")).await.unwrap();
+    tx.rollback().await.unwrap();
+
+    let tx = c.transaction().await.unwrap();
+    tx.execute("INSERT INTO public.orders VALUES (2)", &[])
+        .await
+        .unwrap();
+    let committed = enqueue(&tx, &message("committed")).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(
+        db.url.parse().unwrap(),
+        tokio_postgres::NoTls,
+    ))
+    .build()
+    .unwrap();
+    let mut pooled = pool.get().await.unwrap();
+    let tx = pooled.transaction().await.unwrap();
+    let bytes = enqueue(
+        &*tx,
+        &NewMessage {
+            topic: "blobs".into(),
+            payload: Payload::Bytes {
+                data: vec![0, 159, 255],
+                content_type: "application/octet-stream".into(),
+            },
+            ..NewMessage::default()
+        },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let plain = enqueue(&**pooled, &message("pooled")).await.unwrap();
+
+    let rows = c
+        .query(
+            "SELECT outbox_id, message_key, headers, payload, content_type FROM outbox.messages \
+             ORDER BY outbox_id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        ids,
+        vec![committed.0, bytes.0, plain.0],
+        "no rolled-back message"
+    );
+    assert_eq!(
+        rows[0].get::<_, Option<String>>(1).as_deref(),
+        Some("committed")
+    );
+    assert_eq!(
+        rows[0].get::<_, serde_json::Value>(2),
+        serde_json::json!({"x-tenant": "acme"})
+    );
+    assert_eq!(rows[1].get::<_, Vec<u8>>(3), vec![0, 159, 255]);
+    assert_eq!(rows[1].get::<_, String>(4), "application/octet-stream");
+    let orders: Vec<i64> = c
+        .query("SELECT id FROM public.orders", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(orders, vec![2]);
+    db.finish().await;
 }
