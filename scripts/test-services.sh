@@ -5,7 +5,8 @@
 #   - promtool (a test checks a live /metrics with `promtool check metrics`);
 #   - tansu, a Kafka-protocol broker (Kafka tests start brokers of their own), and kcat, the
 #     independent client they read back with;
-#   - what the build needs (scripts/build-deps.sh).
+#   - what the build needs (scripts/build-deps.sh);
+#   - the Python and Node Postgres drivers the README's producer snippets use.
 # Starts RabbitMQ, and the machine's Redis (6379), NATS (4222) and a tansu broker (9092)
 # that `make bench` uses, when they are installed but down; installs promtool and kcat with
 # apt-get and tansu with `cargo install` (once: it stays in ~/.cargo/bin) when missing.
@@ -56,6 +57,16 @@ if ! answers 9092 && [ -x "$TANSU" ]; then
     (cd "$scratch" && nohup "$TANSU" broker --storage-engine memory://tansu/ \
         --listener-url tcp://127.0.0.1:9092 --advertised-listener-url tcp://127.0.0.1:9092 \
         >"$scratch/tansu.log" 2>&1 &)
+fi
+
+# The README's producer snippets run with the languages' own drivers (tests/producers.rs).
+if ! python3 -c 'import psycopg' 2>/dev/null; then
+    echo "test-services: installing psycopg (PyPI)" >&2
+    python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]' 2>/dev/null || true
+fi
+if command -v npm >/dev/null 2>&1 && [ ! -d target/node_modules/pg ]; then
+    echo "test-services: installing pg (npm) under target/" >&2
+    npm install --silent --no-audit --no-fund --prefix target pg >/dev/null || true
 fi
 
 for _ in $(seq 1 60); do answers 5672 && answers 9092 && break; sleep 1; done
