@@ -10,6 +10,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 mod bench;
+mod dead_letters;
 mod enqueue;
 
 use outbox_relay::config::{RawConfig, Settings};
@@ -65,6 +66,9 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: i32,
     },
+    /// Look at dead letters: list, count, or show one in full.
+    #[command(subcommand)]
+    DeadLetters(dead_letters::Verb),
     /// Move dead letters back into the outbox with a fresh attempt budget.
     Replay {
         /// Dead letters to replay (repeatable).
@@ -199,6 +203,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
             println!("{id}");
             Ok(())
         }
+        Command::DeadLetters(verb) => dead_letters::run(&quick_store(&cli).await?, verb).await,
         Command::Completions { shell } => {
             clap_complete::generate(
                 *shell,

@@ -104,6 +104,44 @@ pub struct Status {
     pub oldest_ready_age_secs: Option<f64>,
 }
 
+/// Which dead letters an operator verb looks at; `None` matches everything.
+#[derive(Clone, Debug, Default)]
+pub struct DeadLetterFilter {
+    pub topic: Option<String>,
+    /// Dead-lettered at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// The last error contains this text (any case).
+    pub error_contains: Option<String>,
+}
+
+/// A row of `outbox.dead_letters`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeadLetter {
+    pub outbox_id: Uuid,
+    pub topic: String,
+    pub message_key: Option<String>,
+    pub content_type: String,
+    pub headers: serde_json::Value,
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+    pub payload_bytes: i64,
+    pub created_at: DateTime<Utc>,
+    pub dead_lettered_at: DateTime<Utc>,
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    pub last_error: Option<String>,
+}
+
+/// A row of `outbox.attempts`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AttemptRecord {
+    pub attempt_no: i32,
+    pub state: String,
+    pub worker_id: String,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
 /// Result of one `repair_expired_leases` pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Repair {
@@ -454,6 +492,74 @@ impl Store {
         Ok(row.get(0))
     }
 
+    /// Dead letters matching `filter`, newest first, at most `limit` (payloads not loaded).
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {DEAD_LETTER_COLUMNS}, ''::bytea FROM outbox.dead_letters \
+                     WHERE {DEAD_LETTER_FILTER} ORDER BY dead_lettered_at DESC, outbox_id LIMIT $4"
+                ),
+                &[&filter.topic, &filter.since, &filter.error_contains, &limit],
+            )
+            .await?;
+        Ok(rows.iter().map(dead_letter).collect())
+    }
+
+    /// How many dead letters match `filter`.
+    pub async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<i64> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                &format!("SELECT count(*) FROM outbox.dead_letters WHERE {DEAD_LETTER_FILTER}"),
+                &[&filter.topic, &filter.since, &filter.error_contains],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// One dead letter with its payload and every attempt, oldest first.
+    pub async fn dead_letter(
+        &self,
+        id: OutboxId,
+    ) -> Result<Option<(DeadLetter, Vec<AttemptRecord>)>> {
+        let client = self.client().await?;
+        let Some(row) = client
+            .query_opt(
+                &format!(
+                    "SELECT {DEAD_LETTER_COLUMNS}, payload FROM outbox.dead_letters \
+                     WHERE outbox_id = $1"
+                ),
+                &[&id.0],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempts = client
+            .query(
+                "SELECT attempt_no, state::text, worker_id, error, created_at \
+                 FROM outbox.attempts WHERE outbox_id = $1 ORDER BY attempt_no",
+                &[&id.0],
+            )
+            .await?
+            .iter()
+            .map(|r| AttemptRecord {
+                attempt_no: r.get(0),
+                state: r.get(1),
+                worker_id: r.get(2),
+                error: r.get(3),
+                created_at: r.get(4),
+            })
+            .collect();
+        Ok(Some((dead_letter(&row), attempts)))
+    }
+
     /// The `outbox.status` view.
     pub async fn status(&self) -> Result<Status> {
         let client = self.client().await?;
@@ -575,6 +681,32 @@ pub fn with_database(url: &str, db: &str) -> String {
     match query {
         Some(q) => format!("{base}/{db}?{q}"),
         None => format!("{base}/{db}"),
+    }
+}
+
+const DEAD_LETTER_COLUMNS: &str = "outbox_id, topic, message_key, content_type, headers, \
+     octet_length(payload)::bigint, created_at, dead_lettered_at, attempt_count, max_attempts, \
+     last_error";
+
+/// `$1` topic, `$2` since, `$3` error text; each NULL matches everything.
+const DEAD_LETTER_FILTER: &str = "($1::text IS NULL OR topic = $1) \
+     AND ($2::timestamptz IS NULL OR dead_lettered_at >= $2) \
+     AND ($3::text IS NULL OR strpos(lower(last_error), lower($3)) > 0)";
+
+fn dead_letter(r: &Row) -> DeadLetter {
+    DeadLetter {
+        outbox_id: r.get(0),
+        topic: r.get(1),
+        message_key: r.get(2),
+        content_type: r.get(3),
+        headers: r.get(4),
+        payload_bytes: r.get(5),
+        created_at: r.get(6),
+        dead_lettered_at: r.get(7),
+        attempt_count: r.get(8),
+        max_attempts: r.get(9),
+        last_error: r.get(10),
+        payload: r.get(11),
     }
 }
 

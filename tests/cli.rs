@@ -264,3 +264,117 @@ fn the_man_page_lists_every_verb() {
         );
     }
 }
+
+/// Claims the one ready message and completes it with `state` and `error`.
+async fn settle(c: &tokio_postgres::Client, state: &str, error: &str) {
+    c.execute(
+        &format!(
+            "SELECT outbox.complete_outbox_attempt(outbox_id, lease_token, 'w', '{state}', $1, \
+             CASE WHEN '{state}' = 'RETRYABLE' THEN now() END) \
+             FROM outbox.claim_outbox_batch(1, 'w', 30)"
+        ),
+        &[&error],
+    )
+    .await
+    .unwrap();
+}
+
+fn stdout_of(db: &TestDb, args: &[&str]) -> String {
+    let out = relay(db, args, b"");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_are_listed_counted_and_shown_with_their_attempts() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let enqueue = |sql: &'static str| {
+        let c = &c;
+        async move { c.query_one(sql, &[]).await.unwrap().get::<_, Uuid>(0) }
+    };
+    let order = enqueue(
+        "SELECT outbox.enqueue('orders', '{\"order_id\": 7}'::jsonb, p_headers => '{\"x-tenant\": \"acme\"}')",
+    )
+    .await;
+    settle(&c, "RETRYABLE", "timeout after 30 s").await;
+    settle(&c, "FAILED", "HTTP 422: invalid order").await;
+    let blob = enqueue(
+        "SELECT outbox.enqueue('orders', '\\x009fff41'::bytea, p_content_type => 'application/octet-stream')",
+    )
+    .await;
+    settle(&c, "FAILED", "schema mismatch").await;
+    let payment = enqueue("SELECT outbox.enqueue('payments', '{\"amount\": 5}'::jsonb)").await;
+    settle(&c, "FAILED", "http 422: unknown customer").await;
+
+    let count = |args: &[&str]| {
+        let mut all = vec!["dead-letters", "count"];
+        all.extend_from_slice(args);
+        stdout_of(&db, &all).trim().parse::<i64>().unwrap()
+    };
+    assert_eq!(count(&[]), 3);
+    assert_eq!(count(&["--topic", "orders"]), 2);
+    assert_eq!(count(&["--error-contains", "HTTP 422"]), 2, "any case");
+    assert_eq!(count(&["--since", "1h"]), 3);
+    assert_eq!(count(&["--since", "2999-01-01T00:00:00Z"]), 0);
+
+    let newest = stdout_of(
+        &db,
+        &["dead-letters", "list", "--topic", "orders", "--limit", "1"],
+    );
+    assert_eq!(newest.lines().count(), 1, "{newest}");
+    assert!(
+        newest.contains(&blob.to_string()) && newest.contains("schema mismatch"),
+        "{newest}"
+    );
+    let listed: Vec<serde_json::Value> = stdout_of(&db, &["dead-letters", "list", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<&str> = listed
+        .iter()
+        .map(|v| v["outbox_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [payment.to_string(), blob.to_string(), order.to_string()],
+        "newest first"
+    );
+
+    let shown = stdout_of(&db, &["dead-letters", "show", &order.to_string()]);
+    for expected in [
+        "\"order_id\": 7",
+        "x-tenant",
+        "after 2 of 10 attempts",
+        "RETRYABLE",
+        "timeout after 30 s",
+        "HTTP 422: invalid order",
+    ] {
+        assert!(shown.contains(expected), "{expected} in {shown}");
+    }
+    let shown = stdout_of(&db, &["dead-letters", "show", &blob.to_string()]);
+    assert!(
+        shown.contains("00000000  00 9f ff 41"),
+        "a hex dump: {shown}"
+    );
+    let shown: serde_json::Value = serde_json::from_str(&stdout_of(
+        &db,
+        &["dead-letters", "show", "--json", &payment.to_string()],
+    ))
+    .unwrap();
+    assert_eq!(shown["payload"], serde_json::json!({"amount": 5}));
+    assert_eq!(shown["attempts"][0]["state"], "FAILED");
+
+    let missing = relay(
+        &db,
+        &["dead-letters", "show", &Uuid::nil().to_string()],
+        b"",
+    );
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no dead letter"));
+    db.finish().await;
+}
