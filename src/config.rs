@@ -14,6 +14,7 @@ use crate::dispatch::{
     DestinationTable, DispatchSettings, RouteConfig, Routes, TopicPattern,
 };
 use crate::message::WorkerId;
+use crate::observe::ObserveSettings;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -101,6 +102,22 @@ pub struct RawConfig {
     /// Expired leases handled per repair pass, 1..=100000 [default: 1000].
     #[arg(long, env = "OUTBOX_REPAIR_LIMIT", allow_negative_numbers = true)]
     pub repair_limit: Option<i64>,
+    /// Seconds between refreshes of the fleet gauges and the MVCC watchdog (one process of
+    /// the fleet computes them per interval), 1..=3600 [default: 15].
+    #[arg(
+        long,
+        env = "OUTBOX_OBSERVE_INTERVAL_SECS",
+        allow_negative_numbers = true
+    )]
+    pub observe_interval_secs: Option<i64>,
+    /// Topics with their own label in the fleet gauges (the largest backlogs; the rest are
+    /// summed as `other`), 1..=1000 [default: 10].
+    #[arg(long, env = "OUTBOX_OBSERVE_TOP_TOPICS", allow_negative_numbers = true)]
+    pub observe_top_topics: Option<i64>,
+    /// Warn when a transaction, replication slot or prepared transaction has held back the
+    /// MVCC horizon this many seconds, 1..=86400 [default: 300].
+    #[arg(long, env = "OUTBOX_HORIZON_WARN_SECS", allow_negative_numbers = true)]
+    pub horizon_warn_secs: Option<i64>,
     /// On SIGINT/SIGTERM, time to finish in-flight deliveries before releasing the rest,
     /// 0..=3600000 ms [default: 10000].
     #[arg(
@@ -180,6 +197,11 @@ impl RawConfig {
             retry_multiplier: self.retry_multiplier.or(fallback.retry_multiplier),
             repair_interval_secs: self.repair_interval_secs.or(fallback.repair_interval_secs),
             repair_limit: self.repair_limit.or(fallback.repair_limit),
+            observe_interval_secs: self
+                .observe_interval_secs
+                .or(fallback.observe_interval_secs),
+            observe_top_topics: self.observe_top_topics.or(fallback.observe_top_topics),
+            horizon_warn_secs: self.horizon_warn_secs.or(fallback.horizon_warn_secs),
             shutdown_timeout_ms: self.shutdown_timeout_ms.or(fallback.shutdown_timeout_ms),
             pool_size: self.pool_size.or(fallback.pool_size),
             telemetry_addr: self.telemetry_addr.or(fallback.telemetry_addr),
@@ -245,6 +267,7 @@ pub struct Settings {
     pub retry: RetrySettings,
     pub repair_interval: Duration,
     pub repair_limit: i32,
+    pub observe: ObserveSettings,
     pub shutdown_timeout: Duration,
     pub pool_size: usize,
     pub telemetry_addr: Option<SocketAddr>,
@@ -397,6 +420,26 @@ impl Settings {
                 3600,
             )?),
             repair_limit: ranged("repair_limit", raw.repair_limit.unwrap_or(1000), 1, 100_000)?,
+            observe: ObserveSettings {
+                interval: Duration::from_secs(ranged(
+                    "observe_interval_secs",
+                    raw.observe_interval_secs.unwrap_or(15),
+                    1,
+                    3600,
+                )?),
+                top_topics: ranged(
+                    "observe_top_topics",
+                    raw.observe_top_topics.unwrap_or(10),
+                    1,
+                    1000,
+                )?,
+                horizon_threshold: Duration::from_secs(ranged(
+                    "horizon_warn_secs",
+                    raw.horizon_warn_secs.unwrap_or(300),
+                    1,
+                    86_400,
+                )?),
+            },
             shutdown_timeout: Duration::from_millis(ranged(
                 "shutdown_timeout_ms",
                 raw.shutdown_timeout_ms.unwrap_or(10_000),

@@ -48,8 +48,9 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn store_filter(&self) -> DeadLetterFilter {
+    pub fn store_filter(&self) -> DeadLetterFilter {
         DeadLetterFilter {
+            ids: None,
             topic: self.topic.clone(),
             since: self.since,
             error_contains: self.error_contains.clone(),
@@ -125,7 +126,7 @@ pub async fn run(store: &Store, verb: &Verb) -> Result<()> {
 }
 
 /// `text` on one line, cut to `max` characters.
-fn one_line(text: &str, max: usize) -> String {
+pub fn one_line(text: &str, max: usize) -> String {
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     match flat.char_indices().nth(max) {
         Some((at, _)) => format!("{}…", &flat[..at]),

@@ -1,7 +1,9 @@
-//! The small HTTP listener: Prometheus `/metrics`, `/healthz` (the process is alive, from
-//! the moment it starts) and `/readyz` (the database answers with the schema this build
-//! needs and every destination is ready; 503 with the reasons otherwise). Also the client
-//! side of a probe, for container health checks.
+//! The small HTTP listener: Prometheus `/metrics` (this process's counters and the fleet
+//! gauges of the latest observation), `/healthz` (the process is alive, from the moment it
+//! starts), `/readyz` (the database answers with the schema this build needs and every
+//! destination is ready; 503 with the reasons otherwise) and `/debug/health` (the
+//! diagnosis of the latest observation, as JSON). Also the client side of a probe, for
+//! container health checks.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Dispatcher;
+use crate::observe::Latest;
 use crate::store::Store;
 
 #[derive(Clone)]
@@ -22,6 +25,7 @@ struct Probe {
     metrics: PrometheusHandle,
     store: Store,
     dispatcher: Arc<Dispatcher>,
+    latest: Arc<Latest>,
 }
 
 /// Binds `addr` now (so a taken port fails the start) and serves until `shutdown`.
@@ -30,6 +34,7 @@ pub async fn serve(
     metrics: PrometheusHandle,
     store: Store,
     dispatcher: Arc<Dispatcher>,
+    latest: Arc<Latest>,
     shutdown: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await.map_err(|e| {
@@ -48,12 +53,14 @@ pub async fn serve(
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/debug/health", get(health))
         .with_state(Probe {
             metrics,
             store,
             dispatcher,
+            latest,
         });
-    tracing::info!(addr = %bound, "telemetry listening (/metrics, /healthz, /readyz)");
+    tracing::info!(addr = %bound, "telemetry listening (/metrics, /healthz, /readyz, /debug/health)");
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -66,7 +73,18 @@ pub async fn serve(
 
 async fn render_metrics(State(probe): State<Probe>) -> String {
     crate::telemetry::pool(probe.store.pool_status());
-    probe.metrics.render()
+    let mut text = probe.metrics.render();
+    if let Some(observation) = probe.latest.get() {
+        text += &crate::observe::render(&observation, probe.latest.settings.horizon_threshold);
+    }
+    text
+}
+
+/// What the MVCC watchdog and the fleet gauges say is wrong, with advice, as JSON. Always
+/// 200: a horizon held by another session is not this process's fault (`/readyz` stays
+/// ready); `status` in the body says `ok`, `degraded` or `unknown`.
+async fn health(State(probe): State<Probe>) -> axum::Json<serde_json::Value> {
+    axum::Json(probe.latest.health())
 }
 
 async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {

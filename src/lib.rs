@@ -16,8 +16,9 @@
 //! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down.
 //! - [`retry`]: backoff with full jitter for retryable failures.
 //! - [`janitor`]: periodic repair of expired leases.
+//! - [`observe`]: fleet gauges and the MVCC watchdog from `outbox.observe`, with a diagnosis.
 //! - [`telemetry`]: metric names and one log-and-count function per event.
-//! - [`http`]: the /metrics, /healthz and /readyz listener.
+//! - [`http`]: the /metrics, /healthz, /readyz and /debug/health listener.
 //! - [`logging`]: human or JSON logs on stderr.
 
 pub mod config;
@@ -28,6 +29,7 @@ pub mod http;
 pub mod janitor;
 pub mod logging;
 pub mod message;
+pub mod observe;
 pub mod relay;
 pub mod retry;
 pub mod schema;

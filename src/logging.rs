@@ -1,6 +1,8 @@
 //! Log set-up: human-readable lines by default, one JSON object per line with
 //! `--log-format json`, on stderr (stdout belongs to the stdout sink). `RUST_LOG` filters
-//! (default `info`).
+//! (default `info`). Our own events carry numbers as numbers and text as text, never a
+//! `Debug` rendering; library events that would print a message's payload are off whatever
+//! `RUST_LOG` says.
 
 use std::io::IsTerminal;
 
@@ -8,8 +10,16 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
+/// lapin warns with an unroutable message the broker returned, in full: payload bytes
+/// included. The AMQP destination reports the return itself, as the reason the message is
+/// dead-lettered, so nothing is lost by silencing it.
+const PAYLOAD_DUMPING: [&str; 1] = ["lapin::returned_messages=off"];
+
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    for directive in PAYLOAD_DUMPING {
+        filter = filter.add_directive(directive.parse().expect("a valid directive"));
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

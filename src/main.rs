@@ -12,14 +12,15 @@ use tokio_util::sync::CancellationToken;
 mod bench;
 mod dead_letters;
 mod enqueue;
+mod replay;
+mod status;
 
 use outbox_relay::config::{RawConfig, Settings};
 use outbox_relay::dispatch::Dispatcher;
-use outbox_relay::message::OutboxId;
 use outbox_relay::relay::Relay;
 use outbox_relay::secret::{read_secret_file, redact_url};
 use outbox_relay::store::{Store, StoreError};
-use outbox_relay::{http, logging, telemetry};
+use outbox_relay::{http, logging, observe, telemetry};
 
 #[derive(Parser)]
 #[command(
@@ -55,11 +56,9 @@ enum Command {
     Migrate,
     /// Enqueue one message; prints its outbox_id.
     Enqueue(Box<enqueue::Args>),
-    /// Print ready, delayed, in-flight, expired leases, dead letters and oldest ready age.
-    Status {
-        #[arg(long)]
-        json: bool,
-    },
+    /// Per topic: ready, delayed, in flight, expired leases, dead letters and oldest ready
+    /// age; the fleet's rates; what is wrong (a held MVCC horizon, dead tuples) and what to do.
+    Status(Box<status::Args>),
     /// Run one lease repair pass and print what it did (for cron).
     Repair {
         /// Expired leases to handle in this pass.
@@ -69,18 +68,9 @@ enum Command {
     /// Look at dead letters: list, count, or show one in full.
     #[command(subcommand)]
     DeadLetters(dead_letters::Verb),
-    /// Move dead letters back into the outbox with a fresh attempt budget.
-    Replay {
-        /// Dead letters to replay (repeatable).
-        #[arg(long = "id")]
-        ids: Vec<uuid::Uuid>,
-        /// Replay the dead letters of this topic.
-        #[arg(long)]
-        topic: Option<String>,
-        /// Replay every dead letter.
-        #[arg(long, conflicts_with_all = ["ids", "topic"])]
-        all: bool,
-    },
+    /// Move dead letters back into the outbox with a fresh attempt budget (audited in
+    /// outbox.replay_log; preview with --dry-run).
+    Replay(Box<replay::Args>),
     /// Measure drain throughput, latency and memory (see `make bench`).
     Bench(bench::Options),
     /// Ask a running relayer's /healthz (or /readyz) and exit 0 when it answers 200 (for
@@ -214,23 +204,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Man => Ok(clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?),
-        Command::Status { json } => {
-            let s = quick_store(&cli).await?.status().await.context("status")?;
-            if *json {
-                println!("{}", serde_json::to_string(&s)?);
-            } else {
-                println!("ready            {}", s.ready);
-                println!("delayed          {}", s.delayed);
-                println!("in flight        {}", s.in_flight);
-                println!("expired leases   {}", s.expired_leases);
-                println!("dead letters     {}", s.dead_letters);
-                match s.oldest_ready_age_secs {
-                    Some(age) => println!("oldest ready age {age:.3}s"),
-                    None => println!("oldest ready age -"),
-                }
-            }
-            Ok(())
-        }
+        Command::Status(args) => status::run(&quick_store(&cli).await?, args).await,
         Command::Repair { limit } => {
             let r = quick_store(&cli)
                 .await?
@@ -240,19 +214,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
             println!("requeued {} dead_lettered {}", r.requeued, r.dead_lettered);
             Ok(())
         }
-        Command::Replay { ids, topic, all } => {
-            if ids.is_empty() && topic.is_none() && !all {
-                bail!("replay needs --id, --topic or --all");
-            }
-            let ids: Vec<OutboxId> = ids.iter().copied().map(OutboxId).collect();
-            let n = quick_store(&cli)
-                .await?
-                .replay((!ids.is_empty()).then_some(&ids[..]), topic.as_deref())
-                .await
-                .context("replay")?;
-            println!("replayed {n}");
-            Ok(())
-        }
+        Command::Replay(args) => replay::run(&quick_store(&cli).await?, args).await,
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;
             bench::run(&s.database_url, options).await
@@ -290,6 +252,7 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     }
     let metrics = telemetry::install();
     let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    let latest = observe::Latest::new(settings.observe);
     // The listener comes first: /healthz answers from the start (liveness must not depend on
     // the database), and /readyz says why the relayer is not ready while it waits.
     let listener = match settings.telemetry_addr {
@@ -299,6 +262,7 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
                 metrics,
                 store.clone(),
                 dispatcher.clone(),
+                latest.clone(),
                 shutdown.clone(),
             )
             .await?,
@@ -307,7 +271,14 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     };
     wait_for_database(&store, migrate, &shutdown).await?;
     if !shutdown.is_cancelled() {
+        let observer = tokio::spawn(observe::run(
+            store.clone(),
+            settings.worker_id.clone(),
+            latest,
+            shutdown.clone(),
+        ));
         Relay::new(settings, store, dispatcher).run(shutdown).await;
+        observer.abort();
     }
     if let Some(listener) = listener {
         listener.abort();
@@ -339,7 +310,7 @@ async fn wait_for_database(
                 return Ok(());
             }
             Err(e @ StoreError::Migration(_)) => return Err(e).context("migrate"),
-            Err(e) => tracing::warn!(error = %e, retry_in_ms = backoff.as_millis(),
+            Err(e) => tracing::warn!(error = %e, retry_in_ms = telemetry::millis(backoff),
                 "database not ready yet"),
         }
         tokio::select! {

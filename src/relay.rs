@@ -137,6 +137,14 @@ impl LeaseBook {
         due
     }
 
+    /// Lease time batch `id` has left by this process's clock: its publish window ends a
+    /// `margin` before the lease does.
+    fn lease_left(&self, id: u64, margin: Duration) -> Duration {
+        self.lock().get(&id).map_or(Duration::ZERO, |b| {
+            (b.publish_before + margin).saturating_duration_since(Instant::now())
+        })
+    }
+
     /// The leases of batch `id` were extended by a call sent at `asked`.
     fn extended(&self, id: u64, asked: Instant, publish_window: Duration) {
         if let Some(batch) = self.lock().get_mut(&id) {
@@ -144,6 +152,11 @@ impl LeaseBook {
         }
     }
 }
+
+/// After a wake-up, how soon an empty outbox is looked at again (once). Producers of the
+/// same instant share one notification (`outbox.wake_relayers`), and one of them may commit
+/// just after the relayer looked: this finds its message without waiting for the poll.
+const RECHECK_AFTER_WAKE: Duration = Duration::from_millis(25);
 
 /// One process's relay; cheap to clone (shared state is behind `Arc`s).
 #[derive(Clone)]
@@ -243,6 +256,8 @@ impl Relay {
         let mut batches: JoinSet<Summary> = JoinSet::new();
         let mut total = Summary::default();
         let mut backoff = Duration::from_millis(100);
+        // Set by a wake-up: the next time the outbox looks empty, look again shortly.
+        let mut recheck = false;
         loop {
             let permit = tokio::select! {
                 biased;
@@ -255,10 +270,15 @@ impl Relay {
             match self.claim().await {
                 Ok((_, batch)) if batch.is_empty() => {
                     drop(permit);
+                    let wait = if std::mem::take(&mut recheck) {
+                        RECHECK_AFTER_WAKE
+                    } else {
+                        self.settings.poll_interval
+                    };
                     tokio::select! {
                         () = shutdown.cancelled() => break,
-                        () = self.wake.notified() => {}
-                        () = tokio::time::sleep(self.settings.poll_interval) => {}
+                        () = self.wake.notified() => recheck = true,
+                        () = tokio::time::sleep(wait) => {}
                     }
                 }
                 Ok((asked, batch)) => {
@@ -282,7 +302,7 @@ impl Relay {
         }
 
         tracing::info!(worker_id = %self.worker(), batches = batches.len(),
-            deadline_ms = self.settings.shutdown_timeout.as_millis(),
+            deadline_ms = telemetry::millis(self.settings.shutdown_timeout),
             "stopped claiming; finishing in-flight deliveries");
         let deadline = tokio::time::sleep(self.settings.shutdown_timeout);
         tokio::pin!(deadline);
@@ -301,7 +321,9 @@ impl Relay {
         }
         background.cancel();
         while helpers.join_next().await.is_some() {}
-        tracing::info!(worker_id = %self.worker(), ?total, "relay stopped");
+        tracing::info!(worker_id = %self.worker(), claimed = total.claimed, delivered = total.delivered,
+            retried = total.retried, rejected = total.rejected, lease_lost = total.lease_lost,
+            released = total.released, "relay stopped");
         total
     }
 
@@ -394,7 +416,11 @@ impl Relay {
                     () = abandon.cancelled() => None,
                 };
                 match outcomes {
-                    Some(outcomes) => self.complete(batch, outcomes).await,
+                    Some(outcomes) => {
+                        let margin = self.settings.lease() - self.publish_window();
+                        telemetry::lease_left(self.leases.lease_left(book_id, margin));
+                        self.complete(batch, outcomes).await
+                    }
                     None => self.release(batch).await,
                 }
             }

@@ -107,6 +107,8 @@ pub struct Status {
 /// Which dead letters an operator verb looks at; `None` matches everything.
 #[derive(Clone, Debug, Default)]
 pub struct DeadLetterFilter {
+    /// These dead letters only.
+    pub ids: Option<Vec<Uuid>>,
     pub topic: Option<String>,
     /// Dead-lettered at or after this time.
     pub since: Option<DateTime<Utc>>,
@@ -482,14 +484,68 @@ impl Store {
         })
     }
 
-    /// `outbox.replay_dead_letters` by ids and/or topic (neither: all); returns how many.
-    pub async fn replay(&self, ids: Option<&[OutboxId]>, topic: Option<&str>) -> Result<i32> {
-        let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(|i| i.0).collect());
+    /// `outbox.start_replay`: records a replay of what `filter` selects (with `reason`) and
+    /// returns its id; nothing moves until [`Store::replay_step`].
+    pub async fn start_replay(
+        &self,
+        filter: &DeadLetterFilter,
+        reason: Option<&str>,
+    ) -> Result<i64> {
         let client = self.client().await?;
         let row = client
-            .query_one("SELECT outbox.replay_dead_letters($1, $2)", &[&ids, &topic])
+            .query_one(
+                "SELECT outbox.start_replay($1, $2, $3, $4, $5)",
+                &[
+                    &filter.ids,
+                    &filter.topic,
+                    &filter.since,
+                    &filter.error_contains,
+                    &reason,
+                ],
+            )
             .await?;
         Ok(row.get(0))
+    }
+
+    /// `outbox.replay_step`: moves up to `limit` more dead letters of replay `replay_id`;
+    /// returns how many (0: done).
+    pub async fn replay_step(&self, replay_id: i64, limit: i32) -> Result<i32> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT outbox.replay_step($1, $2)", &[&replay_id, &limit])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// `outbox.observe`: the fleet's latest observation, refreshed first when it is older
+    /// than `max_age` and no other process is refreshing it; `None` before the first one.
+    pub async fn observe(
+        &self,
+        top_topics: i32,
+        max_age: Duration,
+    ) -> Result<Option<crate::observe::Observation>> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT observed_at, refreshed, snapshot \
+                 FROM outbox.observe($1, make_interval(secs => $2))",
+                &[&top_topics, &max_age.as_secs_f64()],
+            )
+            .await?;
+        let Some(observed_at) = row.get::<_, Option<DateTime<Utc>>>(0) else {
+            return Ok(None);
+        };
+        let snapshot: serde_json::Value = row.get(2);
+        let snapshot = serde_json::from_value(snapshot).map_err(|e| {
+            StoreError::Schema(format!(
+                "outbox.observe returned an unexpected snapshot: {e}"
+            ))
+        })?;
+        Ok(Some(crate::observe::Observation {
+            observed_at,
+            refreshed: row.get(1),
+            snapshot,
+        }))
     }
 
     /// Dead letters matching `filter`, newest first, at most `limit` (payloads not loaded).
@@ -502,10 +558,16 @@ impl Store {
         let rows = client
             .query(
                 &format!(
-                    "SELECT {DEAD_LETTER_COLUMNS}, ''::bytea FROM outbox.dead_letters \
-                     WHERE {DEAD_LETTER_FILTER} ORDER BY dead_lettered_at DESC, outbox_id LIMIT $4"
+                    "SELECT {DEAD_LETTER_COLUMNS}, ''::bytea FROM {DEAD_LETTERS_MATCHING} \
+                     ORDER BY dead_lettered_at DESC, outbox_id LIMIT $5"
                 ),
-                &[&filter.topic, &filter.since, &filter.error_contains, &limit],
+                &[
+                    &filter.ids,
+                    &filter.topic,
+                    &filter.since,
+                    &filter.error_contains,
+                    &limit,
+                ],
             )
             .await?;
         Ok(rows.iter().map(dead_letter).collect())
@@ -516,8 +578,13 @@ impl Store {
         let client = self.client().await?;
         let row = client
             .query_one(
-                &format!("SELECT count(*) FROM outbox.dead_letters WHERE {DEAD_LETTER_FILTER}"),
-                &[&filter.topic, &filter.since, &filter.error_contains],
+                &format!("SELECT count(*) FROM {DEAD_LETTERS_MATCHING}"),
+                &[
+                    &filter.ids,
+                    &filter.topic,
+                    &filter.since,
+                    &filter.error_contains,
+                ],
             )
             .await?;
         Ok(row.get(0))
@@ -592,7 +659,7 @@ impl Store {
                 () = shutdown.cancelled() => return,
             };
             if let Err(e) = ended {
-                tracing::warn!(error = %e, retry_in = ?backoff,
+                tracing::warn!(error = %e, retry_in_ms = crate::telemetry::millis(backoff),
                     "notification listener lost its connection; polling until it is back");
             }
             tokio::select! {
@@ -688,10 +755,10 @@ const DEAD_LETTER_COLUMNS: &str = "outbox_id, topic, message_key, content_type, 
      octet_length(payload)::bigint, created_at, dead_lettered_at, attempt_count, max_attempts, \
      last_error";
 
-/// `$1` topic, `$2` since, `$3` error text; each NULL matches everything.
-const DEAD_LETTER_FILTER: &str = "($1::text IS NULL OR topic = $1) \
-     AND ($2::timestamptz IS NULL OR dead_lettered_at >= $2) \
-     AND ($3::text IS NULL OR strpos(lower(last_error), lower($3)) > 0)";
+/// The dead letters a [`DeadLetterFilter`] selects (`$1` ids, `$2` topic, `$3` since,
+/// `$4` error text): the filter is defined once, in SQL, for listing and replaying alike.
+const DEAD_LETTERS_MATCHING: &str =
+    "outbox.dead_letters_matching($1::uuid[], $2::text, $3::timestamptz, $4::text) AS d";
 
 fn dead_letter(r: &Row) -> DeadLetter {
     DeadLetter {

@@ -30,9 +30,23 @@ pub const POOL_CONNECTIONS: &str = "outbox_db_pool_connections";
 pub const CIRCUIT_STATE: &str = "outbox_destination_circuit_state";
 pub const DISPATCH_PANICS: &str = "outbox_dispatch_panics_total";
 pub const DISPATCH_DEADLINES: &str = "outbox_dispatch_deadline_exceeded_total";
+pub const CLAIM_SECONDS_PER_MESSAGE: &str = "outbox_claim_seconds_per_message";
+pub const LEASE_LEFT_SECONDS: &str = "outbox_lease_left_at_completion_seconds";
+pub const BUILD_INFO: &str = "outbox_build_info";
+// Fleet gauges, rendered from the latest observation (crate::observe).
+pub const OBSERVED_AT: &str = "outbox_observation_timestamp_seconds";
+pub const BACKLOG: &str = "outbox_backlog_messages";
+pub const DEAD_LETTERS: &str = "outbox_dead_letters";
+pub const OLDEST_READY_AGE: &str = "outbox_oldest_ready_age_seconds";
+pub const ATTEMPTS_LAST_MINUTE: &str = "outbox_attempts_last_minute";
+pub const HORIZON_AGE: &str = "outbox_mvcc_horizon_age_seconds";
+pub const HORIZON_XID_AGE: &str = "outbox_mvcc_horizon_xid_age";
+pub const HORIZON_CULPRIT: &str = "outbox_mvcc_horizon_culprit_age_seconds";
+pub const TABLE_TUPLES: &str = "outbox_messages_table_tuples";
+pub const LAST_AUTOVACUUM: &str = "outbox_messages_last_autovacuum_timestamp_seconds";
 
 /// Every metric with its kind and HELP text: the one list of metric names.
-pub const METRICS: [(&str, Kind, &str); 20] = [
+pub const METRICS: &[(&str, Kind, &str)] = &[
     (CLAIMED, Kind::Counter, "Messages claimed, by topic."),
     (
         DELIVERED,
@@ -129,15 +143,84 @@ pub const METRICS: [(&str, Kind, &str); 20] = [
         Kind::Gauge,
         "Always 1, labelled with the version of this build.",
     ),
+    (
+        CLAIM_SECONDS_PER_MESSAGE,
+        Kind::Histogram,
+        "Time of a claim divided by the messages it returned: grows when dead tuples pile up.",
+    ),
+    (
+        LEASE_LEFT_SECONDS,
+        Kind::Histogram,
+        "Lease time left when a batch's outcomes are reported: near 0 means the destination is getting slower than the lease.",
+    ),
+    (
+        OBSERVED_AT,
+        Kind::Observed,
+        "When the fleet gauges were last computed (Unix seconds).",
+    ),
+    (
+        BACKLOG,
+        Kind::Observed,
+        "Pending messages by topic (the largest topics, the rest as other) and state (ready, delayed, in_flight, expired_lease).",
+    ),
+    (
+        DEAD_LETTERS,
+        Kind::Observed,
+        "Dead letters waiting for a replay, by topic.",
+    ),
+    (
+        OLDEST_READY_AGE,
+        Kind::Observed,
+        "Age of the oldest message ready to be claimed, by topic (0 when none is ready).",
+    ),
+    (
+        ATTEMPTS_LAST_MINUTE,
+        Kind::Observed,
+        "Attempts recorded by the whole fleet in the last minute, by state.",
+    ),
+    (
+        HORIZON_AGE,
+        Kind::Observed,
+        "Age of the oldest transaction or snapshot of this database holding back the MVCC horizon (0 when none).",
+    ),
+    (
+        HORIZON_XID_AGE,
+        Kind::Observed,
+        "Transaction ids since the oldest horizon holder's xmin.",
+    ),
+    (
+        HORIZON_CULPRIT,
+        Kind::Observed,
+        "Horizon holders past the watchdog's threshold (up to 5), by kind, pid, name and state; the value is how long (0 for a slot).",
+    ),
+    (
+        TABLE_TUPLES,
+        Kind::Observed,
+        "Live and dead tuples of outbox.messages (from pg_stat_user_tables).",
+    ),
+    (
+        LAST_AUTOVACUUM,
+        Kind::Observed,
+        "When autovacuum last processed outbox.messages (Unix seconds).",
+    ),
 ];
-
-pub const BUILD_INFO: &str = "outbox_build_info";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Counter,
     Gauge,
     Histogram,
+    /// A gauge computed from the database by one process per interval and rendered from
+    /// the latest observation, not through the recorder.
+    Observed,
+}
+
+/// The HELP text of a metric of [`METRICS`].
+pub fn help(name: &str) -> &'static str {
+    METRICS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map_or("", |(_, _, help)| help)
 }
 
 /// Installs the global Prometheus recorder (once per process) and returns its handle.
@@ -155,15 +238,31 @@ pub fn install() -> PrometheusHandle {
                 .install_recorder()
                 .expect("the metrics recorder is installed once");
             register();
+            // The recorder keeps every histogram sample until something drains them into
+            // the buckets: a scrape, or this upkeep. Without it a process that is never
+            // scraped (or runs with --no-telemetry) grows by about 18 bytes per message.
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_EVERY);
+                        upkeep.run_upkeep();
+                    }
+                })
+                .expect("spawn the metrics upkeep thread");
             handle
         })
         .clone()
 }
 
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
 /// Describes every metric and creates the counters, so that they read 0 from the start
 /// rather than being absent until their first event.
 fn register() {
-    for (name, kind, help) in METRICS {
+    for &(name, kind, help) in METRICS {
         match kind {
             Kind::Counter => {
                 metrics::describe_counter!(name, help);
@@ -171,6 +270,7 @@ fn register() {
             }
             Kind::Gauge => metrics::describe_gauge!(name, help),
             Kind::Histogram => metrics::describe_histogram!(name, help),
+            Kind::Observed => {}
         }
     }
     gauge!(IN_FLIGHT).set(0.0);
@@ -187,10 +287,14 @@ fn by_topic<'a>(messages: impl Iterator<Item = &'a ClaimedMessage>) -> HashMap<&
 
 pub fn batch_claimed(worker: &WorkerId, batch: &[ClaimedMessage], took: Duration) {
     histogram!(CLAIM_SECONDS).record(took.as_secs_f64());
+    if !batch.is_empty() {
+        #[allow(clippy::cast_precision_loss)] // a batch holds at most 10,000 messages
+        histogram!(CLAIM_SECONDS_PER_MESSAGE).record(took.as_secs_f64() / batch.len() as f64);
+    }
     for (topic, n) in by_topic(batch.iter()) {
         counter!(CLAIMED, "topic" => topic.to_owned()).increment(n);
     }
-    tracing::debug!(worker_id = %worker, messages = batch.len(), took_ms = took.as_millis(), "claimed a batch");
+    tracing::debug!(worker_id = %worker, messages = batch.len(), took_ms = millis(took), "claimed a batch");
 }
 
 pub fn batch_dispatched(destination: &str, took: Duration) {
@@ -203,7 +307,7 @@ pub fn dispatch_deadline(destination: &str, deadline: Duration, messages: usize)
     tracing::warn!(
         destination,
         messages,
-        timeout_ms = deadline.as_millis(),
+        timeout_ms = millis(deadline),
         "destination did not answer within its deadline; the batch is retryable"
     );
 }
@@ -224,6 +328,11 @@ pub fn dispatch_panicked(destination: &str, batch: &[ClaimedMessage], panic: &st
 pub fn batch_task_panicked(worker: &WorkerId, panic: &str) {
     counter!(DISPATCH_PANICS, "destination" => "").increment(1);
     tracing::error!(worker_id = %worker, panic, "a batch task panicked; its leases will be repaired when they expire");
+}
+
+/// Lease time left when a batch's outcomes go to the database.
+pub fn lease_left(left: Duration) {
+    histogram!(LEASE_LEFT_SECONDS).record(left.as_secs_f64());
 }
 
 pub fn batch_completed(took: Duration) {
@@ -252,7 +361,7 @@ pub fn delivered<'a>(worker: &WorkerId, messages: impl Iterator<Item = &'a Claim
 pub fn retry_scheduled(worker: &WorkerId, m: &ClaimedMessage, reason: &str, delay: Duration) {
     counter!(RETRIED, "topic" => m.topic.clone()).increment(1);
     tracing::warn!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
-        retry_in_ms = delay.as_millis(), reason, "delivery failed; will retry (dead-lettered if out of attempts)");
+        retry_in_ms = millis(delay), reason, "delivery failed; will retry (dead-lettered if out of attempts)");
 }
 
 pub fn rejected(worker: &WorkerId, m: &ClaimedMessage, reason: &str) {
@@ -282,7 +391,7 @@ pub fn released(worker: &WorkerId, batch: &[ClaimedMessage], released: i32) {
 
 pub fn stale_batch(worker: &WorkerId, batch: &[ClaimedMessage], claimed_ago: Duration) {
     counter!(STALE_BATCHES).increment(1);
-    tracing::warn!(worker_id = %worker, messages = batch.len(), claimed_ms_ago = claimed_ago.as_millis(),
+    tracing::warn!(worker_id = %worker, messages = batch.len(), claimed_ms_ago = millis(claimed_ago),
         "not publishing a batch whose leases may have expired (this process was paused or starved); giving it back");
 }
 
@@ -330,4 +439,29 @@ pub fn circuit_changed(destination: &str, state: crate::dispatch::State) {
             tracing::info!(destination, "circuit closed: destination is back")
         }
     }
+}
+
+pub fn horizon_held(h: &crate::observe::HorizonHolder, threshold: Duration) {
+    tracing::warn!(
+        kind = %h.kind,
+        pid = h.pid,
+        name = h.name.as_deref().unwrap_or(""),
+        state = h.state.as_deref().unwrap_or(""),
+        age_seconds = h.age_seconds,
+        xid_age = h.xid_age,
+        query = h.query.as_deref().unwrap_or(""),
+        threshold_secs = threshold.as_secs(),
+        advice = %h.advice(),
+        "MVCC horizon held: dead rows of outbox.messages cannot be vacuumed and claims slow down"
+    );
+}
+
+pub fn horizon_released(h: &crate::observe::HorizonHolder) {
+    tracing::info!(kind = %h.kind, pid = h.pid, name = h.name.as_deref().unwrap_or(""),
+        "MVCC horizon no longer held by it");
+}
+
+/// A duration in whole milliseconds as a log field: a number (u64), never a Debug string.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -1,6 +1,6 @@
 //! The operator verbs as processes: `enqueue` from a file or standard input with headers,
 //! content type, delay and id; its errors; `completions` and `man`, generated from the same
-//! definitions as the parser.
+//! definitions as the parser; `replay` with filters, a dry run and its audit row.
 
 mod common;
 
@@ -376,5 +376,126 @@ async fn dead_letters_are_listed_counted_and_shown_with_their_attempts() {
     );
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no dead letter"));
+    db.finish().await;
+}
+
+/// Dead letters made directly: `n` on `topic` whose last error is `error`.
+async fn dead(c: &tokio_postgres::Client, topic: &str, n: i32, error: &str) {
+    c.execute(
+        "INSERT INTO outbox.dead_letters (outbox_id, topic, payload, content_type, headers, \
+                                          created_at, attempt_count, max_attempts, last_error) \
+         SELECT gen_random_uuid(), $1, '\\x7b7d', 'application/json', '{}', \
+                clock_timestamp(), 3, 3, $3 \
+           FROM generate_series(1, $2)",
+        &[&topic, &n, &error],
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_previews_with_dry_run_moves_only_what_matches_and_is_audited() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    dead(&c, "orders", 3, "HTTP 503: upstream timeout").await;
+    dead(&c, "orders", 2, "HTTP 400: bad field").await;
+    dead(&c, "emails", 4, "connect timeout").await;
+    let pending = || async {
+        c.query_one("SELECT count(*) FROM outbox.messages", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+
+    let out = relay(&db, &["replay"], b"");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("replay needs a filter"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let preview = stdout_of(
+        &db,
+        &[
+            "replay",
+            "--topic",
+            "orders",
+            "--error-contains",
+            "TIMEOUT",
+            "--dry-run",
+        ],
+    );
+    assert!(preview.starts_with("would replay 3\n"), "{preview}");
+    assert_eq!(
+        preview
+            .lines()
+            .filter(|l| l.contains("upstream timeout"))
+            .count(),
+        3
+    );
+    assert_eq!(pending().await, 0, "a dry run moves nothing");
+
+    // In steps of 1: one audit row all the same.
+    let done = stdout_of(
+        &db,
+        &[
+            "replay",
+            "--topic",
+            "orders",
+            "--error-contains",
+            "timeout",
+            "--since",
+            "1h",
+            "--reason",
+            "INC-42 upstream fixed",
+            "--step",
+            "1",
+        ],
+    );
+    assert!(done.starts_with("replayed 3 (replay "), "{done}");
+    assert_eq!(pending().await, 3);
+    let left: Vec<(String, String)> = c
+        .query(
+            "SELECT topic, last_error FROM outbox.dead_letters ORDER BY topic",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(left.len(), 6);
+    assert!(
+        left.iter().all(|(t, e)| t == "emails" || e.contains("400")),
+        "{left:?}"
+    );
+
+    let audit = c
+        .query(
+            "SELECT replayed_by, reason, replayed, filter ->> 'topic', filter ->> 'error_contains', \
+                    filter ->> 'since' IS NOT NULL, finished_at IS NOT NULL \
+             FROM outbox.replay_log",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        audit.len(),
+        1,
+        "one audit row per replay, whatever its steps"
+    );
+    let row = &audit[0];
+    assert_eq!(row.get::<_, String>(0), "postgres");
+    assert_eq!(row.get::<_, String>(1), "INC-42 upstream fixed");
+    assert_eq!(row.get::<_, i64>(2), 3);
+    assert_eq!(row.get::<_, String>(3), "orders");
+    assert_eq!(row.get::<_, String>(4), "timeout");
+    assert!(row.get::<_, bool>(5));
+    assert!(row.get::<_, bool>(6), "finished");
+
+    let all = stdout_of(&db, &["replay", "--all"]);
+    assert!(all.starts_with("replayed 6 "), "{all}");
+    assert_eq!(pending().await, 9);
     db.finish().await;
 }

@@ -363,7 +363,7 @@ async fn every_verb_works_over_verify_full() {
     let id = id.trim();
     assert!(run(&["status", "--json"]).contains("\"ready\":1"));
     assert_eq!(run(&["repair"]), "requeued 0 dead_lettered 0\n");
-    assert_eq!(run(&["replay", "--all"]), "replayed 0\n");
+    assert!(run(&["replay", "--all"]).starts_with("replayed 0 "));
 
     let dir = tempdir("verbs");
     let out = dir.join("out.jsonl");

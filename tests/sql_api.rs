@@ -347,12 +347,14 @@ async fn per_key_order_holds_through_a_retry_of_the_head() {
     let b1 = enqueue(&c, "t", Some("b")).await;
     let free = enqueue(&c, "t", None).await;
 
-    let batch = claim(&c, 100, "w1", 30).await;
+    // Batches no larger than the heads, so that no run follows a head (runs: see
+    // a_claim_returns_a_run_of_a_key_in_order_in_the_room_the_heads_leave).
+    let batch = claim(&c, 3, "w1", 30).await;
     let got: HashSet<Uuid> = batch.iter().map(|m| m.id).collect();
     assert_eq!(
         got,
         HashSet::from([a1, b1, free]),
-        "only the head of each key"
+        "the heads first: of each key, and unkeyed messages"
     );
     assert!(
         claim(&c, 100, "w2", 30).await.is_empty(),
@@ -373,19 +375,19 @@ async fn per_key_order_holds_through_a_retry_of_the_head() {
     )
     .await
     .unwrap();
-    let retried = claim(&c, 100, "w2", 30).await;
+    let retried = claim(&c, 1, "w2", 30).await;
     assert_eq!(retried.iter().map(|m| m.id).collect::<Vec<_>>(), [a1]);
     assert_eq!(retried[0].key.as_deref(), Some("a"));
     complete(&c, &retried[0], "w2", "DISPATCHED", None)
         .await
         .unwrap();
 
-    let next = claim(&c, 100, "w2", 30).await;
+    let next = claim(&c, 1, "w2", 30).await;
     assert_eq!(next.iter().map(|m| m.id).collect::<Vec<_>>(), [a2]);
     complete(&c, &next[0], "w2", "DISPATCHED", None)
         .await
         .unwrap();
-    let last = claim(&c, 100, "w2", 30).await;
+    let last = claim(&c, 1, "w2", 30).await;
     assert_eq!(last.iter().map(|m| m.id).collect::<Vec<_>>(), [a3]);
     db.finish().await;
 }
@@ -1273,8 +1275,24 @@ async fn roles_can_do_their_job_and_nothing_more() {
     db.finish().await;
 }
 
+/// Holds, in a session of its own, the keys of the next `windows` 2 ms wake-up windows
+/// (`outbox.wake_relayers`), as transactions that won them would.
+async fn hold_wake_windows(db: &TestDb, windows: i64) -> tokio_postgres::Client {
+    let holder = db.client().await;
+    holder
+        .execute(
+            "SELECT pg_advisory_lock(hashtext('outbox.wake_relayers'), \
+                    ((extract(epoch FROM clock_timestamp()) * 500)::bigint % 2147483647 + w)::integer) \
+               FROM generate_series(0, $1::bigint) AS w",
+            &[&windows],
+        )
+        .await
+        .unwrap();
+    holder
+}
+
 #[tokio::test]
-async fn enqueue_notifies_listeners_on_outbox_new_at_commit() {
+async fn enqueue_wakes_listeners_once_per_transaction_and_once_per_window() {
     let db = TestDb::new().await;
     let (listener, mut connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
         .await
@@ -1290,14 +1308,16 @@ async fn enqueue_notifies_listeners_on_outbox_new_at_commit() {
         }
     });
     listener.batch_execute("LISTEN outbox_new").await.unwrap();
+    let quiet = std::time::Duration::from_millis(200);
 
+    // At commit, once, however many messages the transaction enqueued.
     let c = db.client().await;
     c.batch_execute("BEGIN").await.unwrap();
-    enqueue(&c, "orders", None).await;
+    for _ in 0..3 {
+        enqueue(&c, "orders", None).await;
+    }
     assert!(
-        tokio::time::timeout(std::time::Duration::from_millis(200), rx.recv())
-            .await
-            .is_err(),
+        tokio::time::timeout(quiet, rx.recv()).await.is_err(),
         "no notification before commit"
     );
     c.batch_execute("COMMIT").await.unwrap();
@@ -1305,7 +1325,30 @@ async fn enqueue_notifies_listeners_on_outbox_new_at_commit() {
         .await
         .expect("notification after commit")
         .unwrap();
-    assert_eq!(got, ("outbox_new".to_owned(), "orders".to_owned()));
+    assert_eq!(got, ("outbox_new".to_owned(), String::new()));
+    assert!(
+        tokio::time::timeout(quiet, rx.recv()).await.is_err(),
+        "one notification per transaction"
+    );
+
+    // Another transaction of the same window notifies: this one commits without the
+    // notification queue's lock.
+    let holder = hold_wake_windows(&db, 1000).await;
+    enqueue(&c, "orders", None).await;
+    assert!(
+        tokio::time::timeout(quiet, rx.recv()).await.is_err(),
+        "the window's winner notifies, not every producer"
+    );
+    holder
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .await
+        .unwrap();
+    enqueue(&c, "orders", None).await;
+    tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+        .await
+        .expect("a lone enqueue notifies")
+        .unwrap();
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox.messages").await, 5);
     db.finish().await;
 }
 
@@ -1464,5 +1507,209 @@ async fn views_show_the_state_of_the_outbox() {
 
     let rates: i64 = count(&c, "SELECT sum(attempts)::bigint FROM outbox.attempt_rates").await;
     assert_eq!(rates, 1);
+    db.finish().await;
+}
+
+/// Claims `n` with the payloads read as text: (key, payload) in the order returned.
+async fn claim_texts(c: &Client, n: i32) -> Vec<(Option<String>, String, Uuid, Uuid)> {
+    c.query(
+        "SELECT message_key, convert_from(payload, 'UTF8'), outbox_id, lease_token \
+         FROM outbox.claim_outbox_batch($1, 'w', 30)",
+        &[&n],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+    .collect()
+}
+
+/// Reports one state per claimed message, in one completion.
+async fn complete_all(
+    c: &Client,
+    claimed: &[(Option<String>, String, Uuid, Uuid)],
+    states: &[&str],
+) {
+    let ids: Vec<Uuid> = claimed.iter().map(|m| m.2).collect();
+    let tokens: Vec<Uuid> = claimed.iter().map(|m| m.3).collect();
+    let states: Vec<String> = states.iter().map(|s| (*s).to_owned()).collect();
+    c.query(
+        "SELECT * FROM outbox.complete_outbox_batch('w', $1, $2, $3::text[]::outbox.attempt_state[], NULL, \
+         (SELECT array_agg(CASE WHEN s = 'RETRYABLE' THEN now() + interval '1 hour' END) FROM unnest($3::text[]) AS s))",
+        &[&ids, &tokens, &states],
+    )
+    .await
+    .unwrap();
+}
+
+/// The payloads of `key` in a claim, as numbers, in the order returned.
+fn run_of(claimed: &[(Option<String>, String, Uuid, Uuid)], key: &str) -> Vec<i32> {
+    claimed
+        .iter()
+        .filter(|m| m.0.as_deref() == Some(key))
+        .map(|m| m.1.parse().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_claim_returns_a_run_of_a_key_in_order_in_the_room_the_heads_leave() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+           SELECT 't', 'hot', convert_to(g::text, 'UTF8') FROM generate_series(1, 1000) AS g; \
+         INSERT INTO outbox.messages (topic, payload) \
+           SELECT 't', convert_to('free', 'UTF8') FROM generate_series(1, 50); \
+         UPDATE outbox.messages SET available_at = now() + interval '1 hour' \
+          WHERE message_key = 'hot' AND convert_from(payload, 'UTF8') = '201'",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox.messages WHERE behind").await,
+        999,
+        "every message after the key's head waits behind it, out of the claim's walk"
+    );
+
+    // 51 heads (50 unkeyed, the hot key's first), then the hot key's run in the room left.
+    let first = claim_texts(&c, 100).await;
+    assert_eq!(first.len(), 100);
+    assert_eq!(run_of(&first, "hot"), (1..=50).collect::<Vec<_>>());
+    assert!(
+        claim_texts(&c, 100).await.is_empty(),
+        "nothing of a key whose head is leased"
+    );
+    complete_all(&c, &first, &["DISPATCHED"; 100]).await;
+
+    // The next message became the head; its run stops before the delayed message 201.
+    let second = claim_texts(&c, 500).await;
+    assert_eq!(run_of(&second, "hot"), (51..=200).collect::<Vec<_>>());
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox.messages WHERE NOT behind").await,
+        1,
+        "the leased run's head is the only head: the rest of the key is off the claim's walk"
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_retryable_failure_in_a_run_gives_back_the_rest_and_the_key_waits_for_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+           SELECT 't', 'k', convert_to(g::text, 'UTF8') FROM generate_series(1, 10) AS g",
+    )
+    .await
+    .unwrap();
+    let run = claim_texts(&c, 10).await;
+    assert_eq!(run_of(&run, "k"), (1..=10).collect::<Vec<_>>());
+    // What the relayer reports when message 4 fails: the rest given back, then 1–3
+    // delivered and 4 retryable (an hour from now).
+    let rest: Vec<_> = run[4..].to_vec();
+    let released: i32 = c
+        .query_one(
+            "SELECT outbox.release_outbox_leases('w', $1, $2)",
+            &[
+                &rest.iter().map(|m| m.2).collect::<Vec<_>>(),
+                &rest.iter().map(|m| m.3).collect::<Vec<_>>(),
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(released, 6);
+    complete_all(
+        &c,
+        &run[..4],
+        &["DISPATCHED", "DISPATCHED", "DISPATCHED", "RETRYABLE"],
+    )
+    .await;
+    assert!(
+        claim_texts(&c, 10).await.is_empty(),
+        "5–10 wait for 4's retry"
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox.attempts WHERE outbox_id = ANY (SELECT outbox_id FROM outbox.messages WHERE behind)").await,
+        0,
+        "the given-back messages were not attempted"
+    );
+    c.execute("UPDATE outbox.messages SET available_at = now()", &[])
+        .await
+        .unwrap();
+    let again = claim_texts(&c, 10).await;
+    assert_eq!(run_of(&again, "k"), (4..=10).collect::<Vec<_>>());
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_producer_committing_behind_a_head_being_completed_becomes_the_next_head() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "t", Some("k")).await;
+    let head = claim(&c, 1, "w", 30).await.remove(0);
+
+    // The producer's commit-time check runs now (SET CONSTRAINTS) and keeps the head from
+    // being deleted until the producer commits.
+    let p = db.client().await;
+    p.batch_execute("BEGIN").await.unwrap();
+    let mine: Uuid = p
+        .query_one("SELECT outbox.enqueue('t', '{}'::jsonb, 'k')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    p.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+        .await
+        .unwrap();
+    let c2 = db.client().await;
+    let completion = tokio::spawn(async move {
+        complete(&c2, &head, "w", "DISPATCHED", None).await.unwrap();
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !completion.is_finished(),
+        "the head's deletion waits for the producer queued behind it"
+    );
+    p.batch_execute("COMMIT").await.unwrap();
+    completion.await.unwrap();
+    let next: Vec<Uuid> = claim(&c, 10, "w", 30).await.iter().map(|m| m.id).collect();
+    assert_eq!(
+        next,
+        [mine],
+        "the completion made the producer's message the head"
+    );
+
+    // The head already gone when the producer commits, in either isolation level: the
+    // producer's message marks itself as the head.
+    for (n, isolation) in ["READ COMMITTED", "REPEATABLE READ"].iter().enumerate() {
+        let key = format!("late-{n}");
+        c.execute("SELECT outbox.enqueue('t', '{}'::jsonb, $1)", &[&key])
+            .await
+            .unwrap();
+        let p = db.client().await;
+        p.batch_execute(&format!("BEGIN ISOLATION LEVEL {isolation}"))
+            .await
+            .unwrap();
+        let mine: Uuid = p
+            .query_one("SELECT outbox.enqueue('t', '{}'::jsonb, $1)", &[&key])
+            .await
+            .unwrap()
+            .get(0);
+        let head = claim(&c, 10, "w", 30).await;
+        assert_eq!(head.len(), 1, "{isolation}: the first message only");
+        complete(&c, &head[0], "w", "DISPATCHED", None)
+            .await
+            .unwrap();
+        p.batch_execute("COMMIT").await.unwrap();
+        let next = claim(&c, 10, "w", 30).await;
+        assert_eq!(
+            next.iter().map(|m| m.id).collect::<Vec<_>>(),
+            [mine],
+            "{isolation}"
+        );
+        complete(&c, &next[0], "w", "DISPATCHED", None)
+            .await
+            .unwrap();
+    }
     db.finish().await;
 }

@@ -56,6 +56,23 @@ pub struct Options {
     /// figures are measured.
     #[arg(long, default_value = "null", value_parser = ["null", "http", "nats", "amqp", "redis", "kafka"])]
     pub destination: String,
+    /// Instead of the other measurements: deliver this many messages (null destination) in
+    /// ten rounds and print the resident memory after each, to show that it stays flat.
+    #[arg(long, default_value_t = 0)]
+    pub memory_messages: u64,
+    /// Instead of the other measurements: enqueue throughput with these numbers of producer
+    /// connections (comma-separated, e.g. 1,16,64), one message per transaction, against
+    /// the same INSERT without a notification and with one per transaction.
+    #[arg(long, value_delimiter = ',')]
+    pub enqueue_connections: Vec<u32>,
+    /// Seconds per enqueue measurement.
+    #[arg(long, default_value_t = 10)]
+    pub enqueue_secs: u64,
+    /// Instead of the other measurements: the hot-key shape. N unkeyed messages drained
+    /// alone, then N messages of one key enqueued together with N unkeyed ones: the unkeyed
+    /// rate beside the hot key (against the rate alone) and the hot key's own rate.
+    #[arg(long, default_value_t = 0)]
+    pub hot_key: u64,
 }
 
 /// A null destination that counts deliveries and, while recording, notes when each
@@ -64,6 +81,8 @@ struct Recorder {
     /// The destination measured; `None` acknowledges everything at once.
     inner: Option<Arc<dyn Destination>>,
     delivered: AtomicU64,
+    /// The delivered count when the current target was set (for progress).
+    from: AtomicU64,
     target: AtomicU64,
     done: Notify,
     acks: Mutex<Vec<(Uuid, Instant)>>,
@@ -75,6 +94,7 @@ impl Recorder {
         Arc::new(Self {
             inner,
             delivered: AtomicU64::new(0),
+            from: AtomicU64::new(0),
             target: AtomicU64::new(u64::MAX),
             done: Notify::new(),
             acks: Mutex::new(Vec::new()),
@@ -84,20 +104,44 @@ impl Recorder {
 
     /// The delivered count `n` more deliveries from now; pass it to [`Recorder::reached`].
     fn target(&self, n: u64) -> u64 {
-        let target = self.delivered.load(Ordering::SeqCst) + n;
+        let from = self.delivered.load(Ordering::SeqCst);
+        let target = from + n;
+        self.from.store(from, Ordering::SeqCst);
         self.target.store(target, Ordering::SeqCst);
         target
     }
 
-    /// Resolves once `target` messages have been delivered in all.
-    async fn reached(&self, target: u64) {
+    /// Resolves once `target` messages have been delivered in all, showing how far `what`
+    /// has got on a terminal.
+    async fn reached(&self, target: u64, what: &str) {
+        let from = self.from.load(Ordering::SeqCst);
+        let mut shown = Instant::now();
         while self.delivered.load(Ordering::SeqCst) < target {
+            if shown.elapsed() >= PROGRESS_EVERY {
+                let done = self.delivered.load(Ordering::SeqCst).saturating_sub(from);
+                progress(&format!("{what}: {done} of {}", target - from));
+                shown = Instant::now();
+            }
             let notified = self.done.notified();
             if self.delivered.load(Ordering::SeqCst) >= target {
                 break;
             }
             let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
         }
+        progress("");
+    }
+}
+
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// Shows `line` in place of the previous one on stderr when it is a terminal (the figures
+/// go to stdout, terminal or not); an empty line clears it.
+fn progress(line: &str) {
+    use std::io::{IsTerminal, Write};
+    let mut err = std::io::stderr();
+    if err.is_terminal() {
+        let _ = write!(err, "\r\x1b[2K{line}");
+        let _ = err.flush();
     }
 }
 
@@ -166,6 +210,16 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
             .get::<_, String>(0)
     );
 
+    if o.memory_messages > 0 {
+        return memory(url, o, &sql).await;
+    }
+    if !o.enqueue_connections.is_empty() {
+        return enqueue_rates(url, o, &sql).await;
+    }
+    if o.hot_key > 0 {
+        return hot_key(url, o, &sql).await;
+    }
+
     if o.destination != "null" {
         let (destination, cleanup) = destination(&o.destination).await?;
         let recorder = Recorder::new(Some(destination));
@@ -187,6 +241,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
 
     // 1. The floor: no relayer.
     fill(&sql, o.messages).await?;
+    progress("floor: draining with bare SQL");
     let started = Instant::now();
     let mut drains = Vec::new();
     for w in 0..o.workers {
@@ -240,7 +295,9 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
         let relays = start_relays(url, o, &recorder, &shutdown)?;
         let measured = o.messages.min(o.big_backlog);
         let started = Instant::now();
-        recorder.reached(recorder.target(measured)).await;
+        recorder
+            .reached(recorder.target(measured), "draining the big backlog")
+            .await;
         let t_big = started.elapsed();
         report(
             "relay drain at big backlog (first part)",
@@ -322,18 +379,81 @@ async fn drain(sql: &tokio_postgres::Client, recorder: &Recorder, n: u64) -> Res
     let target = recorder.target(n);
     fill(sql, n).await?;
     let started = Instant::now();
-    recorder.reached(target).await;
+    recorder.reached(target, "draining").await;
     Ok(started.elapsed())
 }
 
 /// Inserts `n` messages: 256-byte JSON payloads, every tenth with one of 1,000 keys.
 async fn fill(sql: &tokio_postgres::Client, n: u64) -> Result<()> {
+    progress(&format!("enqueueing {n} messages"));
     kit::fill_messages(sql, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
     Ok(())
 }
 
+/// The hot-key shape (`--hot-key N`): see [`Options::hot_key`].
+async fn hot_key(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
+    let n = o.hot_key;
+    let recorder = Recorder::new(None);
+    let shutdown = CancellationToken::new();
+    let relays = start_relays(url, o, &recorder, &shutdown)?;
+    let target = recorder.target(n);
+    progress(&format!("enqueueing {n} unkeyed messages"));
+    kit::fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
+    let started = Instant::now();
+    recorder
+        .reached(target, "draining unkeyed messages alone")
+        .await;
+    let alone = started.elapsed();
+    report("unkeyed alone", n, n, alone, o.workers);
+    shutdown_relays(&shutdown, relays).await;
+
+    progress(&format!(
+        "enqueueing {n} messages of one key and {n} unkeyed"
+    ));
+    kit::fill_messages(sql, "bench", i64::try_from(n)?, Some(1), 1, 256).await?;
+    kit::fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
+    sql.batch_execute("VACUUM ANALYZE outbox.messages").await?;
+    settle(sql).await;
+    let shutdown = CancellationToken::new();
+    let relays = start_relays(url, o, &recorder, &shutdown)?;
+    let started = Instant::now();
+    let (mut unkeyed_done, mut hot_done) = (None, None);
+    while unkeyed_done.is_none() || hot_done.is_none() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let left = sql
+            .query_one(
+                "SELECT count(*) FILTER (WHERE message_key IS NULL), count(message_key)                    FROM outbox.messages",
+                &[],
+            )
+            .await?;
+        let (unkeyed, hot): (i64, i64) = (left.get(0), left.get(1));
+        progress(&format!(
+            "hot-key shape: {unkeyed} unkeyed and {hot} of the hot key left"
+        ));
+        if unkeyed == 0 && unkeyed_done.is_none() {
+            unkeyed_done = Some(started.elapsed());
+        }
+        if hot == 0 && hot_done.is_none() {
+            hot_done = Some(started.elapsed());
+        }
+    }
+    progress("");
+    shutdown_relays(&shutdown, relays).await;
+    let (beside, hot) = (
+        unkeyed_done.unwrap_or_default(),
+        hot_done.unwrap_or_default(),
+    );
+    report("unkeyed beside the hot key", 2 * n, n, beside, o.workers);
+    report("the hot key (one key, in order)", 2 * n, n, hot, o.workers);
+    println!(
+        "  unkeyed rate beside the hot key / alone = {:.2}",
+        per_sec(n, beside) / per_sec(n, alone)
+    );
+    Ok(())
+}
+
 /// Claims and completes in one statement per batch until nothing is left (no leases, no
-/// per-key order: the cost of just consuming and recording).
+/// per-key order, in primary-key order: the cost of just consuming and recording).
 async fn bare_drain(url: &str, batch: i64, worker: &str) -> Result<()> {
     let c = connect(url).await?;
     let stmt = c
@@ -341,7 +461,7 @@ async fn bare_drain(url: &str, batch: i64, worker: &str) -> Result<()> {
             "WITH done AS (
                  DELETE FROM outbox.messages
                   WHERE outbox_id = ANY (ARRAY(SELECT outbox_id FROM outbox.messages
-                                                ORDER BY available_at, seq
+                                                ORDER BY outbox_id
                                                 LIMIT $1 FOR UPDATE SKIP LOCKED))
               RETURNING outbox_id, attempt_count)
              INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token)
@@ -370,6 +490,10 @@ async fn latency(url: &str, recorder: &Arc<Recorder>, o: &Options) -> Result<()>
     recorder.recording.store(true, Ordering::SeqCst);
     let target = recorder.target(total);
     let commits: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
+    progress(&format!(
+        "latency: enqueueing {} msg/s for {} s",
+        o.rate, o.latency_secs
+    ));
     let started = Instant::now();
     let mut producers = Vec::new();
     for p in 0..PRODUCERS {
@@ -398,7 +522,9 @@ async fn latency(url: &str, recorder: &Arc<Recorder>, o: &Options) -> Result<()>
         p.await??;
     }
     let produced = started.elapsed();
-    recorder.reached(target).await;
+    recorder
+        .reached(target, "latency: waiting for the last acks")
+        .await;
     recorder.recording.store(false, Ordering::SeqCst);
 
     let acks: HashMap<Uuid, Instant> = std::mem::take(&mut *lock(&recorder.acks))
@@ -594,6 +720,7 @@ fn per_sec(n: u64, t: Duration) -> f64 {
 }
 
 fn report(what: &str, backlog: u64, n: u64, t: Duration, workers: u32) {
+    progress("");
     println!(
         "{what}: {n} messages in {:.2} s = {:.0} msg/s (backlog {backlog}, {workers} workers)",
         t.as_secs_f64(),
@@ -601,13 +728,111 @@ fn report(what: &str, backlog: u64, n: u64, t: Duration, workers: u32) {
     );
 }
 
+/// Delivers `o.memory_messages` in ten rounds (each enqueued, then drained) and prints the
+/// resident memory after each: a relayer's memory must not grow with what it delivered.
+async fn memory(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
+    let recorder = Recorder::new(None);
+    let shutdown = CancellationToken::new();
+    let relays = start_relays(url, o, &recorder, &shutdown)?;
+    let round = o.memory_messages.div_ceil(10);
+    let mut delivered = 0;
+    println!("memory: RSS {:.1} MiB before delivering", rss_mib("VmRSS:"));
+    for _ in 0..10 {
+        let t = drain(sql, &recorder, round).await?;
+        delivered += round;
+        // What autovacuum does to a drained queue: the table's statistics now say empty.
+        sql.batch_execute("VACUUM outbox.messages").await?;
+        progress("");
+        println!(
+            "memory: RSS {:.1} MiB after {delivered} delivered ({:.0} msg/s this round)",
+            rss_mib("VmRSS:"),
+            per_sec(round, t)
+        );
+    }
+    shutdown_relays(&shutdown, relays).await;
+    println!("memory: peak RSS {:.1} MiB", peak_rss_mib());
+    Ok(())
+}
+
+/// What a producer runs per transaction, measured by `--enqueue-connections`.
+const PRODUCER_STATEMENTS: [(&str, &str); 3] = [
+    (
+        "outbox.enqueue",
+        "SELECT outbox.enqueue('bench', $1::bytea, NULL, '{}', NULL, NULL, 10, 'application/json')",
+    ),
+    (
+        "plain INSERT",
+        "INSERT INTO outbox.messages (topic, payload, content_type) VALUES ('bench', $1, 'application/json')",
+    ),
+    (
+        "INSERT + pg_notify",
+        "WITH i AS (INSERT INTO outbox.messages (topic, payload, content_type) \
+         VALUES ('bench', $1, 'application/json') RETURNING topic) \
+         SELECT pg_notify('outbox_new', i.topic) FROM i",
+    ),
+];
+
+/// Enqueue throughput per number of producer connections, each statement of
+/// [`PRODUCER_STATEMENTS`] in turn (autocommit: one message per transaction).
+async fn enqueue_rates(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
+    let payload = serde_json::json!({ "pad": "x".repeat(240) })
+        .to_string()
+        .into_bytes();
+    for &connections in &o.enqueue_connections {
+        let mut rates = Vec::new();
+        for (what, statement) in PRODUCER_STATEMENTS {
+            progress(&format!(
+                "{what}: {connections} connections for {} s",
+                o.enqueue_secs
+            ));
+            let mut producers = Vec::new();
+            let until = Instant::now() + Duration::from_secs(o.enqueue_secs);
+            for _ in 0..connections {
+                let (url, payload) = (url.to_owned(), payload.clone());
+                producers.push(tokio::spawn(async move {
+                    let c = connect(&url).await?;
+                    let stmt = c.prepare(statement).await?;
+                    let mut n = 0_u64;
+                    while Instant::now() < until {
+                        c.execute(&stmt, &[&payload]).await?;
+                        n += 1;
+                    }
+                    anyhow::Ok(n)
+                }));
+            }
+            let mut n = 0;
+            for p in producers {
+                n += p.await??;
+            }
+            rates.push(per_sec(n, Duration::from_secs(o.enqueue_secs)));
+            sql.batch_execute("TRUNCATE outbox.messages").await?;
+        }
+        progress("");
+        println!(
+            "enqueue, {connections} connections, one message per transaction: outbox.enqueue \
+             {:.0}/s, plain INSERT {:.0}/s ({:.2}x), INSERT + pg_notify {:.0}/s ({:.2}x)",
+            rates[0],
+            rates[1],
+            rates[0] / rates[1],
+            rates[2],
+            rates[2] / rates[1]
+        );
+    }
+    Ok(())
+}
+
 /// VmHWM of this process, in MiB.
 fn peak_rss_mib() -> f64 {
+    rss_mib("VmHWM:")
+}
+
+/// A memory figure of this process from /proc/self/status (`VmRSS:`, `VmHWM:`), in MiB.
+fn rss_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<f64>().ok())
         })

@@ -8,8 +8,10 @@
 //! A destination publishes a batch and answers one [`Outcome`] per message, in batch order,
 //! only after the destination acknowledged or refused it. It never answers
 //! [`Outcome::NotAttempted`]: that is the dispatch layer's (circuits, deadlines, budgets).
-//! A batch never holds two messages with the same key (the claim returns only the head of
-//! each key), so a destination may deliver a batch's messages in any order or in parallel.
+//! A batch given to `publish` never holds two messages with the same key, so a destination
+//! may deliver a batch's messages in any order or in parallel. A claim may hold ordered runs
+//! of one key (a key's head and the messages after it); the dispatch layer splits them into
+//! successive calls, a key's next message only after its predecessor was delivered.
 //! A problem with one message (a header the protocol cannot carry, a payload refused) makes
 //! that message permanent, never the batch.
 

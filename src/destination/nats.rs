@@ -167,7 +167,10 @@ impl Destination for Nats {
                 pending.push((subject, Ok(sent)));
             }
             let timed_out = |subject: &str| Outcome::Retryable {
-                reason: format!("publish to {subject}: no answer within {:?}", self.timeout),
+                reason: format!(
+                    "publish to {subject}: timed out, no ack within {:?}",
+                    self.timeout
+                ),
                 retry_after: None,
             };
             let mut outcomes = Vec::with_capacity(batch.len());

@@ -172,10 +172,10 @@ impl Breaker {
             }
             return;
         }
-        let all_failed = !outcomes.is_empty()
-            && outcomes
-                .iter()
-                .all(|o| matches!(o, Outcome::Retryable { .. }));
+        // Messages of a run after an undelivered one were not attempted: they say nothing.
+        let all_failed = outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Retryable { .. } | Outcome::NotAttempted { .. }));
         if !all_failed {
             if outcomes
                 .iter()
@@ -187,10 +187,14 @@ impl Breaker {
         }
         let opened_since = guard.1 != ticket.opened;
         let counted = if opened_since && !ticket.probe { 0 } else { 1 };
-        for outcome in outcomes.iter_mut().skip(counted) {
+        for outcome in outcomes
+            .iter_mut()
+            .filter(|o| matches!(o, Outcome::Retryable { .. }))
+            .skip(counted)
+        {
             let reason = match outcome {
                 Outcome::Retryable { reason, .. } => std::mem::take(reason),
-                _ => unreachable!("every outcome is retryable"),
+                _ => unreachable!("only retryable outcomes are rewritten"),
             };
             *outcome = Outcome::NotAttempted {
                 reason: format!("destination {} is failing: {reason}", self.destination),

@@ -12,12 +12,17 @@
 //!   are left unclaimed and what was already claimed is given back without an attempt;
 //! - **deadline**: a part not answered within `timeout_ms` is retryable ("did not answer"),
 //!   and counts towards the circuit like any other failure;
+//! - **runs**: a part may hold several messages of one key, in enqueue order (the claim's
+//!   runs). They are delivered one call after the other, a key's next message only once its
+//!   predecessor was delivered; what follows an undelivered message is given back
+//!   unattempted, so a key is never delivered out of order;
 //! - **panics**: a destination that panics is logged with the outbox ids and counted, and
 //!   its part is given back at once.
 
 mod circuit;
 mod routes;
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -242,51 +247,10 @@ impl Dispatcher {
             messages
         };
         let started = Instant::now();
-        let answer = AssertUnwindSafe(tokio::time::timeout(
-            lane.deadline,
-            lane.destination.publish(now),
-        ))
-        .catch_unwind()
-        .await;
-        let retryable = |reason: String| {
-            vec![
-                Outcome::Retryable {
-                    reason,
-                    retry_after: None
-                };
-                now.len()
-            ]
-        };
-        let mut outcomes = match answer {
-            Ok(Ok(outcomes)) if outcomes.len() == now.len() => outcomes,
-            Ok(Ok(outcomes)) => retryable(format!(
-                "destination {} returned {} outcomes for {} messages",
-                lane.name,
-                outcomes.len(),
-                now.len()
-            )),
-            Ok(Err(_)) => {
-                telemetry::dispatch_deadline(&lane.name, lane.deadline, now.len());
-                retryable(format!(
-                    "destination {} did not answer within {} ms",
-                    lane.name,
-                    lane.deadline.as_millis()
-                ))
-            }
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                telemetry::dispatch_panicked(&lane.name, now, &what);
-                vec![
-                    Outcome::NotAttempted {
-                        reason: format!("destination {} panicked: {what}", lane.name),
-                    };
-                    now.len()
-                ]
-            }
+        let deadline = tokio::time::Instant::now() + lane.deadline;
+        let mut outcomes = match runs(now) {
+            None => lane.attempt(now, deadline).await,
+            Some(previous) => lane.attempt_in_runs(now, &previous, deadline).await,
         };
         telemetry::batch_dispatched(&lane.name, started.elapsed());
         lane.breaker.record(ticket, &mut outcomes);
@@ -317,7 +281,117 @@ impl Dispatcher {
     }
 }
 
+/// For each message of `messages`, the index of the message before it in its key, if the
+/// part holds one (a run, see `claim_outbox_batch`); `None` when no key appears twice.
+fn runs(messages: &[ClaimedMessage]) -> Option<Vec<Option<usize>>> {
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    let mut previous = Vec::with_capacity(messages.len());
+    let mut any = false;
+    for (i, m) in messages.iter().enumerate() {
+        let before = m.key.as_deref().and_then(|k| last.insert(k, i));
+        any |= before.is_some();
+        previous.push(before);
+    }
+    any.then_some(previous)
+}
+
 impl Lane {
+    /// One call of the destination with `messages`, answered by `deadline`; one outcome per
+    /// message.
+    async fn attempt(
+        &self,
+        messages: &[ClaimedMessage],
+        deadline: tokio::time::Instant,
+    ) -> Vec<Outcome> {
+        let answer = AssertUnwindSafe(tokio::time::timeout_at(
+            deadline,
+            self.destination.publish(messages),
+        ))
+        .catch_unwind()
+        .await;
+        let retryable = |reason: String| {
+            vec![
+                Outcome::Retryable {
+                    reason,
+                    retry_after: None
+                };
+                messages.len()
+            ]
+        };
+        match answer {
+            Ok(Ok(outcomes)) if outcomes.len() == messages.len() => outcomes,
+            Ok(Ok(outcomes)) => retryable(format!(
+                "destination {} returned {} outcomes for {} messages",
+                self.name,
+                outcomes.len(),
+                messages.len()
+            )),
+            Ok(Err(_)) => {
+                telemetry::dispatch_deadline(&self.name, self.deadline, messages.len());
+                retryable(format!(
+                    "destination {} did not answer within {} ms",
+                    self.name,
+                    self.deadline.as_millis()
+                ))
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                telemetry::dispatch_panicked(&self.name, messages, &what);
+                vec![
+                    Outcome::NotAttempted {
+                        reason: format!("destination {} panicked: {what}", self.name),
+                    };
+                    messages.len()
+                ]
+            }
+        }
+    }
+
+    /// Delivers a part that holds runs, key order first: the destination is called with the
+    /// first message of every key (and every unkeyed one), then with each key's next message
+    /// whose predecessor was delivered, and so on, all by `deadline`. A message whose
+    /// predecessor was not delivered is not attempted: it is given back and waits for it.
+    async fn attempt_in_runs(
+        &self,
+        messages: &[ClaimedMessage],
+        previous: &[Option<usize>],
+        deadline: tokio::time::Instant,
+    ) -> Vec<Outcome> {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
+        while outcomes.iter().any(Option::is_none) {
+            let mut wave = Vec::new();
+            for (i, before) in previous.iter().enumerate() {
+                if outcomes[i].is_some() {
+                    continue;
+                }
+                match before.map(|b| &outcomes[b]) {
+                    None | Some(Some(Outcome::Delivered)) => wave.push(i),
+                    Some(None) => {}
+                    Some(Some(_)) => {
+                        outcomes[i] = Some(Outcome::NotAttempted {
+                            reason: format!(
+                                "an earlier message of key {:?} was not delivered",
+                                messages[i].key.as_deref().unwrap_or_default()
+                            ),
+                        });
+                    }
+                }
+            }
+            if wave.is_empty() {
+                continue;
+            }
+            let batch: Vec<ClaimedMessage> = wave.iter().map(|&i| messages[i].clone()).collect();
+            for (i, outcome) in wave.into_iter().zip(self.attempt(&batch, deadline).await) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        outcomes.into_iter().flatten().collect()
+    }
+
     fn new(
         name: &str,
         destination: Arc<dyn Destination>,
@@ -332,5 +406,111 @@ impl Lane {
             budget: Arc::new(Semaphore::new(max_in_flight)),
             deadline,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures_util::future::BoxFuture;
+
+    use super::*;
+
+    /// Delivers everything except payloads `fail`, which it finds retryable; remembers the
+    /// payloads of every call.
+    #[derive(Default)]
+    struct Scripted {
+        calls: Mutex<Vec<Vec<String>>>,
+    }
+
+    impl Destination for Scripted {
+        fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+            let payloads: Vec<String> = batch
+                .iter()
+                .map(|m| String::from_utf8(m.payload.clone()).unwrap())
+                .collect();
+            let outcomes = payloads
+                .iter()
+                .map(|p| match p.as_str() {
+                    "fail" => Outcome::Retryable {
+                        reason: "refused for now".into(),
+                        retry_after: None,
+                    },
+                    _ => Outcome::Delivered,
+                })
+                .collect();
+            self.calls.lock().unwrap().push(payloads);
+            Box::pin(async move { outcomes })
+        }
+
+        fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    fn message(key: Option<&str>, payload: &str) -> ClaimedMessage {
+        let mut m = ClaimedMessage::example(serde_json::json!({}));
+        m.key = key.map(str::to_owned);
+        m.payload = payload.as_bytes().to_vec();
+        m
+    }
+
+    #[tokio::test]
+    async fn a_run_is_delivered_one_message_of_a_key_per_call_and_stops_at_a_failure() {
+        let scripted = Arc::new(Scripted::default());
+        let dispatcher = Dispatcher::single(
+            "d",
+            scripted.clone(),
+            CircuitSettings {
+                failures: 5,
+                cooldown: Duration::from_secs(1),
+            },
+            Duration::from_secs(5),
+            1,
+        );
+        let (mut parts, unrouted) = dispatcher.split(vec![
+            message(Some("a"), "a1"),
+            message(Some("a"), "fail"),
+            message(Some("a"), "a3"),
+            message(Some("b"), "b1"),
+            message(None, "u"),
+            message(Some("b"), "b2"),
+            message(Some("b"), "b3"),
+        ]);
+        assert!(unrouted.is_empty());
+        let outcomes = dispatcher.publish(&parts.remove(0)).await;
+
+        assert_eq!(
+            *scripted.calls.lock().unwrap(),
+            [vec!["a1", "b1", "u"], vec!["fail", "b2"], vec!["b3"]],
+            "each key's next message only after its predecessor was delivered"
+        );
+        let kinds: Vec<&str> = outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Delivered => "delivered",
+                Outcome::Retryable { .. } => "retryable",
+                Outcome::Permanent { .. } => "permanent",
+                Outcome::NotAttempted { .. } => "not attempted",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "delivered",
+                "retryable",
+                "not attempted",
+                "delivered",
+                "delivered",
+                "delivered",
+                "delivered"
+            ]
+        );
+        assert!(
+            matches!(&outcomes[2], Outcome::NotAttempted { reason } if reason.contains("key \"a\"")),
+            "{:?}",
+            outcomes[2]
+        );
     }
 }

@@ -749,17 +749,25 @@ async fn hot_key(sizes: &Sizes) -> Outcome {
     let mixed = drain_rate(&db, &c, sizes.window, "mixed").await;
     let hot_rate = (hot_before - left_hot().await) as f64 / sizes.window.as_secs_f64();
     // Per-key order of what the hot key delivered: completion order against enqueue order.
-    let dispatched: Vec<Uuid> = c
+    // A run's attempts are written by one statement, in the run's order, and two of them
+    // may carry the same microsecond: within one, the enqueue order stands.
+    let mut dispatched: Vec<(i64, i64, Uuid)> = c
         .query(
-            "SELECT a.outbox_id FROM outbox.attempts AS a WHERE a.state = 'DISPATCHED' \
-             AND a.outbox_id = ANY ($1) ORDER BY a.created_at",
+            "SELECT a.outbox_id, (extract(epoch FROM a.created_at) * 1000000)::bigint \
+               FROM outbox.attempts AS a \
+              WHERE a.state = 'DISPATCHED' AND a.outbox_id = ANY ($1)",
             &[&hot.keys().copied().collect::<Vec<Uuid>>()],
         )
         .await
         .map_err(|e| e.to_string())?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| {
+            let id: Uuid = r.get(0);
+            (r.get(1), hot[&id], id)
+        })
         .collect();
+    dispatched.sort();
+    let dispatched: Vec<Uuid> = dispatched.into_iter().map(|(_, _, id)| id).collect();
     let out_of_order = dispatched
         .windows(2)
         .filter(|w| hot[&w[0]] > hot[&w[1]])

@@ -98,7 +98,13 @@ impl Harness for Rabbit {
 
     async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
         Ok((
-            crate::enqueue(c, "nobody", None, serde_json::json!({})).await,
+            crate::enqueue(
+                c,
+                "nobody",
+                None,
+                serde_json::json!({ "secret": crate::REFUSED_PAYLOAD_MARK }),
+            )
+            .await,
             "unroutable",
         ))
     }

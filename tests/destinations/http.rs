@@ -140,7 +140,13 @@ impl Harness for Hooks {
 
     async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
         Ok((
-            crate::enqueue(c, "rejected", None, serde_json::json!({})).await,
+            crate::enqueue(
+                c,
+                "rejected",
+                None,
+                serde_json::json!({ "secret": crate::REFUSED_PAYLOAD_MARK }),
+            )
+            .await,
             "HTTP 400",
         ))
     }

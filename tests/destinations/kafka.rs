@@ -195,7 +195,13 @@ impl Harness for Tansu {
     async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
         // No such topic, and the broker creates none on first use.
         Ok((
-            crate::enqueue(c, "nobody", None, serde_json::json!({})).await,
+            crate::enqueue(
+                c,
+                "nobody",
+                None,
+                serde_json::json!({ "secret": crate::REFUSED_PAYLOAD_MARK }),
+            )
+            .await,
             "nknown topic",
         ))
     }

@@ -82,7 +82,13 @@ impl Harness for JetStream {
     }
 
     async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
-        let id = crate::enqueue(c, "nostream", None, serde_json::json!({})).await;
+        let id = crate::enqueue(
+            c,
+            "nostream",
+            None,
+            serde_json::json!({ "secret": crate::REFUSED_PAYLOAD_MARK }),
+        )
+        .await;
         Ok((id, "no JetStream stream captures subject"))
     }
 

@@ -113,7 +113,13 @@ impl Harness for Streams {
             .await
             .unwrap();
         Ok((
-            crate::enqueue(c, "wrongtype", None, serde_json::json!({})).await,
+            crate::enqueue(
+                c,
+                "wrongtype",
+                None,
+                serde_json::json!({ "secret": crate::REFUSED_PAYLOAD_MARK }),
+            )
+            .await,
             "WRONGTYPE",
         ))
     }

@@ -1,0 +1,479 @@
+//! What the fleet looks like from the database, and what is wrong with it.
+//!
+//! Per-process counters cannot say how large the backlog is, how old its oldest message
+//! is, or that a session elsewhere is holding back the MVCC horizon so that dead tuples
+//! pile up in `outbox.messages` and every claim crawls. `outbox.observe` (V8) computes those
+//! figures once per interval for the whole fleet (one caller at a time; the others read the
+//! stored snapshot), and this module turns a snapshot into Prometheus gauges, into a
+//! diagnosis with advice (`/debug/health`, `outbox-relay status`), and into one warning per
+//! culprit that holds the horizon longer than the threshold.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::message::WorkerId;
+use crate::store::Store;
+use crate::telemetry;
+
+/// One snapshot of `outbox.observe`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Observation {
+    pub observed_at: DateTime<Utc>,
+    /// Whether this call computed it (rather than reading another process's).
+    #[serde(skip)]
+    pub refreshed: bool,
+    #[serde(flatten)]
+    pub snapshot: Snapshot,
+}
+
+/// The snapshot's figures; the shape is documented on `outbox.observe`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Snapshot {
+    pub topics: Vec<TopicFigures>,
+    pub attempts_last_minute: BTreeMap<String, i64>,
+    pub horizon_holders: Vec<HorizonHolder>,
+    pub messages_table: Option<TableFigures>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct TopicFigures {
+    /// A topic, or `other` for the topics beyond the largest ones.
+    pub topic: String,
+    pub ready: i64,
+    pub delayed: i64,
+    pub in_flight: i64,
+    pub expired_leases: i64,
+    pub dead_letters: i64,
+    pub oldest_ready_age_seconds: Option<f64>,
+}
+
+/// A session, replication slot or prepared transaction that holds back what vacuum may
+/// remove from `outbox.messages`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct HorizonHolder {
+    pub kind: String,
+    pub pid: Option<i32>,
+    /// Application name, slot name or prepared transaction id.
+    pub name: Option<String>,
+    pub state: Option<String>,
+    /// How long it has held its snapshot or transaction (unknown for a replication slot).
+    pub age_seconds: Option<f64>,
+    pub xid_age: Option<i64>,
+    /// The first 100 characters of the statement (never its parameters).
+    pub query: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct TableFigures {
+    pub live_tuples: i64,
+    pub dead_tuples: i64,
+    pub last_autovacuum: Option<DateTime<Utc>>,
+    pub last_vacuum: Option<DateTime<Utc>>,
+}
+
+/// How often and how much to observe, and when a held horizon is a problem.
+#[derive(Clone, Copy, Debug)]
+pub struct ObserveSettings {
+    pub interval: Duration,
+    pub top_topics: i32,
+    pub horizon_threshold: Duration,
+}
+
+impl HorizonHolder {
+    /// Whether it is a problem: held longer than `threshold`, or (a replication slot, whose
+    /// age is not known) no standby is using it.
+    pub fn is_culprit(&self, threshold: Duration) -> bool {
+        match self.age_seconds {
+            Some(age) => age >= threshold.as_secs_f64(),
+            None => self.state.as_deref() == Some("inactive"),
+        }
+    }
+
+    /// Who it is, in words.
+    pub fn describe(&self) -> String {
+        let mut s = self.kind.clone();
+        if let Some(pid) = self.pid {
+            let _ = write!(s, " pid {pid}");
+        }
+        if let Some(name) = self.name.as_deref().filter(|n| !n.is_empty()) {
+            let _ = write!(s, " ({name})");
+        }
+        if let Some(state) = &self.state {
+            let _ = write!(s, ", {state}");
+        }
+        if let Some(age) = self.age_seconds {
+            let _ = write!(s, ", for {age:.0} s");
+        }
+        if let Some(query) = self.query.as_deref().filter(|q| !q.is_empty()) {
+            let _ = write!(s, ", last statement: {query}");
+        }
+        s
+    }
+
+    /// What an operator can do about it.
+    pub fn advice(&self) -> String {
+        match (self.kind.as_str(), self.pid, self.name.as_deref()) {
+            ("replication slot", _, Some(slot)) => format!(
+                "if its standby is gone, drop the slot: SELECT pg_drop_replication_slot('{slot}')"
+            ),
+            ("prepared transaction", _, Some(gid)) => format!(
+                "finish it with COMMIT PREPARED '{gid}' or ROLLBACK PREPARED '{gid}' (ask its owner which)"
+            ),
+            (_, Some(pid), _) => format!(
+                "end it: SELECT pg_terminate_backend({pid}); to stop it recurring, set \
+                 idle_in_transaction_session_timeout (and a statement_timeout) for that \
+                 application's role"
+            ),
+            _ => "find and end the transaction holding the oldest snapshot".to_owned(),
+        }
+    }
+}
+
+/// A problem the snapshot shows, and what to do about it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Problem {
+    pub what: String,
+    pub advice: String,
+}
+
+/// Dead tuples in `outbox.messages` above this (and above the live rows) slow claims down.
+const DEAD_TUPLES_PROBLEM: i64 = 100_000;
+
+/// What is wrong, as the snapshot tells it.
+pub fn diagnose(snapshot: &Snapshot, threshold: Duration) -> Vec<Problem> {
+    let mut problems: Vec<Problem> = snapshot
+        .horizon_holders
+        .iter()
+        .filter(|h| h.is_culprit(threshold))
+        .map(|h| Problem {
+            what: format!(
+                "{} holds back the MVCC horizon: dead rows of outbox.messages cannot be vacuumed",
+                h.describe()
+            ),
+            advice: h.advice(),
+        })
+        .collect();
+    if let Some(table) = &snapshot.messages_table
+        && table.dead_tuples > DEAD_TUPLES_PROBLEM
+        && table.dead_tuples > table.live_tuples
+    {
+        problems.push(Problem {
+            what: format!(
+                "outbox.messages has {} dead tuples and {} live ones: claims step over them",
+                table.dead_tuples, table.live_tuples
+            ),
+            advice: "end whatever holds the horizon (above), then VACUUM (VERBOSE) outbox.messages"
+                .to_owned(),
+        });
+    }
+    problems
+}
+
+/// The latest observation this process has, shared with the HTTP listener.
+pub struct Latest {
+    observation: RwLock<Option<Observation>>,
+    pub settings: ObserveSettings,
+}
+
+impl Latest {
+    pub fn new(settings: ObserveSettings) -> Arc<Self> {
+        Arc::new(Self {
+            observation: RwLock::new(None),
+            settings,
+        })
+    }
+
+    pub fn get(&self) -> Option<Observation> {
+        self.observation
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, observation: Observation) {
+        *self
+            .observation
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(observation);
+    }
+
+    /// `/debug/health`: the diagnosis, the figures it is based on, and whether all is well.
+    pub fn health(&self) -> serde_json::Value {
+        match self.get() {
+            None => serde_json::json!({
+                "status": "unknown",
+                "problems": [],
+                "note": "no observation yet (the first comes within one observe interval)",
+            }),
+            Some(o) => {
+                let problems = diagnose(&o.snapshot, self.settings.horizon_threshold);
+                serde_json::json!({
+                    "status": if problems.is_empty() { "ok" } else { "degraded" },
+                    "problems": problems,
+                    "observation": o,
+                })
+            }
+        }
+    }
+}
+
+/// Observes every `interval` (±10%) until `shutdown`: keeps `latest` current and warns
+/// once per culprit that holds the horizon past the threshold (and says when it is gone).
+pub async fn run(store: Store, worker: WorkerId, latest: Arc<Latest>, shutdown: CancellationToken) {
+    let settings = latest.settings;
+    let mut warned: HashMap<String, HorizonHolder> = HashMap::new();
+    loop {
+        match store.observe(settings.top_topics, settings.interval).await {
+            Ok(Some(observation)) => {
+                watch_horizon(
+                    &observation.snapshot,
+                    settings.horizon_threshold,
+                    &mut warned,
+                );
+                latest.set(observation);
+            }
+            Ok(None) => {}
+            Err(e) => telemetry::database_error(&worker, "observe", &e),
+        }
+        let jittered = settings.interval.mul_f64(rand::random_range(0.9..=1.1));
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(jittered) => {}
+        }
+    }
+}
+
+/// Culprits are told apart by kind, pid and name: the same session in a new long
+/// transaction is the same culprit until it lets go.
+fn culprit_key(h: &HorizonHolder) -> String {
+    format!(
+        "{}|{}|{}",
+        h.kind,
+        h.pid.unwrap_or(0),
+        h.name.as_deref().unwrap_or("")
+    )
+}
+
+fn watch_horizon(
+    snapshot: &Snapshot,
+    threshold: Duration,
+    warned: &mut HashMap<String, HorizonHolder>,
+) {
+    let culprits: HashMap<String, &HorizonHolder> = snapshot
+        .horizon_holders
+        .iter()
+        .filter(|h| h.is_culprit(threshold))
+        .map(|h| (culprit_key(h), h))
+        .collect();
+    for (key, h) in &culprits {
+        if !warned.contains_key(key) {
+            telemetry::horizon_held(h, threshold);
+            warned.insert(key.clone(), (*h).clone());
+        }
+    }
+    warned.retain(|key, h| {
+        let still = culprits.contains_key(key);
+        if !still {
+            telemetry::horizon_released(h);
+        }
+        still
+    });
+}
+
+/// The fleet gauges of `observation` in the Prometheus text format, appended to what the
+/// recorder renders. Rendered here rather than through the recorder so that a topic that
+/// leaves the largest ones stops being exported instead of keeping its last value.
+pub fn render(observation: &Observation, threshold: Duration) -> String {
+    let s = &observation.snapshot;
+    let mut out = String::new();
+    let mut family = |name: &str, samples: Vec<(Vec<(&str, &str)>, f64)>| {
+        let help = telemetry::help(name);
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (labels, value) in samples {
+            let labels: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            if labels.is_empty() {
+                let _ = writeln!(out, "{name} {value}");
+            } else {
+                let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
+            }
+        }
+    };
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+    let f = |n: i64| n as f64;
+
+    family(
+        telemetry::OBSERVED_AT,
+        vec![(
+            vec![],
+            observation.observed_at.timestamp_millis() as f64 / 1000.0,
+        )],
+    );
+    let mut backlog = Vec::new();
+    for t in &s.topics {
+        for (state, n) in [
+            ("ready", t.ready),
+            ("delayed", t.delayed),
+            ("in_flight", t.in_flight),
+            ("expired_lease", t.expired_leases),
+        ] {
+            backlog.push((vec![("topic", t.topic.as_str()), ("state", state)], f(n)));
+        }
+    }
+    family(telemetry::BACKLOG, backlog);
+    family(
+        telemetry::DEAD_LETTERS,
+        s.topics
+            .iter()
+            .map(|t| (vec![("topic", t.topic.as_str())], f(t.dead_letters)))
+            .collect(),
+    );
+    family(
+        telemetry::OLDEST_READY_AGE,
+        s.topics
+            .iter()
+            .map(|t| {
+                let age = t.oldest_ready_age_seconds.unwrap_or(0.0);
+                (vec![("topic", t.topic.as_str())], age)
+            })
+            .collect(),
+    );
+    family(
+        telemetry::ATTEMPTS_LAST_MINUTE,
+        ["DISPATCHED", "RETRYABLE", "FAILED", "ZOMBIE_REQUEUE"]
+            .into_iter()
+            .map(|state| {
+                let n = s.attempts_last_minute.get(state).copied().unwrap_or(0);
+                (vec![("state", state)], f(n))
+            })
+            .collect(),
+    );
+    let oldest = s
+        .horizon_holders
+        .iter()
+        .filter_map(|h| h.age_seconds)
+        .fold(0.0_f64, f64::max);
+    family(telemetry::HORIZON_AGE, vec![(vec![], oldest)]);
+    let xid_age = s
+        .horizon_holders
+        .iter()
+        .filter_map(|h| h.xid_age)
+        .max()
+        .unwrap_or(0);
+    family(telemetry::HORIZON_XID_AGE, vec![(vec![], f(xid_age))]);
+    let culprits: Vec<&HorizonHolder> = s
+        .horizon_holders
+        .iter()
+        .filter(|h| h.is_culprit(threshold))
+        .take(5)
+        .collect();
+    let pids: Vec<String> = culprits
+        .iter()
+        .map(|h| h.pid.map(|p| p.to_string()).unwrap_or_default())
+        .collect();
+    family(
+        telemetry::HORIZON_CULPRIT,
+        culprits
+            .iter()
+            .zip(&pids)
+            .map(|(h, pid)| {
+                (
+                    vec![
+                        ("kind", h.kind.as_str()),
+                        ("pid", pid.as_str()),
+                        ("name", h.name.as_deref().unwrap_or("")),
+                        ("state", h.state.as_deref().unwrap_or("")),
+                    ],
+                    h.age_seconds.unwrap_or(0.0),
+                )
+            })
+            .collect(),
+    );
+    if let Some(table) = &s.messages_table {
+        family(
+            telemetry::TABLE_TUPLES,
+            vec![
+                (vec![("kind", "live")], f(table.live_tuples)),
+                (vec![("kind", "dead")], f(table.dead_tuples)),
+            ],
+        );
+        if let Some(at) = table.last_autovacuum {
+            family(
+                telemetry::LAST_AUTOVACUUM,
+                vec![(vec![], at.timestamp_millis() as f64 / 1000.0)],
+            );
+        }
+    }
+    out
+}
+
+/// A label value in the text format: backslash, double quote and newline escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(kind: &str, age: Option<f64>, state: &str) -> HorizonHolder {
+        HorizonHolder {
+            kind: kind.to_owned(),
+            pid: (kind == "session").then_some(42),
+            name: Some("billing \"nightly\"".to_owned()),
+            state: Some(state.to_owned()),
+            age_seconds: age,
+            xid_age: Some(7),
+            query: Some("SELECT 1".to_owned()),
+        }
+    }
+
+    #[test]
+    fn a_culprit_is_older_than_the_threshold_or_an_unused_slot() {
+        let t = Duration::from_secs(300);
+        assert!(holder("session", Some(301.0), "idle in transaction").is_culprit(t));
+        assert!(!holder("session", Some(2.0), "active").is_culprit(t));
+        assert!(holder("replication slot", None, "inactive").is_culprit(t));
+        assert!(!holder("replication slot", None, "active").is_culprit(t));
+    }
+
+    #[test]
+    fn warns_once_per_culprit_and_forgets_it_when_it_lets_go() {
+        let t = Duration::from_secs(1);
+        let mut warned = HashMap::new();
+        let held = Snapshot {
+            horizon_holders: vec![holder("session", Some(5.0), "idle in transaction")],
+            ..Snapshot::default()
+        };
+        watch_horizon(&held, t, &mut warned);
+        watch_horizon(&held, t, &mut warned);
+        assert_eq!(warned.len(), 1);
+        watch_horizon(&Snapshot::default(), t, &mut warned);
+        assert!(warned.is_empty());
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let o = Observation {
+            observed_at: Utc::now(),
+            refreshed: true,
+            snapshot: Snapshot {
+                horizon_holders: vec![holder("session", Some(5.0), "idle in transaction")],
+                ..Snapshot::default()
+            },
+        };
+        let text = render(&o, Duration::from_secs(1));
+        assert!(text.contains(r#"name="billing \"nightly\"""#), "{text}");
+    }
+}

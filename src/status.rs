@@ -1,0 +1,238 @@
+//! The `status` verb: the fleet's figures per topic and what is wrong (from
+//! `outbox.observe`), once or, with `--watch`, redrawn every second with rates, like `top`
+//! (plain blocks of lines when stdout is not a terminal).
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use outbox_relay::observe::{self, Observation, TopicFigures};
+use outbox_relay::store::Store;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Only this topic (topics beyond the --top-topics largest are summed as `other`).
+    #[arg(long)]
+    topic: Option<String>,
+    /// One JSON object.
+    #[arg(long, conflicts_with = "watch")]
+    json: bool,
+    /// Redraw every second with rates until interrupted.
+    #[arg(long)]
+    watch: bool,
+    /// Topics shown by name, 1..=1000.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    top_topics: i32,
+    /// A transaction holding back the MVCC horizon this long is a problem, 1..=86400.
+    #[arg(long, env = "OUTBOX_HORIZON_WARN_SECS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    horizon_warn_secs: u64,
+}
+
+/// Sums of the topics shown.
+#[derive(Default, serde::Serialize)]
+struct Totals {
+    ready: i64,
+    delayed: i64,
+    in_flight: i64,
+    expired_leases: i64,
+    dead_letters: i64,
+    oldest_ready_age_secs: Option<f64>,
+}
+
+fn totals<'a>(topics: impl Iterator<Item = &'a TopicFigures>) -> Totals {
+    let mut t = Totals::default();
+    for f in topics {
+        t.ready += f.ready;
+        t.delayed += f.delayed;
+        t.in_flight += f.in_flight;
+        t.expired_leases += f.expired_leases;
+        t.dead_letters += f.dead_letters;
+        if let Some(age) = f.oldest_ready_age_seconds {
+            t.oldest_ready_age_secs = Some(t.oldest_ready_age_secs.map_or(age, |a| a.max(age)));
+        }
+    }
+    t
+}
+
+pub async fn run(store: &Store, args: &Args) -> Result<()> {
+    let horizon_threshold = Duration::from_secs(args.horizon_warn_secs);
+    let observe = async |max_age: Duration| -> Result<Observation> {
+        let mut waited = Duration::ZERO;
+        loop {
+            // None only before the very first observation, while another process computes it.
+            if let Some(o) = store
+                .observe(args.top_topics, max_age)
+                .await
+                .context("status")?
+            {
+                return Ok(o);
+            }
+            anyhow::ensure!(
+                waited < Duration::from_secs(30),
+                "no observation after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            waited += Duration::from_millis(200);
+        }
+    };
+    if !args.watch {
+        let o = observe(Duration::ZERO).await?;
+        let shown: Vec<&TopicFigures> = o
+            .snapshot
+            .topics
+            .iter()
+            .filter(|t| wanted(args, t))
+            .collect();
+        if args.json {
+            let problems = observe::diagnose(&o.snapshot, horizon_threshold);
+            let mut value = serde_json::to_value(totals(shown.iter().copied()))?;
+            value["observed_at"] = serde_json::to_value(o.observed_at)?;
+            value["topics"] = serde_json::to_value(&shown)?;
+            value["attempts_last_minute"] = serde_json::to_value(&o.snapshot.attempts_last_minute)?;
+            value["horizon_holders"] = serde_json::to_value(&o.snapshot.horizon_holders)?;
+            value["messages_table"] = serde_json::to_value(&o.snapshot.messages_table)?;
+            value["problems"] = serde_json::to_value(problems)?;
+            println!("{}", serde_json::to_string(&value)?);
+        } else {
+            print!("{}", render(args, &o, None, horizon_threshold));
+        }
+        return Ok(());
+    }
+
+    let terminal = std::io::stdout().is_terminal();
+    let mut previous: Option<(Instant, Totals)> = None;
+    loop {
+        let o = observe(Duration::from_secs(1)).await?;
+        let now = Instant::now();
+        let shown = totals(o.snapshot.topics.iter().filter(|t| wanted(args, t)));
+        let change = previous.as_ref().and_then(|(at, before)| {
+            let secs = now.duration_since(*at).as_secs_f64();
+            #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+            (secs > 0.0).then(|| (pending(&shown) - pending(before)) as f64 / secs)
+        });
+        let screen = render(args, &o, change, horizon_threshold);
+        let mut out = std::io::stdout().lock();
+        if terminal {
+            // Home the cursor and clear the screen, then draw: `top`'s way.
+            write!(out, "\x1b[H\x1b[2J{screen}")?;
+        } else {
+            writeln!(out, "{screen}")?;
+        }
+        out.flush()?;
+        drop(out);
+        previous = Some((now, shown));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn wanted(args: &Args, t: &TopicFigures) -> bool {
+    args.topic.as_deref().is_none_or(|want| want == t.topic)
+}
+
+fn pending(t: &Totals) -> i64 {
+    t.ready + t.delayed + t.in_flight + t.expired_leases
+}
+
+/// The figures as a table, then the fleet's rates and the diagnosis.
+fn render(
+    args: &Args,
+    o: &Observation,
+    backlog_change_per_sec: Option<f64>,
+    horizon_threshold: Duration,
+) -> String {
+    let s = &o.snapshot;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "outbox-relay status  observed {}",
+        o.observed_at.format("%Y-%m-%d %H:%M:%S UTC")
+    );
+    let _ = writeln!(
+        out,
+        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+        "TOPIC", "READY", "DELAYED", "IN FLIGHT", "EXPIRED", "DEAD", "OLDEST READY"
+    );
+    let shown: Vec<&TopicFigures> = s.topics.iter().filter(|t| wanted(args, t)).collect();
+    let age = |a: Option<f64>| a.map_or_else(|| "-".to_owned(), |a| format!("{a:.1}s"));
+    for t in &shown {
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+            t.topic,
+            t.ready,
+            t.delayed,
+            t.in_flight,
+            t.expired_leases,
+            t.dead_letters,
+            age(t.oldest_ready_age_seconds)
+        );
+    }
+    if shown.is_empty() {
+        let _ = writeln!(out, "(no messages)");
+    }
+    if shown.len() > 1 {
+        let t = totals(shown.iter().copied());
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+            "total",
+            t.ready,
+            t.delayed,
+            t.in_flight,
+            t.expired_leases,
+            t.dead_letters,
+            age(t.oldest_ready_age_secs)
+        );
+    }
+    let per_sec = |state: &str| {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+        let n = s.attempts_last_minute.get(state).copied().unwrap_or(0) as f64;
+        n / 60.0
+    };
+    let _ = write!(
+        out,
+        "fleet, last minute: {:.1} delivered/s, {:.1} retried/s, {:.1} dead-lettered/s, {:.1} zombie requeues/s",
+        per_sec("DISPATCHED"),
+        per_sec("RETRYABLE"),
+        per_sec("FAILED"),
+        per_sec("ZOMBIE_REQUEUE")
+    );
+    match backlog_change_per_sec {
+        Some(change) => {
+            let _ = writeln!(out, "; backlog {change:+.1}/s");
+        }
+        None => out.push('\n'),
+    }
+    if let Some(table) = &s.messages_table {
+        let vacuumed = table.last_autovacuum.map_or_else(
+            || "never".to_owned(),
+            |at| at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        );
+        let _ = writeln!(
+            out,
+            "outbox.messages: {} live, {} dead tuples; last autovacuum {vacuumed}",
+            table.live_tuples, table.dead_tuples
+        );
+    }
+    let problems = observe::diagnose(s, horizon_threshold);
+    if problems.is_empty() {
+        let oldest = s
+            .horizon_holders
+            .iter()
+            .filter_map(|h| h.age_seconds)
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            out,
+            "health: ok (oldest snapshot held {oldest:.0}s; the watchdog warns at {}s)",
+            horizon_threshold.as_secs()
+        );
+    } else {
+        let _ = writeln!(out, "health: {} problem(s)", problems.len());
+        for p in problems {
+            let _ = writeln!(out, "  ! {}\n    what to do: {}", p.what, p.advice);
+        }
+    }
+    out
+}

@@ -1,0 +1,325 @@
+//! The fleet gauges and the MVCC watchdog against a real database: figures per topic with
+//! the rest as `other`, one refresh per interval for the fleet, and a session idle in
+//! transaction found, named and cleared by a running relayer (its log, /metrics,
+//! /debug/health and `status`).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Relayer, TestDb, eventually, free_port, text, verb};
+use outbox_relay::http::probe;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fleet_gauges_count_each_state_per_topic_and_sum_the_rest_as_other() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    common::fill(&c, "alpha", 5, None).await;
+    common::fill(&c, "beta", 3, None).await;
+    c.batch_execute(
+        "SELECT outbox.enqueue('beta', '{}'::jsonb, NULL, '{}', now() + interval '1 hour') \
+           FROM generate_series(1, 2);
+         SELECT outbox.enqueue('gamma', '{}'::jsonb) FROM generate_series(1, 3);
+         -- one expired and one live lease on gamma
+         UPDATE outbox.messages SET claimed_by = 'w', lease_token = gen_random_uuid(),
+                lease_expires_at = now() - interval '1 second'
+          WHERE seq = (SELECT min(seq) FROM outbox.messages WHERE topic = 'gamma');
+         UPDATE outbox.messages SET claimed_by = 'w', lease_token = gen_random_uuid(),
+                lease_expires_at = now() + interval '1 hour'
+          WHERE seq = (SELECT max(seq) FROM outbox.messages WHERE topic = 'gamma');
+         INSERT INTO outbox.dead_letters (outbox_id, topic, payload, content_type, headers,
+                                          created_at, attempt_count, max_attempts, last_error)
+         VALUES (gen_random_uuid(), 'delta', '\\x7b7d', 'application/json', '{}', now(), 3, 3, 'HTTP 500');
+         INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token)
+         SELECT gen_random_uuid(), 1, s, 'w', gen_random_uuid()
+           FROM unnest('{DISPATCHED,DISPATCHED,RETRYABLE}'::outbox.attempt_state[]) AS s;",
+    )
+    .await
+    .unwrap();
+
+    let o = db
+        .store()
+        .observe(2, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("an observation");
+    assert!(o.refreshed);
+    let topics: Vec<(&str, i64, i64, i64, i64, i64)> = o
+        .snapshot
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.topic.as_str(),
+                t.ready,
+                t.delayed,
+                t.in_flight,
+                t.expired_leases,
+                t.dead_letters,
+            )
+        })
+        .collect();
+    // alpha and beta have the largest backlogs (5 each); gamma and delta are `other`.
+    assert_eq!(
+        topics,
+        vec![
+            ("alpha", 5, 0, 0, 0, 0),
+            ("beta", 3, 2, 0, 0, 0),
+            ("other", 1, 0, 1, 1, 1),
+        ]
+    );
+    assert!(o.snapshot.topics[0].oldest_ready_age_seconds.unwrap() >= 0.0);
+    assert_eq!(o.snapshot.attempts_last_minute.get("DISPATCHED"), Some(&2));
+    assert_eq!(o.snapshot.attempts_last_minute.get("RETRYABLE"), Some(&1));
+    assert!(o.snapshot.messages_table.is_some());
+
+    let text = outbox_relay::observe::render(&o, Duration::from_secs(300));
+    for line in [
+        "outbox_backlog_messages{topic=\"beta\",state=\"delayed\"} 2",
+        "outbox_backlog_messages{topic=\"other\",state=\"expired_lease\"} 1",
+        "outbox_dead_letters{topic=\"other\"} 1",
+        "outbox_attempts_last_minute{state=\"RETRYABLE\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+    }
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_caller_refreshes_per_interval_and_a_taken_turn_is_not_waited_for() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let first = store.observe(10, MINUTE).await.unwrap().unwrap();
+    assert!(first.refreshed);
+    let second = store.observe(10, MINUTE).await.unwrap().unwrap();
+    assert!(
+        !second.refreshed,
+        "a fresh snapshot is read, not recomputed"
+    );
+    assert_eq!(second.observed_at, first.observed_at);
+
+    // Another process is refreshing (it holds the turn): the caller gets the previous
+    // snapshot at once instead of queueing behind it.
+    let mut holder = db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM outbox.turns WHERE name = 'observe' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let third = tokio::time::timeout(Duration::from_secs(5), store.observe(10, Duration::ZERO))
+        .await
+        .expect("observe does not wait for the turn")
+        .unwrap()
+        .unwrap();
+    assert!(!third.refreshed);
+    assert_eq!(third.observed_at, first.observed_at);
+    tx.rollback().await.unwrap();
+    assert!(
+        store
+            .observe(10, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap()
+            .refreshed
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_in_transaction_session_is_named_within_a_refresh_and_cleared_when_it_ends() {
+    let db = TestDb::new().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let interval = Duration::from_secs(1);
+    let threshold = Duration::from_secs(2);
+    let relayer = Relayer::start(
+        &db,
+        "watchdog",
+        &[
+            "--sink",
+            "null",
+            "--telemetry-addr",
+            &addr,
+            "--log-format",
+            "json",
+            "--observe-interval-secs",
+            "1",
+            "--horizon-warn-secs",
+            "2",
+        ],
+    );
+    eventually(MINUTE, "the first observation", || async {
+        probe(&addr, "/debug/health")
+            .await
+            .is_ok_and(|(_, body)| body.contains("\"status\":\"ok\""))
+    })
+    .await;
+
+    // A report that opened a repeatable-read transaction, read, and went idle: its
+    // snapshot pins the horizon.
+    let holder = common::connect(&format!("{}?application_name=nightly-report", db.url))
+        .await
+        .unwrap();
+    holder
+        .batch_execute(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; \
+             SELECT count(*) FROM outbox.messages WHERE topic = 'report'",
+        )
+        .await
+        .unwrap();
+    let began = Instant::now();
+    let pid: i32 = holder
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    let named = format!("session pid {pid} (nightly-report), idle in transaction");
+    eventually(MINUTE, "/debug/health to name the session", || async {
+        probe(&addr, "/debug/health")
+            .await
+            .is_ok_and(|(_, body)| body.contains(&named))
+    })
+    .await;
+    // Named once it is past the threshold, within one refresh interval (plus scheduling
+    // slack on a loaded machine).
+    let found_after = began.elapsed();
+    assert!(
+        found_after <= threshold + interval + Duration::from_secs(3),
+        "found after {found_after:?}"
+    );
+    let (_, health) = probe(&addr, "/debug/health").await.unwrap();
+    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["status"], "degraded");
+    let advice = health["problems"][0]["advice"].as_str().unwrap();
+    assert!(
+        advice.contains(&format!("pg_terminate_backend({pid})")),
+        "{advice}"
+    );
+    let (ready, _) = probe(&addr, "/readyz").await.unwrap();
+    assert_eq!(ready, 200, "the relayer is not the culprit: it stays ready");
+
+    let (_, metrics) = probe(&addr, "/metrics").await.unwrap();
+    let culprit = format!(
+        "outbox_mvcc_horizon_culprit_age_seconds{{kind=\"session\",pid=\"{pid}\",\
+         name=\"nightly-report\",state=\"idle in transaction\"}}"
+    );
+    assert!(metrics.contains(&culprit), "no {culprit} in\n{metrics}");
+
+    let status = verb(&["status", "--horizon-warn-secs", "2"], &db.url);
+    let status_text = text(&status.stdout);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    assert!(status_text.contains(&named), "{status_text}");
+    assert!(status_text.contains("what to do: end it"), "{status_text}");
+
+    // Several more refreshes: still one warning for this culprit.
+    tokio::time::sleep(interval * 3).await;
+    let warnings = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("MVCC horizon held") && l.contains(&format!("\"pid\":{pid}")))
+            .count()
+    };
+    assert_eq!(warnings(&relayer.log_text()), 1, "{}", relayer.log_text());
+
+    holder.batch_execute("COMMIT").await.unwrap();
+    eventually(MINUTE, "the warning to clear", || async {
+        probe(&addr, "/debug/health")
+            .await
+            .is_ok_and(|(_, body)| body.contains("\"status\":\"ok\""))
+    })
+    .await;
+    let (_, metrics) = probe(&addr, "/metrics").await.unwrap();
+    assert!(!metrics.contains(&culprit), "{metrics}");
+    let log = relayer.log_text();
+    assert!(log.contains("MVCC horizon no longer held"), "{log}");
+
+    // JSON logs carry numbers as numbers, and no Rust Debug renderings.
+    for line in log.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        for (key, value) in event.as_object().unwrap() {
+            if key == "pid"
+                || key.ends_with("_ms")
+                || key.ends_with("_secs")
+                || key == "age_seconds"
+            {
+                assert!(value.is_number(), "{key} is not a number in {line}");
+            }
+            if let Some(s) = value.as_str() {
+                for debug in ["Some(", "None", "Duration", "{ ", "Ok(", "Err("] {
+                    assert!(
+                        !s.contains(debug),
+                        "{key} looks like Debug output in {line}"
+                    );
+                }
+            }
+        }
+    }
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_topics_filters_one_and_watches_with_rates() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    common::fill(&c, "orders", 4, None).await;
+    common::fill(&c, "emails", 2, None).await;
+
+    let out = verb(&["status"], &db.url);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let row = |name: &str| {
+        shown
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(row("orders").as_deref(), Some("orders 4"), "{shown}");
+    assert_eq!(row("emails").as_deref(), Some("emails 2"), "{shown}");
+    assert_eq!(row("total").as_deref(), Some("total 6"), "{shown}");
+    assert!(shown.contains("health: ok"), "{shown}");
+
+    let out = verb(&["status", "--topic", "emails", "--json"], &db.url);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["ready"], 2);
+    assert_eq!(json["topics"].as_array().unwrap().len(), 1);
+    assert_eq!(json["topics"][0]["topic"], "emails");
+    assert_eq!(json["problems"], serde_json::json!([]));
+
+    // Not a terminal: plain blocks, one per second, each with the fleet's rates.
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["status", "--watch"])
+        .env("DATABASE_URL", &db.url)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let blocks = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        let mut rates = Vec::new();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if line.starts_with("fleet, last minute:") {
+                rates.push(line);
+                if rates.len() == 3 {
+                    break;
+                }
+            }
+        }
+        rates
+    })
+    .await
+    .unwrap();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(blocks.len(), 3);
+    assert!(blocks[0].contains("delivered/s"), "{blocks:?}");
+    assert!(
+        blocks[2].contains("backlog +0.0/s"),
+        "the second and later blocks carry the backlog's rate: {blocks:?}"
+    );
+    db.finish().await;
+}
