@@ -107,11 +107,15 @@ async fn healthz_answers_from_the_start_and_readyz_carries_the_database_error() 
 async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    // What a database migrated by an earlier release (V7) looks like: V8, V10 and V11's new
-    // objects undone (V9, V10 and V11 otherwise replace functions that exist, so they apply
-    // again over them).
+    // What a database migrated by an earlier release (V7) looks like: V8, V10, V11 and V12's
+    // new objects undone (V9 to V12 otherwise replace functions that exist, so they apply
+    // again over them; dropping `behind` drops the indexes that read it).
     c.batch_execute(
-        "DROP TRIGGER messages_settle_behind ON outbox.messages; \
+        "DROP FUNCTION outbox.claim_shard_candidates(integer, integer, bigint, text[], text[], \
+                                                     bigint, bigint); \
+         DELETE FROM outbox.turns WHERE name LIKE 'claim:%'; \
+         INSERT INTO outbox.turns (name) VALUES ('claim'); \
+         DROP TRIGGER messages_settle_behind ON outbox.messages; \
          DROP TRIGGER messages_mark_behind ON outbox.messages; \
          DROP FUNCTION outbox.settle_behind(), outbox.mark_behind(); \
          ALTER TABLE outbox.messages DROP COLUMN behind; \
@@ -158,7 +162,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
         "applied V8__observation_and_audited_replay\n\
          applied V9__fence_plans_independent_of_statistics\n\
          applied V10__wake_without_serialising_producers\n\
-         applied V11__key_heads_and_runs\n"
+         applied V11__key_heads_and_runs\n\
+         applied V12__sharded_claim_turns\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

@@ -348,9 +348,10 @@ async fn a_worker_frozen_between_claim_and_publish_does_not_publish_when_it_wake
     let db = TestDb::new().await;
     let c = db.client().await;
     let all: HashSet<Uuid> = fill(&c, "load", 10, Some(1)).await.into_iter().collect();
-    // Hold the claim turn, so that the worker's claim is sent and waits in the database.
+    // Hold every shard's claim turn, so that the worker's claim is sent and waits in the
+    // database.
     let turn = db.client().await;
-    turn.batch_execute("BEGIN; SELECT * FROM outbox.turns WHERE name = 'claim' FOR UPDATE")
+    turn.batch_execute("BEGIN; SELECT * FROM outbox.turns WHERE name LIKE 'claim:%' FOR UPDATE")
         .await
         .unwrap();
     let stale_out = db.scratch_dir().join("frozen.jsonl");

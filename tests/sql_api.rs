@@ -341,15 +341,15 @@ async fn batch_completion_reports_a_lost_lease_and_applies_the_others() {
 async fn per_key_order_holds_through_a_retry_of_the_head() {
     let db = TestDb::new().await;
     let c = db.client().await;
+    // a2 and a3 on another topic than a1, so that no run follows a1 (a run stays on its
+    // head's topic; runs: see a_claim_returns_a_run_of_a_key_in_order_in_the_room_the_heads_leave).
     let a1 = enqueue(&c, "t", Some("a")).await;
-    let a2 = enqueue(&c, "t", Some("a")).await;
-    let a3 = enqueue(&c, "t", Some("a")).await;
+    let a2 = enqueue(&c, "u", Some("a")).await;
+    let a3 = enqueue(&c, "u", Some("a")).await;
     let b1 = enqueue(&c, "t", Some("b")).await;
     let free = enqueue(&c, "t", None).await;
 
-    // Batches no larger than the heads, so that no run follows a head (runs: see
-    // a_claim_returns_a_run_of_a_key_in_order_in_the_room_the_heads_leave).
-    let batch = claim(&c, 3, "w1", 30).await;
+    let batch = claim(&c, 100, "w1", 30).await;
     let got: HashSet<Uuid> = batch.iter().map(|m| m.id).collect();
     assert_eq!(
         got,
@@ -665,6 +665,62 @@ async fn no_login_without_the_owner_rights_can_hold_up_a_claim_or_a_repair() {
     db.finish().await;
 }
 
+#[tokio::test]
+async fn a_claim_that_holds_its_shards_does_not_hold_up_claims_of_the_others() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for _ in 0..200 {
+        enqueue(&c, "t", None).await;
+    }
+    // A claim that has not ended (as a slow one would not have): it holds the turns of the
+    // shards it took its messages from.
+    let slow = db.client().await;
+    slow.batch_execute("BEGIN").await.unwrap();
+    let held: HashSet<Uuid> = claim(&slow, 20, "slow", 30)
+        .await
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(held.len(), 20);
+
+    // Another claim is not held up, and takes the messages of the other shards (those left
+    // in the slow claim's shards wait for its end).
+    c.batch_execute("SET statement_timeout = '5s'")
+        .await
+        .unwrap();
+    let other = claim(&c, 200, "fast", 30).await;
+    assert!(other.len() >= 100, "{} claimed", other.len());
+    assert!(other.iter().all(|m| !held.contains(&m.id)));
+    slow.batch_execute("COMMIT").await.unwrap();
+    let rest = claim(&c, 200, "fast", 30).await;
+    assert_eq!(held.len() + other.len() + rest.len(), 200);
+
+    // With every shard's turn taken, a claim waits for one: the turns still keep claims
+    // from walking a shard together.
+    for _ in 0..10 {
+        enqueue(&c, "t", None).await;
+    }
+    let owner = db.client().await;
+    owner
+        .batch_execute("BEGIN; SELECT * FROM outbox.turns WHERE name LIKE 'claim:%' FOR UPDATE")
+        .await
+        .unwrap();
+    c.batch_execute("SET statement_timeout = '500ms'")
+        .await
+        .unwrap();
+    let (code, _) = sqlstate(
+        c.query("SELECT * FROM outbox.claim_outbox_batch(10, 'w', 30)", &[])
+            .await,
+    );
+    assert_eq!(
+        code, "57014",
+        "the claim waited for a turn until the timeout"
+    );
+    owner.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(claim(&c, 10, "w", 30).await.len(), 10);
+    db.finish().await;
+}
+
 async fn enqueue_id(
     c: &Client,
     id: Uuid,
@@ -826,10 +882,22 @@ async fn a_row_with_a_reused_id_fails_no_completion_repair_or_replay_for_the_oth
 async fn a_claim_keeps_to_its_byte_budget_and_withholds_oversized_payloads() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    for size in [600, 600, 600, 5000, 10] {
+    // Ids of one claim shard, so that the claim meets the messages in enqueue order.
+    let ids: Vec<Uuid> = c
+        .query(
+            "SELECT id FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, 500)) AS g \
+              WHERE hashtext(id::text) & 15 = 0 LIMIT 5",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for (size, id) in [600, 600, 600, 5000, 10].into_iter().zip(&ids) {
         c.execute(
-            "SELECT outbox.enqueue('t', decode(repeat('ab', $1), 'hex'))",
-            &[&size],
+            "SELECT outbox.enqueue('t', decode(repeat('ab', $1), 'hex'), p_outbox_id => $2)",
+            &[&size, id],
         )
         .await
         .unwrap();
@@ -1571,19 +1639,30 @@ async fn a_claim_returns_a_run_of_a_key_in_order_in_the_room_the_heads_leave() {
         "every message after the key's head waits behind it, out of the claim's walk"
     );
 
-    // 51 heads (50 unkeyed, the hot key's first), then the hot key's run in the room left.
+    // Heads (50 unkeyed, the hot key's first), then the hot key's run in the room left. A
+    // claim visits the shards in a random order and the run follows the heads of its own
+    // shard, so the run has at least the room all 50 unkeyed heads would leave.
     let first = claim_texts(&c, 100).await;
     assert_eq!(first.len(), 100);
-    assert_eq!(run_of(&first, "hot"), (1..=50).collect::<Vec<_>>());
+    let k = i32::try_from(run_of(&first, "hot").len()).unwrap();
+    assert!(k >= 50, "a run of {k}");
+    assert_eq!(run_of(&first, "hot"), (1..=k).collect::<Vec<_>>());
+    let more = claim_texts(&c, 100).await;
     assert!(
-        claim_texts(&c, 100).await.is_empty(),
+        more.iter().all(|m| m.0.is_none()),
         "nothing of a key whose head is leased"
     );
+    assert_eq!(
+        more.len(),
+        usize::try_from(k - 50).unwrap(),
+        "the other heads"
+    );
     complete_all(&c, &first, &["DISPATCHED"; 100]).await;
+    complete_all(&c, &more, &vec!["DISPATCHED"; more.len()]).await;
 
     // The next message became the head; its run stops before the delayed message 201.
     let second = claim_texts(&c, 500).await;
-    assert_eq!(run_of(&second, "hot"), (51..=200).collect::<Vec<_>>());
+    assert_eq!(run_of(&second, "hot"), (k + 1..=200).collect::<Vec<_>>());
     assert_eq!(
         count(&c, "SELECT count(*) FROM outbox.messages WHERE NOT behind").await,
         1,

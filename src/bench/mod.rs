@@ -28,8 +28,10 @@ use outbox_relay::message::{ClaimedMessage, Outcome};
 use outbox_relay::relay::Relay;
 use outbox_relay::store::{Store, StoreError, with_database};
 
+mod fleet;
 #[path = "../../tests/common/kit.rs"]
 mod kit;
+mod sustained;
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct Options {
@@ -73,6 +75,19 @@ pub struct Options {
     /// rate beside the hot key (against the rate alone) and the hot key's own rate.
     #[arg(long, default_value_t = 0)]
     pub hot_key: u64,
+    /// Instead of the other measurements: drain `--messages` with each of these numbers of
+    /// relays (comma-separated, e.g. 1,2,4,8,16), showing how much of the database's time
+    /// goes to waiting on locks.
+    #[arg(long, value_delimiter = ',')]
+    pub fleet: Vec<u32>,
+    /// Claimed batches each relay keeps in flight (`max_batches_in_flight`).
+    #[arg(long, default_value_t = 3)]
+    pub in_flight: u32,
+    /// Instead of the other measurements: measure the drain rate, then run this many
+    /// seconds with a producer at 80 % of it and the attempt log pruned alongside, printing
+    /// throughput, backlog and dead tuples per 30-second window.
+    #[arg(long, default_value_t = 0)]
+    pub sustained_secs: u64,
 }
 
 /// A null destination that counts deliveries and, while recording, notes when each
@@ -219,6 +234,12 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     if o.hot_key > 0 {
         return hot_key(url, o, &sql).await;
     }
+    if !o.fleet.is_empty() {
+        return fleet::run(url, o, &sql).await;
+    }
+    if o.sustained_secs > 0 {
+        return sustained::run(url, o, &sql).await;
+    }
 
     if o.destination != "null" {
         let (destination, cleanup) = destination(&o.destination).await?;
@@ -347,7 +368,9 @@ fn start_relays(
             worker_id: Some(format!("bench-{w}")),
             batch_size: Some(i64::from(o.batch_size)),
             poll_interval_ms: Some(100),
-            pool_size: Some(4),
+            max_batches_in_flight: Some(i64::from(o.in_flight)),
+            // A claim, a completion per batch in flight, and the repair and observer passes.
+            pool_size: Some(i64::from(o.in_flight.max(2)) + 2),
             ..RawConfig::default()
         })?;
         let store = Store::connect(url, settings.pool_size)?;
@@ -422,7 +445,8 @@ async fn hot_key(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result
         tokio::time::sleep(Duration::from_millis(100)).await;
         let left = sql
             .query_one(
-                "SELECT count(*) FILTER (WHERE message_key IS NULL), count(message_key)                    FROM outbox.messages",
+                "SELECT count(*) FILTER (WHERE message_key IS NULL), count(message_key) \
+                 FROM outbox.messages",
                 &[],
             )
             .await?;

@@ -6,7 +6,8 @@
 //! back without an attempt). After `failures` such batches in a row the circuit opens: the
 //! relayer stops claiming the topics routed there, and batches that were already on their
 //! way when it opened are given back without an attempt too. After `cooldown` the circuit
-//! is half-open and one message goes through as the probe; a delivery closes the circuit,
+//! is half-open and one message goes through as the probe (one not tried before, when the
+//! batch has one: an outage charges no message twice); a delivery closes the circuit,
 //! a failure opens it again. Every change of state is logged.
 
 use std::sync::Mutex;
@@ -58,7 +59,7 @@ enum Inner {
 /// Permission to publish, from [`Breaker::start`].
 #[derive(Clone, Copy, Debug)]
 pub struct Ticket {
-    /// Publish only the first message: it is the half-open probe.
+    /// Publish only one message: it is the half-open probe (see `Dispatcher::publish`).
     pub probe: bool,
     /// How many times the circuit had opened when the ticket was issued.
     opened: u64,

@@ -22,7 +22,7 @@
 mod circuit;
 mod routes;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -241,20 +241,29 @@ impl Dispatcher {
         let Some(ticket) = lane.breaker.start() else {
             return held_back(messages.len());
         };
-        let now = if ticket.probe {
-            &messages[..messages.len().min(1)]
-        } else {
-            messages
-        };
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + lane.deadline;
-        let mut outcomes = match runs(now) {
-            None => lane.attempt(now, deadline).await,
-            Some(previous) => lane.attempt_in_runs(now, &previous, deadline).await,
+        let outcomes = if ticket.probe {
+            let mut outcomes = held_back(messages.len());
+            let i = probe(messages);
+            let mut tried = match i {
+                Some(i) => lane.attempt(&messages[i..=i], deadline).await,
+                None => Vec::new(),
+            };
+            lane.breaker.record(ticket, &mut tried);
+            if let (Some(i), Some(outcome)) = (i, tried.pop()) {
+                outcomes[i] = outcome;
+            }
+            outcomes
+        } else {
+            let mut outcomes = match runs(messages) {
+                None => lane.attempt(messages, deadline).await,
+                Some(previous) => lane.attempt_in_runs(messages, &previous, deadline).await,
+            };
+            lane.breaker.record(ticket, &mut outcomes);
+            outcomes
         };
         telemetry::batch_dispatched(&lane.name, started.elapsed());
-        lane.breaker.record(ticket, &mut outcomes);
-        outcomes.extend(held_back(messages.len() - now.len()));
         outcomes
     }
 
@@ -279,6 +288,20 @@ impl Dispatcher {
         }))
         .await
     }
+}
+
+/// The half-open probe of `messages`: the first of the fewest-tried messages among those
+/// no earlier message of the part holds back (unkeyed, or the first of their key). A
+/// message that already failed is probed only when nothing fresher is there, so an outage
+/// does not charge one message once per probe while others wait untried.
+fn probe(messages: &[ClaimedMessage]) -> Option<usize> {
+    let mut seen = HashSet::new();
+    messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.key.as_deref().is_none_or(|k| seen.insert(k)))
+        .min_by_key(|(i, m)| (m.attempt_no, *i))
+        .map(|(i, _)| i)
 }
 
 /// For each message of `messages`, the index of the message before it in its key, if the
@@ -511,6 +534,47 @@ mod tests {
             matches!(&outcomes[2], Outcome::NotAttempted { reason } if reason.contains("key \"a\"")),
             "{:?}",
             outcomes[2]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_half_open_probe_is_a_fresh_head_and_the_rest_is_not_attempted() {
+        let scripted = Arc::new(Scripted::default());
+        let dispatcher = Dispatcher::single(
+            "d",
+            scripted.clone(),
+            CircuitSettings {
+                failures: 1,
+                cooldown: Duration::from_millis(1),
+            },
+            Duration::from_secs(5),
+            1,
+        );
+        let (mut parts, _) = dispatcher.split(vec![message(None, "fail")]);
+        dispatcher.publish(&parts.remove(0)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+
+        let tried = |key: Option<&str>, payload: &str| {
+            let mut m = message(key, payload);
+            m.attempt_no = 2;
+            m
+        };
+        // Enqueue order: a message that failed before, a run whose second message is
+        // untried but held back by its tried head, then an untried head.
+        let (mut parts, _) = dispatcher.split(vec![
+            tried(None, "retried"),
+            tried(Some("k"), "k1"),
+            message(Some("k"), "k2"),
+            message(Some("j"), "j1"),
+        ]);
+        let outcomes = dispatcher.publish(&parts.remove(0)).await;
+        assert_eq!(scripted.calls.lock().unwrap()[1], ["j1"]);
+        assert_eq!(outcomes[3], Outcome::Delivered);
+        assert!(
+            outcomes[..3]
+                .iter()
+                .all(|o| matches!(o, Outcome::NotAttempted { .. })),
+            "{outcomes:?}"
         );
     }
 }

@@ -1,0 +1,160 @@
+//! `bench --sustained-secs N`: a relayer under a steady producer for minutes, not a drain of
+//! a backlog. What goes wrong over time in a Postgres queue (dead tuples piling up, the
+//! attempt log's retention stalling the hot path, throughput drifting) only shows in a long
+//! run; this prints per 30-second window what would show it.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Options, Recorder, connect, drain, kit, per_sec, progress, report, shutdown_relays,
+    start_relays,
+};
+
+/// Length of a reported window.
+const WINDOW: Duration = Duration::from_secs(30);
+
+/// The producer's rate as a share of the measured drain rate.
+const LOAD: f64 = 0.8;
+
+/// Attempts older than this are pruned, once per window, while the relays run.
+const RETENTION: &str = "60 seconds";
+
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
+    let recorder = Recorder::new(None);
+    let shutdown = CancellationToken::new();
+    let relays = start_relays(url, o, &recorder, &shutdown)?;
+    let t = drain(sql, &recorder, o.messages).await?;
+    report(
+        "drain of a backlog (sets the producer's rate)",
+        o.messages,
+        o.messages,
+        t,
+        o.workers,
+    );
+    let rate = (per_sec(o.messages, t) * LOAD) as u64;
+    println!(
+        "sustained: a producer at {rate} msg/s ({:.0} % of that) for {} s, attempts older than \
+         {RETENTION} pruned every {} s alongside",
+        LOAD * 100.0,
+        o.sustained_secs,
+        WINDOW.as_secs()
+    );
+
+    let stop = CancellationToken::new();
+    let producer = tokio::spawn(produce(url.to_owned(), rate, stop.clone()));
+    let pruner = tokio::spawn(prune(url.to_owned(), stop.clone()));
+    let started = Instant::now();
+    let windows = o.sustained_secs.div_ceil(WINDOW.as_secs()).max(1);
+    let mut rates = Vec::new();
+    let mut most_dead = 0_i64;
+    let mut last = recorder.delivered.load(Ordering::SeqCst);
+    for w in 1..=windows {
+        tokio::time::sleep_until((started + WINDOW * u32::try_from(w)?).into()).await;
+        let now = recorder.delivered.load(Ordering::SeqCst);
+        let r = per_sec(now - last, WINDOW);
+        last = now;
+        let row = sql
+            .query_one(
+                "SELECT (SELECT count(*) FROM outbox.messages),
+                        s.n_dead_tup, s.autovacuum_count,
+                        (SELECT count(*) FROM outbox.attempts)
+                   FROM pg_stat_user_tables AS s
+                  WHERE s.relid = 'outbox.messages'::regclass",
+                &[],
+            )
+            .await?;
+        let (backlog, dead, vacuums, attempts): (i64, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        most_dead = most_dead.max(dead);
+        progress("");
+        println!(
+            "  window {w:>2} ({:>3}-{:>3} s): {r:>7.0} msg/s delivered, backlog {backlog}, \
+             n_dead_tup {dead} (autovacuums so far {vacuums}), attempt log {attempts} rows",
+            (w - 1) * WINDOW.as_secs(),
+            w * WINDOW.as_secs(),
+        );
+        rates.push(r);
+    }
+    stop.cancel();
+    let produced = producer.await??;
+    let prunes = pruner.await??;
+    shutdown_relays(&shutdown, relays).await;
+
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    let (low, high) = rates
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+    println!(
+        "sustained: {produced} produced; per-window throughput {low:.0}-{high:.0} msg/s, mean \
+         {mean:.0}, spread (max-min)/mean {:.1} %; most dead tuples in outbox.messages {most_dead}",
+        100.0 * (high - low) / mean
+    );
+    let slowest = prunes.iter().map(|p| p.1).max().unwrap_or_default();
+    println!(
+        "sustained: {} prune_attempts passes deleted {} attempts, the slowest took {:.2} s",
+        prunes.len(),
+        prunes.iter().map(|p| p.0).sum::<i64>(),
+        slowest.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Enqueues at `rate` per second (in the bench's mix of payloads and keys) until stopped,
+/// catching up every 20 ms; returns how many it enqueued.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+async fn produce(url: String, rate: u64, stop: CancellationToken) -> Result<u64> {
+    let c = connect(&url).await?;
+    let started = Instant::now();
+    let mut produced = 0_u64;
+    while !stop.is_cancelled() {
+        let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+        if due > produced {
+            kit::fill_messages(
+                &c,
+                "bench",
+                i64::try_from(due - produced)?,
+                Some(10),
+                1000,
+                256,
+            )
+            .await?;
+            produced = due;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(produced)
+}
+
+/// Runs `prune_attempts` once per window until stopped; returns (deleted, took) per pass.
+async fn prune(url: String, stop: CancellationToken) -> Result<Vec<(i64, Duration)>> {
+    let c = connect(&url).await?;
+    let mut passes = Vec::new();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(passes),
+            () = tokio::time::sleep(WINDOW) => {}
+        }
+        let started = Instant::now();
+        let deleted: i64 = c
+            .query_one(
+                &format!("SELECT outbox.prune_attempts(interval '{RETENTION}')"),
+                &[],
+            )
+            .await?
+            .get(0);
+        passes.push((deleted, started.elapsed()));
+    }
+}
