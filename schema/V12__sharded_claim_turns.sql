@@ -10,9 +10,9 @@
 -- Each shard has its own turn. A claim finds the shards with claimable messages, takes the
 -- turns of those no other claim holds (SKIP LOCKED: it never waits for a turn it can skip),
 -- the shard with the oldest claimable message first, and takes heads and runs from each
--- until its batch is full; it waits for a turn only when every shard with work is taken. Two claims therefore never walk the same shard at once, which is
--- what the single turn ensured, and claims no longer wait for each other while there are
--- free shards.
+-- until its batch is full; it waits for a turn only when every shard with work is taken.
+-- Two claims therefore never walk the same shard at once, which is what the single turn
+-- ensured, and claims no longer wait for each other while there are free shards.
 --
 -- Order across shards: a batch takes a shard's heads and runs before the next shard's, so
 -- it holds the oldest ready message of the table (when no other claim holds its shard) but
@@ -29,8 +29,7 @@ CREATE INDEX messages_shard_heads_idx
     WHERE NOT behind;
 DROP INDEX outbox.messages_heads_idx;
 
--- The shards' turns. The 'claim' row stays unused, so that a login that locked it (only
--- the owner can) is not mistaken for a claim.
+-- The shards' turns replace the single 'claim' turn, which nothing takes any more.
 INSERT INTO outbox.turns (name)
 SELECT 'claim:' || s FROM generate_series(0, 15) AS s;
 DELETE FROM outbox.turns WHERE name = 'claim';

@@ -1792,3 +1792,46 @@ async fn a_producer_committing_behind_a_head_being_completed_becomes_the_next_he
     }
     db.finish().await;
 }
+
+#[tokio::test]
+async fn a_producer_behind_messages_being_completed_commits_without_waiting_or_deadlocking() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "t", Some("a")).await;
+    enqueue(&c, "t", Some("b")).await;
+    let heads = claim(&c, 10, "w", 30).await;
+    assert_eq!(heads.len(), 2, "the heads of a and b");
+
+    // One producer transaction enqueues behind both heads.
+    let p = db.client().await;
+    p.batch_execute("BEGIN").await.unwrap();
+    let behind_a = enqueue(&p, "t", Some("a")).await;
+    let behind_b = enqueue(&p, "t", Some("b")).await;
+    // A completion has deleted b's head and not committed yet when the producer commits;
+    // then it deletes a's head. Were the producer to wait for b's head while holding a's,
+    // the two would deadlock and Postgres would fail one of them.
+    let done = db.client().await;
+    done.batch_execute("BEGIN").await.unwrap();
+    complete(&done, &heads[1], "w", "DISPATCHED", None)
+        .await
+        .unwrap();
+    let producer = tokio::spawn(async move { p.batch_execute("COMMIT").await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        producer.is_finished(),
+        "the producer's commit does not wait for a completion"
+    );
+    producer.await.unwrap().expect("the producer commits");
+    complete(&done, &heads[0], "w", "DISPATCHED", None)
+        .await
+        .expect("the completion is not failed either");
+    done.batch_execute("COMMIT").await.unwrap();
+
+    let next: HashSet<Uuid> = claim(&c, 10, "w", 30).await.iter().map(|m| m.id).collect();
+    assert_eq!(
+        next,
+        HashSet::from([behind_a, behind_b]),
+        "both are the heads of their keys now"
+    );
+    db.finish().await;
+}

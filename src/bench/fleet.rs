@@ -50,13 +50,15 @@ struct Sampler {
     task: tokio::task::JoinHandle<Result<Waits>>,
 }
 
-/// What the samples saw: active sessions, and the ones among them waiting for a lock, by
-/// wait event.
+/// What the samples saw: active sessions, the ones among them waiting for a lock by wait
+/// event, and the other waits (I/O, internal locks, the client) by type and event; an
+/// active session that waits on nothing is running on a CPU.
 #[derive(Default)]
 struct Waits {
     samples: u64,
     active: u64,
     on_locks: BTreeMap<String, u64>,
+    other: BTreeMap<String, u64>,
 }
 
 impl Sampler {
@@ -68,7 +70,7 @@ impl Sampler {
             let mut waits = Waits::default();
             let stmt = c
                 .prepare(
-                    "SELECT coalesce(wait_event_type = 'Lock', false), coalesce(wait_event, '')
+                    "SELECT wait_event_type, coalesce(wait_event, '')
                        FROM pg_stat_activity
                       WHERE datname = current_database()
                         AND backend_type = 'client backend'
@@ -80,8 +82,13 @@ impl Sampler {
                 waits.samples += 1;
                 for row in c.query(&stmt, &[]).await? {
                     waits.active += 1;
-                    if row.get::<_, bool>(0) {
-                        *waits.on_locks.entry(row.get(1)).or_default() += 1;
+                    let event: String = row.get(1);
+                    match row.get::<_, Option<&str>>(0) {
+                        Some("Lock") => *waits.on_locks.entry(event).or_default() += 1,
+                        Some(kind) => {
+                            *waits.other.entry(format!("{kind}:{event}")).or_default() += 1
+                        }
+                        None => {}
                     }
                 }
                 tokio::select! {
@@ -114,6 +121,18 @@ impl std::fmt::Display for Waits {
         for (event, n) in &self.on_locks {
             write!(f, "; {event} {:.0} %", share(*n))?;
         }
-        Ok(())
+        let mut other: Vec<_> = self.other.iter().collect();
+        other.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
+        let waiting: u64 = self.other.values().sum();
+        write!(f, "\n  other waits {:.0} % (top: ", share(waiting))?;
+        for (i, (event, n)) in other.iter().take(4).enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{event} {:.0} %", share(**n))?;
+        }
+        write!(
+            f,
+            "); on a CPU {:.0} %",
+            share(self.active - locked - waiting)
+        )
     }
 }
