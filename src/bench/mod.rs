@@ -88,6 +88,15 @@ pub struct Options {
     /// throughput, backlog and dead tuples per 30-second window.
     #[arg(long, default_value_t = 0)]
     pub sustained_secs: u64,
+    /// The sustained run's producer rate, messages per second, instead of 80 % of the
+    /// drain rate (on a small machine the producer and the relays share the cores, so the
+    /// drain rate measured alone is not reachable with a producer running).
+    #[arg(long)]
+    pub sustained_rate: Option<u64>,
+    /// The sustained run without pruning the attempt log (the control for what pruning
+    /// alongside costs).
+    #[arg(long)]
+    pub sustained_no_prune: bool,
 }
 
 /// A null destination that counts deliveries and, while recording, notes when each
