@@ -164,7 +164,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V10__wake_without_serialising_producers\n\
          applied V11__key_heads_and_runs\n\
          applied V12__sharded_claim_turns\n\
-         applied V13__enqueue_never_waits_for_completions\n"
+         applied V13__enqueue_never_waits_for_completions\n\
+         applied V14__attempts_in_reported_order\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

@@ -1835,3 +1835,38 @@ async fn a_producer_behind_messages_being_completed_commits_without_waiting_or_d
     );
     db.finish().await;
 }
+
+#[tokio::test]
+async fn a_completion_writes_its_attempts_in_the_order_it_was_given() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // A key's messages enqueued with ids that sort the other way round.
+    let mut ids: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    ids.sort();
+    ids.reverse();
+    for id in &ids {
+        enqueue_id(&c, *id, Some("k")).await.unwrap();
+    }
+    let run = claim_texts(&c, 10).await;
+    assert_eq!(
+        run.iter().map(|m| m.2).collect::<Vec<_>>(),
+        ids,
+        "the run comes in enqueue order"
+    );
+    complete_all(&c, &run, &["DISPATCHED"; 5]).await;
+    let written: Vec<Uuid> = c
+        .query(
+            "SELECT outbox_id FROM outbox.attempts ORDER BY created_at",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        written, ids,
+        "attempts are written in the order the completion listed them, not in id order"
+    );
+    db.finish().await;
+}
