@@ -165,7 +165,7 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V11__key_heads_and_runs\n\
          applied V12__sharded_claim_turns\n\
          applied V13__enqueue_never_waits_for_completions\n\
-         applied V14__attempts_in_reported_order\n"
+         applied V14__reported_order_and_fences_beside_producers\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

@@ -122,7 +122,7 @@ fn assert_index_driven(shape: &str, plans: &[String]) {
             !plan.contains("Seq Scan on messages"),
             "{shape}: a hot-path statement scans outbox.messages:\n{plan}"
         );
-        if plan.contains("CROSS JOIN LATERAL") && plan.contains("FOR UPDATE") {
+        if plan.contains("CROSS JOIN LATERAL") && plan.contains("FOR NO KEY UPDATE") {
             fences += 1;
             assert!(
                 plan.contains("Index Cond: (outbox_id = u.id)"),

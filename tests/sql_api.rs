@@ -1870,3 +1870,41 @@ async fn a_completion_writes_its_attempts_in_the_order_it_was_given() {
     );
     db.finish().await;
 }
+
+#[tokio::test]
+async fn no_lease_fence_waits_for_a_producer_committing_behind_the_message() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(&c, "t", Some("k")).await;
+    let head = claim(&c, 1, "w", 30).await.remove(0);
+
+    // A producer enqueued behind the head and is committing: its commit-time check holds
+    // the head FOR KEY SHARE (SET CONSTRAINTS runs it now and keeps the transaction open).
+    let p = db.client().await;
+    p.batch_execute("BEGIN").await.unwrap();
+    enqueue(&p, "t", Some("k")).await;
+    p.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+        .await
+        .unwrap();
+
+    // A heartbeat and a retry take the head's fence and change only lease columns: neither
+    // waits for the producer (while a fence waited, the producer could wait for it in turn).
+    let quick = std::time::Duration::from_secs(5);
+    let extended = tokio::time::timeout(
+        quick,
+        c.query(
+            "SELECT * FROM outbox.extend_outbox_leases('w', ARRAY[$1::uuid], ARRAY[$2::uuid], 60)",
+            &[&head.id, &head.token],
+        ),
+    )
+    .await
+    .expect("the heartbeat does not wait for the producer")
+    .unwrap();
+    assert_eq!(extended.len(), 1);
+    let attempt = tokio::time::timeout(quick, retry_at(&c, &head, "w", 3600.0))
+        .await
+        .expect("the retry's completion does not wait for the producer");
+    assert_eq!(attempt, 1);
+    p.batch_execute("COMMIT").await.unwrap();
+    db.finish().await;
+}

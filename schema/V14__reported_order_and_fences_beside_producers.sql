@@ -1,4 +1,5 @@
--- V14: a completion records its attempts in the order the relayer reported them.
+-- V14: a completion records its attempts in the order the relayer reported them, and no
+-- lease fence waits for a producer.
 --
 -- complete_outbox_batch locks the batch's rows in outbox_id order (so that two fences
 -- never deadlock, V9) and passed them on in that order, so the attempts of one completion
@@ -9,9 +10,21 @@
 -- tell. Now the rows are still locked in id order, and their outcomes are applied, and the
 -- attempts written, in the order of the call's arrays. The relayer reports a batch in the
 -- order it was claimed, which is enqueue order, and delivers a run in that order.
--- Arguments, results and fencing are unchanged.
+--
+-- The lease fences of complete_outbox_batch, extend_outbox_leases and
+-- release_outbox_leases lock FOR NO KEY UPDATE instead of FOR UPDATE: they change lease
+-- columns and never a key, and FOR UPDATE also conflicted with the FOR KEY SHARE lock a
+-- committing producer holds on the message it enqueued behind (V11, V13). A fence then
+-- waited for that producer while holding locks on other rows of its batch, and the
+-- producer, following the update chain of a message the fence held, waited for the fence
+-- (Postgres waits there even under SKIP LOCKED): a deadlock, seen twice in a 10-minute run
+-- at 10,000 msg/s with 10 % keyed traffic. Now a fence never waits for a producer; the
+-- deletion of a completed message still does, for the instant of the producer's commit,
+-- as V11 intends. The fences still exclude each other, a repair and a claim.
+-- Arguments, results and fencing are otherwise unchanged.
 
--- complete_outbox_batch: as in V9, applying outcomes in the caller's order.
+-- complete_outbox_batch: as in V9, applying outcomes in the caller's order, with the
+-- fence's lock FOR NO KEY UPDATE.
 CREATE OR REPLACE FUNCTION outbox.complete_outbox_batch(
     p_worker_id text,
     p_outbox_ids uuid[],
@@ -81,7 +94,7 @@ BEGIN
                AND m.lease_token = i.token
                AND m.claimed_by = p_worker_id
                AND m.lease_expires_at > now()
-               FOR UPDATE) AS h;
+               FOR NO KEY UPDATE) AS h;
 
     IF v_ids IS NOT NULL THEN
         PERFORM outbox.apply_outcomes(v_ids, v_nos, v_states,
@@ -96,5 +109,78 @@ BEGIN
       LEFT JOIN unnest(v_ids, v_nos, v_states, v_exhausted) AS h(id, attempt_no, state, exhausted)
              ON h.id = u.id
      ORDER BY u.ord;
+END;
+$$;
+
+-- extend_outbox_leases: as in V9, with the fence's lock FOR NO KEY UPDATE.
+CREATE OR REPLACE FUNCTION outbox.extend_outbox_leases(
+    p_worker_id text,
+    p_outbox_ids uuid[],
+    p_lease_tokens uuid[],
+    p_lease_seconds integer
+) RETURNS TABLE (outbox_id uuid, lease_expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox.check_worker_id(p_worker_id);
+    PERFORM outbox.check_leases(p_outbox_ids, p_lease_tokens);
+    IF p_lease_seconds IS NULL OR p_lease_seconds < 1 OR p_lease_seconds > 86400 THEN
+        PERFORM outbox.invalid_argument('p_lease_seconds', format('must be between 1 and 86400, got %s', p_lease_seconds));
+    END IF;
+
+    RETURN QUERY
+    UPDATE outbox.messages AS m
+       SET lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+     WHERE m.outbox_id = ANY (ARRAY(
+               SELECT h.outbox_id
+                 FROM (SELECT * FROM unnest(p_outbox_ids, p_lease_tokens) AS u(id, token)
+                        ORDER BY u.id) AS i
+                CROSS JOIN LATERAL (
+                       SELECT l.outbox_id
+                         FROM outbox.messages AS l
+                        WHERE l.outbox_id = i.id
+                          AND l.lease_token = i.token
+                          AND l.claimed_by = p_worker_id
+                          AND l.lease_expires_at > now()
+                          FOR NO KEY UPDATE) AS h))
+    RETURNING m.outbox_id, m.lease_expires_at;
+END;
+$$;
+
+-- release_outbox_leases: as in V9, with the fence's lock FOR NO KEY UPDATE.
+CREATE OR REPLACE FUNCTION outbox.release_outbox_leases(
+    p_worker_id text,
+    p_outbox_ids uuid[],
+    p_lease_tokens uuid[]
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_released integer;
+BEGIN
+    PERFORM outbox.check_worker_id(p_worker_id);
+    PERFORM outbox.check_leases(p_outbox_ids, p_lease_tokens);
+
+    UPDATE outbox.messages AS m
+       SET claimed_by = NULL, lease_token = NULL, lease_expires_at = NULL
+     WHERE m.outbox_id = ANY (ARRAY(
+               SELECT h.outbox_id
+                 FROM (SELECT * FROM unnest(p_outbox_ids, p_lease_tokens) AS u(id, token)
+                        ORDER BY u.id) AS i
+                CROSS JOIN LATERAL (
+                       SELECT l.outbox_id
+                         FROM outbox.messages AS l
+                        WHERE l.outbox_id = i.id
+                          AND l.lease_token = i.token
+                          AND l.claimed_by = p_worker_id
+                          AND l.lease_expires_at > now()
+                          FOR NO KEY UPDATE) AS h));
+    GET DIAGNOSTICS v_released = ROW_COUNT;
+    IF v_released > 0 THEN
+        PERFORM pg_notify('outbox_new', 'released');
+    END IF;
+    RETURN v_released;
 END;
 $$;
