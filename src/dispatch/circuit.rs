@@ -158,9 +158,11 @@ impl Breaker {
 
     /// Records what the destination did with the messages published under `ticket` and
     /// rewrites the outcomes that must not count as attempts to [`Outcome::NotAttempted`]:
-    /// when every message failed retryably, all but the first (and all of them when the
-    /// circuit opened while they were out).
-    pub fn record(&self, ticket: Ticket, outcomes: &mut [Outcome]) {
+    /// when every message failed retryably, all but one (and all of them when the circuit
+    /// opened while they were out). The one charged is the least tried by its number
+    /// (`attempt_nos`, per outcome; the first among equals), so that an outage charges a
+    /// message that already failed again only when the batch holds no fresher one.
+    pub fn record(&self, ticket: Ticket, outcomes: &mut [Outcome], attempt_nos: &[i32]) {
         let mut guard = self.lock();
         if outcomes
             .iter()
@@ -187,11 +189,17 @@ impl Breaker {
             return;
         }
         let opened_since = guard.1 != ticket.opened;
-        let counted = if opened_since && !ticket.probe { 0 } else { 1 };
-        for outcome in outcomes
+        let counted = !opened_since || ticket.probe;
+        let charged = outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| counted && matches!(o, Outcome::Retryable { .. }))
+            .min_by_key(|(i, _)| (attempt_nos.get(*i).copied().unwrap_or(i32::MAX), *i))
+            .map(|(i, _)| i);
+        for (_, outcome) in outcomes
             .iter_mut()
-            .filter(|o| matches!(o, Outcome::Retryable { .. }))
-            .skip(counted)
+            .enumerate()
+            .filter(|(i, o)| matches!(o, Outcome::Retryable { .. }) && Some(*i) != charged)
         {
             let reason = match outcome {
                 Outcome::Retryable { reason, .. } => std::mem::take(reason),
@@ -201,7 +209,7 @@ impl Breaker {
                 reason: format!("destination {} is failing: {reason}", self.destination),
             };
         }
-        if counted == 0 {
+        if !counted {
             return;
         }
         let next = match guard.0 {
@@ -249,14 +257,14 @@ mod tests {
         let b = breaker(3);
         let t = b.start().unwrap();
         let mut outcomes = vec![retry(), retry(), retry()];
-        b.record(t, &mut outcomes);
+        b.record(t, &mut outcomes, &[]);
         assert_eq!(attempted(&outcomes), 1);
         assert_eq!(outcomes[0], retry());
         assert_eq!(b.state(), State::Closed, "one failed batch is one failure");
 
         let t = b.start().unwrap();
         let mut mixed = vec![retry(), Outcome::Delivered];
-        b.record(t, &mut mixed);
+        b.record(t, &mut mixed, &[]);
         assert_eq!(
             attempted(&mixed),
             2,
@@ -265,11 +273,21 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_batch_charges_its_least_tried_message() {
+        let b = breaker(3);
+        let t = b.start().unwrap();
+        let mut outcomes = vec![retry(), retry(), retry()];
+        b.record(t, &mut outcomes, &[2, 1, 1]);
+        assert_eq!(attempted(&outcomes), 1);
+        assert_eq!(outcomes[1], retry(), "the first of the fresh messages");
+    }
+
+    #[test]
     fn opens_after_consecutive_failures_probes_one_message_and_closes_on_success() {
         let b = breaker(2);
         for _ in 0..2 {
             let t = b.start().unwrap();
-            b.record(t, &mut [retry(), retry()]);
+            b.record(t, &mut [retry(), retry()], &[]);
         }
         assert_eq!(b.state(), State::Open);
         assert!(!b.admits());
@@ -280,12 +298,12 @@ mod tests {
         let probe = b.start().unwrap();
         assert!(probe.probe);
         assert!(!b.admits() && b.start().is_none(), "one probe at a time");
-        b.record(probe, &mut [retry()]);
+        b.record(probe, &mut [retry()], &[]);
         assert_eq!(b.state(), State::Open, "a failed probe reopens");
 
         std::thread::sleep(Duration::from_millis(60));
         let probe = b.start().unwrap();
-        b.record(probe, &mut [Outcome::Delivered]);
+        b.record(probe, &mut [Outcome::Delivered], &[]);
         assert_eq!(b.state(), State::Closed);
         assert!(b.admits());
     }
@@ -295,10 +313,10 @@ mod tests {
         let b = breaker(1);
         let first = b.start().unwrap();
         let second = b.start().unwrap();
-        b.record(first, &mut [retry(), retry()]);
+        b.record(first, &mut [retry(), retry()], &[]);
         assert_eq!(b.state(), State::Open);
         let mut late = vec![retry(), retry(), retry()];
-        b.record(second, &mut late);
+        b.record(second, &mut late, &[]);
         assert_eq!(attempted(&late), 0);
     }
 
@@ -306,7 +324,7 @@ mod tests {
     fn a_probe_that_learnt_nothing_is_owed_again() {
         let b = breaker(1);
         let t = b.start().unwrap();
-        b.record(t, &mut [retry()]);
+        b.record(t, &mut [retry()], &[]);
         std::thread::sleep(Duration::from_millis(60));
         let probe = b.start().unwrap();
         assert!(probe.probe && !b.admits());
@@ -315,6 +333,7 @@ mod tests {
             &mut [Outcome::NotAttempted {
                 reason: "panicked".into(),
             }],
+            &[],
         );
         assert!(b.admits(), "another probe may go");
     }

@@ -250,7 +250,8 @@ impl Dispatcher {
                 Some(i) => lane.attempt(&messages[i..=i], deadline).await,
                 None => Vec::new(),
             };
-            lane.breaker.record(ticket, &mut tried);
+            let tried_nos: Vec<i32> = i.map(|i| messages[i].attempt_no).into_iter().collect();
+            lane.breaker.record(ticket, &mut tried, &tried_nos);
             if let (Some(i), Some(outcome)) = (i, tried.pop()) {
                 outcomes[i] = outcome;
             }
@@ -260,7 +261,8 @@ impl Dispatcher {
                 None => lane.attempt(messages, deadline).await,
                 Some(previous) => lane.attempt_in_runs(messages, &previous, deadline).await,
             };
-            lane.breaker.record(ticket, &mut outcomes);
+            let attempt_nos: Vec<i32> = messages.iter().map(|m| m.attempt_no).collect();
+            lane.breaker.record(ticket, &mut outcomes, &attempt_nos);
             outcomes
         };
         telemetry::batch_dispatched(&lane.name, started.elapsed());
