@@ -1721,6 +1721,19 @@ async fn a_retryable_failure_in_a_run_gives_back_the_rest_and_the_key_waits_for_
     db.finish().await;
 }
 
+/// A producer that enqueued a message of `key` in an open transaction and ran its
+/// commit-time check (SET CONSTRAINTS ALL IMMEDIATE), which holds the message before it
+/// FOR KEY SHARE until the transaction ends; with the new message's id.
+async fn producer_committing_behind(db: &TestDb, key: &str) -> (Client, Uuid) {
+    let p = db.client().await;
+    p.batch_execute("BEGIN").await.unwrap();
+    let id = enqueue(&p, "t", Some(key)).await;
+    p.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+        .await
+        .unwrap();
+    (p, id)
+}
+
 #[tokio::test]
 async fn a_producer_committing_behind_a_head_being_completed_becomes_the_next_head() {
     let db = TestDb::new().await;
@@ -1728,18 +1741,9 @@ async fn a_producer_committing_behind_a_head_being_completed_becomes_the_next_he
     enqueue(&c, "t", Some("k")).await;
     let head = claim(&c, 1, "w", 30).await.remove(0);
 
-    // The producer's commit-time check runs now (SET CONSTRAINTS) and keeps the head from
-    // being deleted until the producer commits.
-    let p = db.client().await;
-    p.batch_execute("BEGIN").await.unwrap();
-    let mine: Uuid = p
-        .query_one("SELECT outbox.enqueue('t', '{}'::jsonb, 'k')", &[])
-        .await
-        .unwrap()
-        .get(0);
-    p.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
-        .await
-        .unwrap();
+    // The producer's commit-time check keeps the head from being deleted until the
+    // producer commits.
+    let (p, mine) = producer_committing_behind(&db, "k").await;
     let c2 = db.client().await;
     let completion = tokio::spawn(async move {
         complete(&c2, &head, "w", "DISPATCHED", None).await.unwrap();
@@ -1879,13 +1883,8 @@ async fn no_lease_fence_waits_for_a_producer_committing_behind_the_message() {
     let head = claim(&c, 1, "w", 30).await.remove(0);
 
     // A producer enqueued behind the head and is committing: its commit-time check holds
-    // the head FOR KEY SHARE (SET CONSTRAINTS runs it now and keeps the transaction open).
-    let p = db.client().await;
-    p.batch_execute("BEGIN").await.unwrap();
-    enqueue(&p, "t", Some("k")).await;
-    p.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
-        .await
-        .unwrap();
+    // the head FOR KEY SHARE.
+    let (p, _) = producer_committing_behind(&db, "k").await;
 
     // A heartbeat and a retry take the head's fence and change only lease columns: neither
     // waits for the producer (while a fence waited, the producer could wait for it in turn).

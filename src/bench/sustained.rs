@@ -78,11 +78,11 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     let mut rates = Vec::new();
     let mut most_dead = 0_i64;
     let mut last = recorder.delivered.load(Ordering::SeqCst);
-    let mut last_delivered = last;
     for w in 1..=windows {
         tokio::time::sleep_until((started + WINDOW * u32::try_from(w)?).into()).await;
         let now = recorder.delivered.load(Ordering::SeqCst);
-        let r = per_sec(now - last, WINDOW);
+        let delivered = now - last;
+        let r = per_sec(delivered, WINDOW);
         last = now;
         let row = sql
             .query_one(
@@ -98,9 +98,8 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         let (backlog, dead, vacuums, attempts, checkpoints): (i64, i64, i64, i64, i64) =
             (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         let wal = wal_lsn(sql).await?;
-        let wal_per_msg = (wal - lsn) as f64 / (now - last_delivered).max(1) as f64;
+        let wal_per_msg = (wal - lsn) as f64 / delivered.max(1) as f64;
         lsn = wal;
-        last_delivered = now;
         most_dead = most_dead.max(dead);
         progress("");
         println!(
