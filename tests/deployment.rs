@@ -108,10 +108,14 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     let db = TestDb::new().await;
     let c = db.client().await;
     // What a database migrated by an earlier release (V7) looks like: the new objects of
-    // V8, V10, V11, V12 and V15 undone (the others replace functions that exist, so they
-    // apply again over them; dropping `behind` drops the indexes that read it).
+    // V8, V10, V11, V12 and V15 undone, and V16's signature of prune_attempts (the others
+    // replace functions that exist, so they apply again over them; dropping `behind` drops
+    // the indexes that read it).
     c.batch_execute(
-        "DROP INDEX outbox.attempts_created_at_idx; \
+        "DROP FUNCTION outbox.prune_attempts(interval, bigint); \
+         CREATE FUNCTION outbox.prune_attempts(interval) RETURNS bigint \
+             LANGUAGE sql AS 'SELECT 0::bigint'; \
+         DROP INDEX outbox.attempts_created_at_idx; \
          CREATE INDEX attempts_created_at_brin ON outbox.attempts USING brin (created_at); \
          DROP FUNCTION outbox.claim_shard_candidates(integer, integer, bigint, text[], text[], \
                                                      bigint, bigint); \
@@ -168,7 +172,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V12__sharded_claim_turns\n\
          applied V13__enqueue_never_waits_for_completions\n\
          applied V14__reported_order_and_fences_beside_producers\n\
-         applied V15__attempts_time_index\n"
+         applied V15__attempts_time_index\n\
+         applied V16__plans_pinned_under_sustained_load\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

@@ -1,7 +1,10 @@
 //! The plans of the hot path's statements (inside claim, extend, release and complete),
 //! read with auto_explain, at 0-row statistics over 20,000 rows (what autovacuum leaves
 //! after the queue drained), 20,000 analyzed rows and 1,000,000: each is driven by an index,
-//! never by a scan of outbox.messages that rescans the batch per row.
+//! never by a scan of outbox.messages that rescans the batch per row (nor one that walks
+//! outbox.messages to promote the next head of a completed key). And the plan of the
+//! attempt log's retention beside a large backlog: its cost follows the attempts pruned,
+//! not the backlog.
 
 mod common;
 
@@ -41,7 +44,7 @@ async fn explaining(url: &str) -> (Client, Arc<Mutex<Vec<String>>>) {
 }
 
 /// Seven rounds (past plpgsql's five custom plans, into its generic one) of: claim 500,
-/// extend them, release 100, complete the rest. Returns every plan auto_explain printed.
+/// extend them, release the last 100, complete the rest. Returns every plan auto_explain printed.
 async fn hot_path_plans(url: &str) -> Vec<String> {
     let (c, plans) = explaining(url).await;
     for _ in 0..7 {
@@ -66,7 +69,7 @@ async fn hot_path_plans(url: &str) -> Vec<String> {
         let released: i32 = c
             .query_one(
                 "SELECT outbox.release_outbox_leases('w', $1, $2)",
-                &[&&ids[..100], &&tokens[..100]],
+                &[&&ids[400..], &&tokens[400..]],
             )
             .await
             .unwrap()
@@ -77,7 +80,7 @@ async fn hot_path_plans(url: &str) -> Vec<String> {
                 "SELECT * FROM outbox.complete_outbox_batch('w', $1, $2, \
                  array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[400]), NULL, NULL) \
                  WHERE NOT lease_lost",
-                &[&&ids[100..], &&tokens[100..]],
+                &[&&ids[..400], &&tokens[..400]],
             )
             .await
             .unwrap();
@@ -110,7 +113,7 @@ fn short(plan: &str) -> String {
 }
 
 fn assert_index_driven(shape: &str, plans: &[String]) {
-    let mut fences = 0;
+    let (mut fences, mut promotions) = (0, 0);
     for full in plans {
         let plan = &short(full);
         // A join that compares every leased row with every listed one.
@@ -122,6 +125,13 @@ fn assert_index_driven(shape: &str, plans: &[String]) {
             !plan.contains("Seq Scan on messages"),
             "{shape}: a hot-path statement scans outbox.messages:\n{plan}"
         );
+        if plan.contains("SET behind = false") && plan.contains("FROM outbox.messages AS n") {
+            promotions += 1;
+            assert!(
+                plan.contains("Index Cond: (outbox_id = ANY"),
+                "{shape}: the keys' next heads are not updated by primary key:\n{plan}"
+            );
+        }
         if plan.contains("CROSS JOIN LATERAL") && plan.contains("FOR NO KEY UPDATE") {
             fences += 1;
             assert!(
@@ -132,12 +142,20 @@ fn assert_index_driven(shape: &str, plans: &[String]) {
     }
     // complete, extend and release, seven rounds each.
     assert!(fences >= 21, "{shape}: {fences} fence plans seen");
+    // Nearly every round completes keyed messages (a round whose 400 hold none promotes
+    // nothing).
+    assert!(
+        promotions >= 5,
+        "{shape}: {promotions} head promotions seen"
+    );
 }
 
+/// `n` messages, every tenth with one of 50 keys (so completions promote keys' next heads).
 async fn fill(c: &Client, n: i64) {
     c.execute(
-        "INSERT INTO outbox.messages (topic, payload) \
-         SELECT 'plans', convert_to(json_build_object('n', i)::text, 'UTF8') \
+        "INSERT INTO outbox.messages (topic, message_key, payload) \
+         SELECT 'plans', CASE WHEN i % 10 = 0 THEN 'k' || (i / 10 % 50) END, \
+                convert_to(json_build_object('n', i)::text, 'UTF8') \
            FROM generate_series(1, $1::bigint) AS i",
         &[&n],
     )
@@ -180,5 +198,54 @@ async fn hot_path_plans_are_index_driven_at_any_backlog_and_any_statistics() {
     fill(&c, 1_000_000).await;
     c.batch_execute("ANALYZE outbox.messages").await.unwrap();
     assert_index_driven("1,000,000 rows analyzed", &hot_path_plans(&db.url).await);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_probes_the_backlog_per_old_attempt_however_large_the_backlog() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, 1_000_000).await;
+    // Histories of finished messages: 50,000 two hours old, 50,000 new.
+    c.batch_execute(
+        "INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, created_at)
+         SELECT gen_random_uuid(), 1, 'DISPATCHED', 'w', gen_random_uuid(),
+                now() - CASE WHEN i % 2 = 0 THEN interval '2 hours' ELSE interval '0' END
+           FROM generate_series(1, 100000) AS i;
+         ANALYZE outbox.messages; ANALYZE outbox.attempts;",
+    )
+    .await
+    .unwrap();
+
+    let (explained, plans) = explaining(&db.url).await;
+    let pruned: i64 = explained
+        .query_one("SELECT outbox.prune_attempts(interval '1 hour')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        pruned, 50_000,
+        "the old histories of finished messages are pruned"
+    );
+    let plans = plans.lock().unwrap().clone();
+    let delete = plans
+        .iter()
+        .find(|p| p.contains("Delete on attempts"))
+        .unwrap_or_else(|| panic!("no plan of the prune's DELETE among {plans:?}"));
+    let delete = short(delete);
+    for whole in ["Seq Scan on messages", "Hash Anti Join", "Merge Anti Join"] {
+        assert!(
+            !delete.contains(whole),
+            "the prune reads the whole backlog ({whole}):\n{delete}"
+        );
+    }
+    assert!(
+        delete.contains("Index Cond: (outbox_id = o.outbox_id)"),
+        "the prune does not probe outbox.messages per old attempt:\n{delete}"
+    );
+    assert!(
+        delete.contains("attempts_created_at_idx"),
+        "the prune does not take old attempts from the time index:\n{delete}"
+    );
     db.finish().await;
 }

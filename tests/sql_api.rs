@@ -1239,6 +1239,10 @@ async fn invalid_arguments_raise_p7001_naming_the_argument() {
             "SELECT outbox.prune_attempts(interval '-1 day')",
             "p_older_than",
         ),
+        (
+            "SELECT outbox.prune_attempts(interval '1 day', 0)",
+            "p_limit",
+        ),
     ];
     for (sql, argument) in cases {
         let (code, message) = sqlstate(c.query(*sql, &[]).await.map(|rows| rows.len()));
@@ -1495,6 +1499,42 @@ async fn prune_keeps_the_history_of_pending_and_dead_messages() {
     assert!(history(&c, done).await.is_empty());
     assert_eq!(history(&c, pending).await, ["1:RETRYABLE"]);
     assert_eq!(history(&c, dead).await, ["1:FAILED"]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_limited_prune_deletes_the_oldest_finished_histories_first() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut finished = Vec::new();
+    for _ in 0..5 {
+        let id = enqueue(&c, "t", None).await;
+        let m = claim(&c, 1, "w1", 30).await.remove(0);
+        assert_eq!(m.id, id);
+        complete(&c, &m, "w1", "DISPATCHED", None).await.unwrap();
+        finished.push(id);
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let prune = |limit: i64| {
+        let c = &c;
+        async move {
+            c.query_one("SELECT outbox.prune_attempts(interval '0', $1)", &[&limit])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(prune(2).await, 2);
+    for (i, id) in finished.iter().enumerate() {
+        assert_eq!(history(&c, *id).await.is_empty(), i < 2, "message {i}");
+    }
+    assert_eq!(prune(2).await, 2);
+    assert_eq!(
+        prune(2).await,
+        1,
+        "fewer than the limit: nothing older is left"
+    );
+    assert_eq!(prune(2).await, 0);
     db.finish().await;
 }
 
