@@ -3,10 +3,10 @@
 CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
-.PHONY: help build test lint fmt verify run migrate bench check-deploy chaos chaos-short
+.PHONY: help build test lint fmt verify run migrate bench bench-peers check-deploy chaos chaos-short
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 build: ## build the relayer (release)
 	$(CARGO) build --release
@@ -39,6 +39,10 @@ BENCH_ARGS ?=
 bench: ## benchmark drain throughput, backlog flatness, latency and memory (BENCH_ARGS=...)
 	$(CARGO) build --release
 	$(WITH_PG) target/release/outbox-relay bench $(BENCH_ARGS)
+
+PEERS_ARGS ?=
+bench-peers: ## the relayer against graphile-worker, pg-boss and pgmq, then its own shapes (~25 min; PEERS_ARGS=--quick ...)
+	scripts/bench-peers.sh $(PEERS_ARGS)
 
 CHAOS_ARGS ?=
 chaos: ## fault injection: kills, restarts, freezes, outages, hostile input (~20 min; CHAOS_ARGS=...)

@@ -5,6 +5,9 @@
 #   3. `docker compose up -d postgres`, when a Docker engine is running;
 #   4. a throwaway cluster from the local Postgres binaries (installed with apt-get when
 #      missing and run as root), started on a free port and stopped when the command ends.
+# With THROWAWAY_POSTGRES=1, always 4. The throwaway cluster runs with fsync off (tests
+# need no durability); THROWAWAY_POSTGRES_SETTINGS replaces that (e.g. with nothing, for
+# Postgres's defaults in a benchmark).
 # Usage: scripts/with-postgres.sh COMMAND [ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,15 +22,17 @@ answers() { # host port
     fi
 }
 
-if [ -n "${DATABASE_URL:-}" ]; then
+throwaway=${THROWAWAY_POSTGRES:-0}
+
+if [ "$throwaway" != 1 ] && [ -n "${DATABASE_URL:-}" ]; then
     exec "$@"
 fi
 
-if answers 127.0.0.1 5432; then
+if [ "$throwaway" != 1 ] && answers 127.0.0.1 5432; then
     DATABASE_URL="$local_url" exec "$@"
 fi
 
-if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+if [ "$throwaway" != 1 ] && command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
     echo "with-postgres: starting the postgres service of docker-compose.yml" >&2
     docker compose up -d --wait postgres
     DATABASE_URL="$local_url" exec "$@"
@@ -63,5 +68,5 @@ trap stop EXIT
 echo "with-postgres: starting a throwaway cluster on 127.0.0.1:$port ($dir)" >&2
 "${as_owner[@]}" "$bindir/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 >/dev/null
 "${as_owner[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off" start >/dev/null
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 ${THROWAWAY_POSTGRES_SETTINGS--c fsync=off}" start >/dev/null
 DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres" "$@"

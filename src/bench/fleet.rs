@@ -25,7 +25,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         let shutdown = CancellationToken::new();
         let started = Instant::now();
         let relays = start_relays(url, &o, &recorder, &shutdown)?;
-        recorder.reached(target, "draining").await;
+        recorder.reached(target, "draining").await?;
         let took = started.elapsed();
         let waits = sampler.stop().await?;
         shutdown_relays(&shutdown, relays).await;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +31,7 @@ use outbox_relay::store::{Store, StoreError, with_database};
 mod fleet;
 #[path = "../../tests/common/kit.rs"]
 mod kit;
+mod peers;
 mod sustained;
 
 #[derive(Clone, Debug, clap::Args)]
@@ -97,6 +98,14 @@ pub struct Options {
     /// alongside costs).
     #[arg(long)]
     pub sustained_no_prune: bool,
+    /// Instead of the other measurements: the relayer against graphile-worker, pg-boss and
+    /// pgmq (see `scripts/bench-peers.sh`, which prepares this directory: Node packages in
+    /// DIR/node_modules, pgmq's SQL-only install in DIR/pgmq.sql).
+    #[arg(long, value_name = "DIR")]
+    pub peers: Option<std::path::PathBuf>,
+    /// Rounds of the peers comparison (each drains once with every contender).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
 }
 
 /// A null destination that counts deliveries and, while recording, notes when each
@@ -136,14 +145,31 @@ impl Recorder {
     }
 
     /// Resolves once `target` messages have been delivered in all, showing how far `what`
-    /// has got on a terminal.
-    async fn reached(&self, target: u64, what: &str) {
+    /// has got on a terminal; fails when no message has been delivered for `STALL_LIMIT`
+    /// (the relays' log says why), so that a stuck run ends instead of waiting forever.
+    async fn reached(&self, target: u64, what: &str) -> Result<()> {
         let from = self.from.load(Ordering::SeqCst);
         let mut shown = Instant::now();
+        let (mut last, mut moved) = (self.delivered.load(Ordering::SeqCst), Instant::now());
         while self.delivered.load(Ordering::SeqCst) < target {
+            let now = self.delivered.load(Ordering::SeqCst);
+            if now != last {
+                (last, moved) = (now, Instant::now());
+            } else if moved.elapsed() >= STALL_LIMIT {
+                progress("");
+                bail!(
+                    "{what}: no message delivered for {} s, {} of {} still undelivered",
+                    STALL_LIMIT.as_secs(),
+                    target - now,
+                    target - from
+                );
+            }
             if shown.elapsed() >= PROGRESS_EVERY {
-                let done = self.delivered.load(Ordering::SeqCst).saturating_sub(from);
-                progress(&format!("{what}: {done} of {}", target - from));
+                progress(&format!(
+                    "{what}: {} of {}",
+                    now.saturating_sub(from),
+                    target - from
+                ));
                 shown = Instant::now();
             }
             let notified = self.done.notified();
@@ -153,8 +179,12 @@ impl Recorder {
             let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
         }
         progress("");
+        Ok(())
     }
 }
+
+/// How long [`Recorder::reached`] waits without a delivery before it gives up.
+const STALL_LIMIT: Duration = Duration::from_secs(120);
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
@@ -203,6 +233,9 @@ impl Destination for Recorder {
 pub async fn run(database_url: &str, o: &Options) -> Result<()> {
     outbox_relay::logging::init(outbox_relay::config::LogFormat::Human);
     outbox_relay::telemetry::install();
+    if let Some(dir) = &o.peers {
+        return peers::run(database_url, dir, o).await;
+    }
     let db = format!("outbox_bench_{}", std::process::id());
     let admin = connect(database_url)
         .await
@@ -327,7 +360,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
         let started = Instant::now();
         recorder
             .reached(recorder.target(measured), "draining the big backlog")
-            .await;
+            .await?;
         let t_big = started.elapsed();
         report(
             "relay drain at big backlog (first part)",
@@ -411,7 +444,7 @@ async fn drain(sql: &tokio_postgres::Client, recorder: &Recorder, n: u64) -> Res
     let target = recorder.target(n);
     fill(sql, n).await?;
     let started = Instant::now();
-    recorder.reached(target, "draining").await;
+    recorder.reached(target, "draining").await?;
     Ok(started.elapsed())
 }
 
@@ -434,7 +467,7 @@ async fn hot_key(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result
     let started = Instant::now();
     recorder
         .reached(target, "draining unkeyed messages alone")
-        .await;
+        .await?;
     let alone = started.elapsed();
     report("unkeyed alone", n, n, alone, o.workers);
     shutdown_relays(&shutdown, relays).await;
@@ -557,7 +590,7 @@ async fn latency(url: &str, recorder: &Arc<Recorder>, o: &Options) -> Result<()>
     let produced = started.elapsed();
     recorder
         .reached(target, "latency: waiting for the last acks")
-        .await;
+        .await?;
     recorder.recording.store(false, Ordering::SeqCst);
 
     let acks: HashMap<Uuid, Instant> = std::mem::take(&mut *lock(&recorder.acks))
@@ -736,7 +769,7 @@ async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cleanup)> {
             ))?;
             (destination, Cleanup::KafkaTopic(admin))
         }
-        other => anyhow::bail!("unknown destination {other}"),
+        other => bail!("unknown destination {other}"),
     })
 }
 
