@@ -278,13 +278,50 @@ pub fn verb_env(args: &[&str], url: &str, env: &[(&str, &str)]) -> std::process:
             command.env_remove(name);
         }
     }
-    command
+    let mut child = command
         .args(args)
         .env("DATABASE_URL", url)
         .envs(env.iter().copied())
-        .output()
-        .expect("run outbox-relay")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run outbox-relay");
+    let read = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = read(Box::new(child.stdout.take().expect("piped stdout")));
+    let stderr = read(Box::new(child.stderr.take().expect("piped stderr")));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for outbox-relay") {
+            break status;
+        }
+        if started.elapsed() >= VERB_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "outbox-relay {args:?} still running after {} s, killed; stdout: {} stderr: {}",
+                VERB_LIMIT.as_secs(),
+                text(&stdout.join().unwrap_or_default()),
+                text(&stderr.join().unwrap_or_default())
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().expect("read stdout"),
+        stderr: stderr.join().expect("read stderr"),
+    }
 }
+
+/// The longest a verb run by [`verb`] may take: a verb that hangs fails its test with what it
+/// printed, instead of holding up the whole run.
+const VERB_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// A process's output as text.
 pub fn text(bytes: &[u8]) -> String {
