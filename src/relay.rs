@@ -154,8 +154,9 @@ impl LeaseBook {
 }
 
 /// After a wake-up, how soon an empty outbox is looked at again (once). Producers of the
-/// same instant share one notification (`outbox.wake_relayers`), and one of them may commit
-/// just after the relayer looked: this finds its message without waiting for the poll.
+/// same instant share one notification (the wake-up window in `outbox.enqueue`), and one of
+/// them may commit just after the relayer looked: this finds its message without waiting
+/// for the poll.
 const RECHECK_AFTER_WAKE: Duration = Duration::from_millis(25);
 
 /// One process's relay; cheap to clone (shared state is behind `Arc`s).

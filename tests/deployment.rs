@@ -108,7 +108,7 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     let db = TestDb::new().await;
     let c = db.client().await;
     // What a database migrated by an earlier release (V7) looks like: the new objects of
-    // V8, V10, V11, V12 and V15 undone, and V16's signature of prune_attempts (the others
+    // V8, V11, V12 and V15 undone, and V16's signature of prune_attempts (the others
     // replace functions that exist, so they apply again over them; dropping `behind` drops
     // the indexes that read it).
     c.batch_execute(
@@ -130,8 +130,7 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
                        outbox.replay_step(bigint, integer), \
                        outbox.start_replay(uuid[], text, timestamptz, text, text), \
                        outbox.dead_letters_matching(uuid[], text, timestamptz, text), \
-                       outbox.observe(integer, interval), outbox.observation(integer), \
-                       outbox.wake_relayers(); \
+                       outbox.observe(integer, interval), outbox.observation(integer); \
          DROP VIEW outbox.replay_log; \
          DROP TABLE outbox.replays, outbox.observations; \
          DELETE FROM outbox.turns WHERE name = 'observe'; \
@@ -173,7 +172,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V13__enqueue_never_waits_for_completions\n\
          applied V14__reported_order_and_fences_beside_producers\n\
          applied V15__attempts_time_index\n\
-         applied V16__plans_pinned_under_sustained_load\n"
+         applied V16__plans_pinned_under_sustained_load\n\
+         applied V17__enqueue_in_one_call\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

@@ -1267,6 +1267,46 @@ async fn invalid_arguments_raise_p7001_naming_the_argument() {
     db.finish().await;
 }
 
+/// The jsonb form costs the producer no second function call: it is inlined into the
+/// caller's statement, which then calls the bytea form (with its content type) directly.
+#[tokio::test]
+async fn the_jsonb_enqueue_is_inlined_into_the_callers_statement() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let plan: Vec<String> = c
+        .query(
+            "EXPLAIN (VERBOSE, COSTS OFF) SELECT outbox.enqueue('t', '{\"n\": 1}'::jsonb, 'k')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("outbox.enqueue('t'::text, ") && plan.contains("'application/json'::text)"),
+        "the caller's statement calls enqueue(bytea) itself: {plan}"
+    );
+    let id: Uuid = c
+        .query_one("SELECT outbox.enqueue('t', '{\"n\": 1}'::jsonb, 'k')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let row = c
+        .query_one(
+            "SELECT convert_from(payload, 'UTF8'), content_type, message_key FROM outbox.messages \
+              WHERE outbox_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "{\"n\": 1}");
+    assert_eq!(row.get::<_, String>(1), "application/json");
+    assert_eq!(row.get::<_, String>(2), "k");
+    db.finish().await;
+}
+
 #[tokio::test]
 async fn roles_can_do_their_job_and_nothing_more() {
     let db = TestDb::new().await;
@@ -1348,7 +1388,7 @@ async fn roles_can_do_their_job_and_nothing_more() {
 }
 
 /// Holds, in a session of its own, the keys of the next `windows` 2 ms wake-up windows
-/// (`outbox.wake_relayers`), as transactions that won them would.
+/// (the advisory keys `outbox.enqueue` tries), as transactions that won them would.
 async fn hold_wake_windows(db: &TestDb, windows: i64) -> tokio_postgres::Client {
     let holder = db.client().await;
     holder

@@ -821,7 +821,7 @@ async fn memory(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<
 }
 
 /// What a producer runs per transaction, measured by `--enqueue-connections`.
-const PRODUCER_STATEMENTS: [(&str, &str); 3] = [
+const PRODUCER_STATEMENTS: [(&str, &str); 4] = [
     (
         "outbox.enqueue",
         "SELECT outbox.enqueue('bench', $1::bytea, NULL, '{}', NULL, NULL, 10, 'application/json')",
@@ -835,6 +835,10 @@ const PRODUCER_STATEMENTS: [(&str, &str); 3] = [
         "WITH i AS (INSERT INTO outbox.messages (topic, payload, content_type) \
          VALUES ('bench', $1, 'application/json') RETURNING topic) \
          SELECT pg_notify('outbox_new', i.topic) FROM i",
+    ),
+    (
+        "outbox.enqueue (jsonb)",
+        "SELECT outbox.enqueue('bench', convert_from($1, 'UTF8')::jsonb)",
     ),
 ];
 
@@ -876,12 +880,15 @@ async fn enqueue_rates(url: &str, o: &Options, sql: &tokio_postgres::Client) -> 
         progress("");
         println!(
             "enqueue, {connections} connections, one message per transaction: outbox.enqueue \
-             {:.0}/s, plain INSERT {:.0}/s ({:.2}x), INSERT + pg_notify {:.0}/s ({:.2}x)",
+             {:.0}/s, plain INSERT {:.0}/s ({:.2}x), INSERT + pg_notify {:.0}/s ({:.2}x), \
+             outbox.enqueue with a jsonb payload {:.0}/s ({:.2}x)",
             rates[0],
             rates[1],
             rates[0] / rates[1],
             rates[2],
-            rates[2] / rates[1]
+            rates[2] / rates[1],
+            rates[3],
+            rates[3] / rates[1]
         );
     }
     Ok(())
