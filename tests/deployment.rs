@@ -108,11 +108,15 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     let db = TestDb::new().await;
     let c = db.client().await;
     // What a database migrated by an earlier release (V7) looks like: the new objects of
-    // V8, V11, V12 and V15 undone, and V16's signature of prune_attempts (the others
+    // V8, V11, V12, V15 and V18 undone, and V16's signature of prune_attempts (the others
     // replace functions that exist, so they apply again over them; dropping `behind` drops
     // the indexes that read it).
     c.batch_execute(
-        "DROP FUNCTION outbox.prune_attempts(interval, bigint); \
+        "DROP FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_state[], text[], \
+                                               uuid[], text[]), \
+                       outbox.promote_heads(text[]), \
+                       outbox.delete_delivered(text, uuid[], uuid[]); \
+         DROP FUNCTION outbox.prune_attempts(interval, bigint); \
          CREATE FUNCTION outbox.prune_attempts(interval) RETURNS bigint \
              LANGUAGE sql AS 'SELECT 0::bigint'; \
          DROP INDEX outbox.attempts_created_at_idx; \
@@ -173,7 +177,9 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V14__reported_order_and_fences_beside_producers\n\
          applied V15__attempts_time_index\n\
          applied V16__plans_pinned_under_sustained_load\n\
-         applied V17__enqueue_in_one_call\n"
+         applied V17__enqueue_in_one_call\n\
+         applied V18__delivered_batch_deleted_by_its_fence\n\
+         applied V19__claim_leases_by_tuple_address\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

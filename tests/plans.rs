@@ -1,8 +1,9 @@
 //! The plans of the hot path's statements (inside claim, extend, release and complete),
 //! read with auto_explain, at 0-row statistics over 20,000 rows (what autovacuum leaves
-//! after the queue drained), 20,000 analyzed rows and 1,000,000: each is driven by an index,
-//! never by a scan of outbox.messages that rescans the batch per row (nor one that walks
-//! outbox.messages to promote the next head of a completed key). And the plan of the
+//! after the queue drained), 20,000 analyzed rows and 1,000,000: each is driven by an index
+//! (the claim's lease by tuple address), never by a scan of outbox.messages that rescans
+//! the batch per row (nor one that walks outbox.messages to promote the next head of a
+//! completed key). And the plan of the
 //! attempt log's retention beside a large backlog: its cost follows the attempts pruned,
 //! not the backlog.
 
@@ -113,7 +114,7 @@ fn short(plan: &str) -> String {
 }
 
 fn assert_index_driven(shape: &str, plans: &[String]) {
-    let (mut fences, mut promotions) = (0, 0);
+    let (mut fences, mut deletions, mut leases, mut promotions) = (0, 0, 0, 0);
     for full in plans {
         let plan = &short(full);
         // A join that compares every leased row with every listed one.
@@ -139,9 +140,31 @@ fn assert_index_driven(shape: &str, plans: &[String]) {
                 "{shape}: the fence is not one primary-key probe per listed id:\n{plan}"
             );
         }
+        if plan.contains("DELETE FROM outbox.messages AS m") {
+            deletions += 1;
+            assert!(
+                plan.contains("Index Scan using messages_pkey on messages m")
+                    && plan.contains("Index Cond: (outbox_id = ANY"),
+                "{shape}: the deleting fence is not one scan of the primary key for the \
+                 listed ids (in id order):\n{plan}"
+            );
+        }
+        if plan.contains("lease_token = gen_random_uuid()") {
+            leases += 1;
+            assert!(
+                plan.contains("Tid Scan on messages"),
+                "{shape}: the claim does not lease its rows by tuple address:\n{plan}"
+            );
+        }
     }
-    // complete, extend and release, seven rounds each.
-    assert!(fences >= 21, "{shape}: {fences} fence plans seen");
+    // extend and release, seven rounds each; every round's completion deletes by its fence
+    // (all its messages are delivered) and every claim leases.
+    assert!(fences >= 14, "{shape}: {fences} fence plans seen");
+    assert!(
+        deletions >= 7,
+        "{shape}: {deletions} deleting fence plans seen"
+    );
+    assert!(leases >= 7, "{shape}: {leases} lease plans seen");
     // Nearly every round completes keyed messages (a round whose 400 hold none promotes
     // nothing).
     assert!(

@@ -770,6 +770,94 @@ async fn enqueue_refuses_an_id_that_was_delivered_or_dead_lettered_naming_it() {
     db.finish().await;
 }
 
+/// A completion that reports every message delivered deletes them with its fence (V18):
+/// the same per-row checks as the fence of any other completion (token, worker, unexpired
+/// lease), results in the call's order, and every attempt written, a reused id's under the
+/// next free number.
+#[tokio::test]
+async fn a_delivered_batch_is_fenced_row_by_row_by_its_deletion() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // An id whose attempt 1 was written in an earlier life, pending again (as rows written
+    // before enqueue refused reused ids are).
+    let reused = Uuid::new_v4();
+    enqueue_id(&c, reused, None).await.unwrap();
+    let first = claim(&c, 1, "w", 30).await;
+    complete(&c, &first[0], "w", "DISPATCHED", None)
+        .await
+        .unwrap();
+    c.batch_execute(&format!(
+        "INSERT INTO outbox.messages (outbox_id, topic, payload) VALUES ('{reused}', 't', '\\x00')"
+    ))
+    .await
+    .unwrap();
+    for _ in 0..4 {
+        enqueue(&c, "t", None).await;
+    }
+    let batch = claim(&c, 10, "w", 30).await;
+    assert_eq!(batch.len(), 5);
+    let ids: Vec<Uuid> = batch.iter().map(|m| m.id).collect();
+    let mut tokens: Vec<Uuid> = batch.iter().map(|m| m.token).collect();
+    let stale = ids.iter().position(|id| *id != reused).unwrap();
+    tokens[stale] = Uuid::new_v4();
+    let expired = (0..5).find(|&i| i != stale && ids[i] != reused).unwrap();
+    c.execute(
+        "UPDATE outbox.messages SET lease_expires_at = now() - interval '1 second' \
+         WHERE outbox_id = $1",
+        &[&ids[expired]],
+    )
+    .await
+    .unwrap();
+    let taken = (0..5)
+        .find(|&i| i != stale && i != expired && ids[i] != reused)
+        .unwrap();
+    c.execute(
+        "UPDATE outbox.messages SET claimed_by = 'someone-else' WHERE outbox_id = $1",
+        &[&ids[taken]],
+    )
+    .await
+    .unwrap();
+
+    let delivered = "SELECT outbox_id, lease_lost, dead_lettered FROM outbox.complete_outbox_batch(\
+                     'w', $1, $2, array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[5]), NULL, NULL)";
+    // Tokens listed with each other's ids: a caller's mix-up, refused, nothing deleted.
+    let fenced = |i: usize| [stale, expired, taken].contains(&i);
+    let live: Vec<usize> = (0..5).filter(|&i| !fenced(i)).collect();
+    let mut mixed = tokens.clone();
+    mixed.swap(live[0], live[1]);
+    let (code, message) = sqlstate(c.query(delivered, &[&ids, &mixed]).await);
+    assert_eq!(code, "P7001", "{message}");
+    assert!(message.contains("p_lease_tokens"), "{message}");
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox.messages").await, 5);
+
+    let rows = c.query(delivered, &[&ids, &tokens]).await.unwrap();
+    let got: Vec<(Uuid, bool, bool)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let want: Vec<(Uuid, bool, bool)> = (0..5).map(|i| (ids[i], fenced(i), false)).collect();
+    assert_eq!(got, want, "one row per input, in input order");
+
+    assert_eq!(history(&c, reused).await, ["1:DISPATCHED", "2:DISPATCHED"]);
+    for (i, id) in ids.iter().enumerate() {
+        let pending = count(
+            &c,
+            &format!("SELECT count(*) FROM outbox.messages WHERE outbox_id = '{id}'"),
+        )
+        .await;
+        if fenced(i) {
+            assert!(history(&c, *id).await.is_empty(), "fenced: nothing written");
+            assert_eq!(pending, 1, "fenced: still pending, untouched");
+        } else {
+            assert_eq!(pending, 0, "delivered: deleted");
+            if *id != reused {
+                assert_eq!(history(&c, *id).await, ["1:DISPATCHED"]);
+            }
+        }
+    }
+    db.finish().await;
+}
+
 #[tokio::test]
 async fn a_row_with_a_reused_id_fails_no_completion_repair_or_replay_for_the_others() {
     let db = TestDb::new().await;
