@@ -179,7 +179,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V16__plans_pinned_under_sustained_load\n\
          applied V17__enqueue_in_one_call\n\
          applied V18__delivered_batch_deleted_by_its_fence\n\
-         applied V19__claim_leases_by_tuple_address\n"
+         applied V19__claim_leases_by_tuple_address\n\
+         applied V20__claim_from_a_random_shard\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")
