@@ -12,14 +12,15 @@
 -- no other claim holds it (SKIP LOCKED) and fills the batch from it, until the batch is
 -- full. The next shards are probed only when the batch still has room, so a claim that
 -- fills its batch from one shard costs one probe. As before, an idle queue costs no turn,
--- and a claim waits only when every shard with work is held, then for the first it found.
+-- and a claim waits only when every shard with work is held, then for the first it found
+-- (and then goes on round the others, skipping those held).
 --
 -- What changes for callers: the batch no longer holds the oldest ready message of the
 -- whole table first; it holds the oldest ready messages of the shards it visited.
 -- Unkeyed messages never had an order; per-key order is unchanged (a key lives in one
--- shard, and within a shard heads and runs are taken oldest first). Random starts spread
--- the claims over the shards, so no shard waits behind the others for more than a few
--- claims.
+-- shard, and within a shard heads and runs are taken oldest first). A shard with work is
+-- the first visited by one claim in 16 on average, so it never waits for the others'
+-- backlogs to drain (a test shows the oldest message claimed while 10,000 newer wait).
 --
 -- Measured on the 2-core machine (PostgreSQL 15, defaults; 200,000 unkeyed messages,
 -- batch 500, 2 pgbench clients calling claim and complete): 57–64k msg/s with V19,
@@ -86,15 +87,18 @@ BEGIN
     -- The shards in turn from a random one (see the header). Each is probed for a
     -- claimable message before its turn is taken, so that an idle queue costs no turn;
     -- the probe is a hint only: the shard is read again under its turn. Shards that other
-    -- claims hold are skipped. Only when no turn was taken while some shard has work (all
-    -- such shards are held) does the claim wait, for the turn of the first shard it found
-    -- with work, as claims waited for the single turn before.
+    -- claims hold are skipped. Only when pass 1 took no turn while some shard has work
+    -- (all such shards are held) does pass 2 wait, for the turn of the first shard it
+    -- found with work, as claims waited for the single turn before, and then go on round
+    -- the others, skipping those held.
     v_start := floor(random() * 16)::integer;
     FOR v_pass IN 1 .. 2 LOOP
         EXIT WHEN v_turns > 0 OR (v_pass = 2 AND v_busy IS NULL);
         FOR v_i IN 0 .. 15 LOOP
-            IF v_pass = 1 THEN
-                v_shard := (v_start + v_i) % 16;
+            v_shard := (v_start + v_i) % 16;
+            IF v_pass = 2 AND v_shard = v_busy THEN
+                PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE;
+            ELSE
                 CONTINUE WHEN NOT EXISTS (
                     SELECT 1
                       FROM outbox.messages AS c
@@ -107,9 +111,6 @@ BEGIN
                 v_busy := coalesce(v_busy, v_shard);
                 PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE SKIP LOCKED;
                 CONTINUE WHEN NOT FOUND;
-            ELSE
-                v_shard := v_busy;
-                PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE;
             END IF;
             v_turns := v_turns + 1;
             SELECT v_ids || s.ids, v_ctids || s.ctids, v_bytes + s.bytes
@@ -117,8 +118,7 @@ BEGIN
               FROM outbox.claim_shard_candidates(v_shard, p_batch_size - cardinality(v_ids), v_bytes,
                                                  p_topics, p_exclude_topics, p_max_bytes,
                                                  p_max_message_bytes) AS s;
-            EXIT WHEN v_pass = 2
-                   OR cardinality(v_ids) >= p_batch_size
+            EXIT WHEN cardinality(v_ids) >= p_batch_size
                    OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
         END LOOP;
     END LOOP;

@@ -721,6 +721,44 @@ async fn a_claim_that_holds_its_shards_does_not_hold_up_claims_of_the_others() {
     db.finish().await;
 }
 
+#[tokio::test]
+async fn no_shard_waits_behind_the_backlog_of_the_others() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // The oldest message, in the last shard, then 10,000 newer ones spread over all 16: a
+    // claim of 10 fills from the first shard it visits, so claims that visited the shards
+    // in a fixed order would take 4,000 of the newer messages before reaching it.
+    let key: String = c
+        .query_one(
+            "SELECT k FROM generate_series(1, 1000) AS i, LATERAL (SELECT 'old-' || i AS k) AS x \
+             WHERE (hashtext(k) & 15) = 15 ORDER BY i LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let old = enqueue(&c, "t", Some(&key)).await;
+    c.batch_execute("SELECT outbox.enqueue('t', '{}'::jsonb) FROM generate_series(1, 10000)")
+        .await
+        .unwrap();
+    // A claim starts at a random shard, so the old message's shard is the first visited by
+    // one claim in 16: missing it 400 times in a row has a chance of about 1 in 10^11.
+    let mut claims = 0;
+    loop {
+        let batch = claim(&c, 10, "w", 300).await;
+        assert_eq!(batch.len(), 10);
+        claims += 1;
+        if batch.iter().any(|m| m.id == old) {
+            break;
+        }
+        assert!(
+            claims < 400,
+            "the oldest message was not claimed in {claims} claims"
+        );
+    }
+    db.finish().await;
+}
+
 async fn enqueue_id(
     c: &Client,
     id: Uuid,
