@@ -24,7 +24,7 @@
 --
 -- Measured on the 2-core machine (PostgreSQL 15, defaults; 200,000 unkeyed messages,
 -- batch 500, 2 pgbench clients calling claim and complete): 57–64k msg/s with V19,
--- 79k with this. The relayer's bench (200,000 messages, 10 % keyed, 2 relayers × 3
+-- 79k with this (one run). The relayer's bench (200,000 messages, 10 % keyed, 2 relayers × 3
 -- batches in flight, batch 500), 3 interleaved rounds: 38.8–41.9k msg/s with V17,
 -- 53.8–58.8k with V18 to V20.
 --

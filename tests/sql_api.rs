@@ -727,7 +727,8 @@ async fn no_shard_waits_behind_the_backlog_of_the_others() {
     let c = db.client().await;
     // The oldest message, in the last shard, then 10,000 newer ones spread over all 16: a
     // claim of 10 fills from the first shard it visits, so claims that visited the shards
-    // in a fixed order would take 4,000 of the newer messages before reaching it.
+    // in a fixed order would take the other 15 shards' 9,400 or so first (the 400 claims
+    // allowed below take 4,000).
     let key: String = c
         .query_one(
             "SELECT k FROM generate_series(1, 1000) AS i, LATERAL (SELECT 'old-' || i AS k) AS x \
