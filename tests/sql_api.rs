@@ -760,6 +760,56 @@ async fn no_shard_waits_behind_the_backlog_of_the_others() {
     db.finish().await;
 }
 
+#[tokio::test]
+async fn a_claim_passes_a_held_shard_without_reading_its_leased_messages() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // 3,000 messages in shard 0 (each the only one of its key, so each is a head), all
+    // leased, and one ready message in shard 7.
+    let in_shard = |shard: i32, n: i64| {
+        format!(
+            "SELECT outbox.enqueue('t', '{{}}'::jsonb, k) \
+               FROM (SELECT 'k' || i AS k FROM generate_series(1, 1000000) AS i \
+                      WHERE (hashtext('k' || i) & 15) = {shard} LIMIT {n}) AS x"
+        )
+    };
+    c.batch_execute(&in_shard(0, 3000)).await.unwrap();
+    assert_eq!(claim(&c, 5000, "first", 300).await.len(), 3000);
+    c.batch_execute(&in_shard(7, 1)).await.unwrap();
+
+    // Another claim holds shard 0's turn. A claim of 10 has room after shard 7, so it
+    // reaches shard 0 wherever it starts, and must pass it at the cost of one index entry
+    // instead of reading its 3,000 leased messages.
+    let owner = db.client().await;
+    owner
+        .batch_execute("BEGIN; SELECT * FROM outbox.turns WHERE name = 'claim:0' FOR UPDATE")
+        .await
+        .unwrap();
+    // The index's counts since this session last reported them: report them now, then
+    // read what the claim alone adds.
+    c.batch_execute("SELECT pg_stat_force_next_flush()")
+        .await
+        .unwrap();
+    c.batch_execute("BEGIN").await.unwrap();
+    let got = claim(&c, 10, "second", 300).await;
+    let read: i64 = c
+        .query_one(
+            "SELECT pg_stat_get_xact_tuples_returned('outbox.messages_shard_heads_idx'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    c.batch_execute("COMMIT").await.unwrap();
+    owner.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(got.len(), 1, "the message of shard 7");
+    assert!(
+        read < 100,
+        "the claim read {read} entries of the shards' index"
+    );
+    db.finish().await;
+}
+
 async fn enqueue_id(
     c: &Client,
     id: Uuid,
