@@ -11,7 +11,8 @@
 -- (pg_stat_statements, 300,000 messages): 31 of the claims' 112 s of database time.
 --
 -- Now the probe asks only whether the shard has a ready entry at all, which its first
--- entry answers. A shard held by another claim is passed over at that cost, and the
+-- entry answers (a claim that names topics still steps over other topics' entries, as
+-- before). A shard held by another claim is passed over at that cost, and the
 -- leased messages are walked once, by the candidate scan of the claim that holds the turn
 -- (as before; see claim_shard_candidates). What changes:
 --
