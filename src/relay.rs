@@ -153,11 +153,16 @@ impl LeaseBook {
     }
 }
 
-/// After a wake-up, how soon an empty outbox is looked at again (once). Producers of the
-/// same instant share one notification (the wake-up window in `outbox.enqueue`), and one of
-/// them may commit just after the relayer looked: this finds its message without waiting
-/// for the poll.
-const RECHECK_AFTER_WAKE: Duration = Duration::from_millis(25);
+/// After a wake-up, when an empty outbox is looked at again: each wait follows the previous
+/// look. Producers of the same instant share one notification (the wake-up window in
+/// `outbox.enqueue`), and one of them may commit just after the relayer looked: these find
+/// its message without waiting for the poll, also when a busy machine delays that commit
+/// by more than the first wait.
+const RECHECKS_AFTER_WAKE: [Duration; 3] = [
+    Duration::from_millis(25),
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+];
 
 /// One process's relay; cheap to clone (shared state is behind `Arc`s).
 #[derive(Clone)]
@@ -257,8 +262,9 @@ impl Relay {
         let mut batches: JoinSet<Summary> = JoinSet::new();
         let mut total = Summary::default();
         let mut backoff = Duration::from_millis(100);
-        // Set by a wake-up: the next time the outbox looks empty, look again shortly.
-        let mut recheck = false;
+        // Set by a wake-up: the rechecks left (`RECHECKS_AFTER_WAKE`) while the outbox looks
+        // empty.
+        let mut rechecks = 0;
         loop {
             let permit = tokio::select! {
                 biased;
@@ -271,14 +277,15 @@ impl Relay {
             match self.claim().await {
                 Ok((_, batch)) if batch.is_empty() => {
                     drop(permit);
-                    let wait = if std::mem::take(&mut recheck) {
-                        RECHECK_AFTER_WAKE
+                    let wait = if rechecks > 0 {
+                        rechecks -= 1;
+                        RECHECKS_AFTER_WAKE[RECHECKS_AFTER_WAKE.len() - 1 - rechecks]
                     } else {
                         self.settings.poll_interval
                     };
                     tokio::select! {
                         () = shutdown.cancelled() => break,
-                        () = self.wake.notified() => recheck = true,
+                        () = self.wake.notified() => rechecks = RECHECKS_AFTER_WAKE.len(),
                         () = tokio::time::sleep(wait) => {}
                     }
                 }
