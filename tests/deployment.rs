@@ -108,14 +108,13 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     let db = TestDb::new().await;
     let c = db.client().await;
     // What a database migrated by an earlier release (V7) looks like: the new objects of
-    // V8, V11, V12, V15 and V18 undone, and V16's signature of prune_attempts (the others
+    // V8, V11, V12, V15 and V18 undone (V22 dropped V18's delete_delivered), and V16's signature of prune_attempts (the others
     // replace functions that exist, so they apply again over them; dropping `behind` drops
     // the indexes that read it).
     c.batch_execute(
         "DROP FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_state[], text[], \
                                                uuid[], text[]), \
-                       outbox.promote_heads(text[]), \
-                       outbox.delete_delivered(text, uuid[], uuid[]); \
+                       outbox.promote_heads(text[]); \
          DROP FUNCTION outbox.prune_attempts(interval, bigint); \
          CREATE FUNCTION outbox.prune_attempts(interval) RETURNS bigint \
              LANGUAGE sql AS 'SELECT 0::bigint'; \
@@ -181,7 +180,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V18__delivered_batch_deleted_by_its_fence\n\
          applied V19__claim_leases_by_tuple_address\n\
          applied V20__claim_from_a_random_shard\n\
-         applied V21__probe_without_walking_leases\n"
+         applied V21__probe_without_walking_leases\n\
+         applied V22__delivered_batch_in_one_statement\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")
