@@ -3,7 +3,8 @@
 //! attempt log's retention stalling the hot path, throughput drifting) only shows in a long
 //! run; this prints per 30-second window what would show it.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -31,6 +32,14 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3);
 /// The most attempts one `prune_attempts` call deletes; a pass calls again while calls
 /// come back full, so no transaction of the pass is long.
 const PRUNE_CHUNK: i64 = 10_000;
+
+/// The most messages one producer statement (one transaction) enqueues. A producer that
+/// fell behind catches up in statements of this size, as a fleet of application
+/// transactions would: one statement of everything due holds the MVCC horizon while it
+/// runs, so no delivered row can be vacuumed meanwhile, every probe of its key triggers
+/// steps over more dead entries, and the statement slows down further (at 25,000 msg/s
+/// one such catch-up ran for minutes with nothing committed).
+const PRODUCE_CHUNK: u64 = 1_000;
 
 #[allow(
     clippy::cast_possible_truncation,
@@ -73,7 +82,13 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     );
 
     let stop = CancellationToken::new();
-    let producer = tokio::spawn(produce(url.to_owned(), rate, stop.clone()));
+    let enqueued = Arc::new(AtomicU64::new(0));
+    let producer = tokio::spawn(produce(
+        url.to_owned(),
+        rate,
+        Arc::clone(&enqueued),
+        stop.clone(),
+    ));
     let started = Instant::now();
     let pruner =
         (!o.sustained_no_prune).then(|| tokio::spawn(prune(url.to_owned(), started, stop.clone())));
@@ -82,12 +97,16 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     let mut rates = Vec::new();
     let mut most_dead = 0_i64;
     let mut last = recorder.delivered.load(Ordering::SeqCst);
+    let mut last_enqueued = 0;
     for w in 1..=windows {
         tokio::time::sleep_until((started + WINDOW * u32::try_from(w)?).into()).await;
         let now = recorder.delivered.load(Ordering::SeqCst);
         let delivered = now - last;
         let r = per_sec(delivered, WINDOW);
         last = now;
+        let now_enqueued = enqueued.load(Ordering::SeqCst);
+        let produced = per_sec(now_enqueued - last_enqueued, WINDOW);
+        last_enqueued = now_enqueued;
         let row = sql
             .query_one(
                 "SELECT (SELECT count(*) FROM outbox.messages),
@@ -107,7 +126,8 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         most_dead = most_dead.max(dead);
         progress("");
         println!(
-            "  window {w:>2} ({:>3}-{:>3} s): {r:>7.0} msg/s delivered, backlog {backlog}, \
+            "  window {w:>2} ({:>3}-{:>3} s): {r:>7.0} msg/s delivered, {produced:.0} enqueued, \
+             backlog {backlog}, \
              n_dead_tup {dead} (autovacuums so far {vacuums}), attempt log {attempts} rows, \
              WAL {wal_per_msg:.0} bytes/msg (checkpoints so far {checkpoints})",
             (w - 1) * WINDOW.as_secs(),
@@ -143,29 +163,29 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
 }
 
 /// Enqueues at `rate` per second (in the bench's mix of payloads and keys) until stopped,
-/// catching up every 20 ms; returns how many it enqueued.
+/// catching up every 20 ms in statements of at most `PRODUCE_CHUNK`, and counts what
+/// committed in `enqueued`; returns how many it enqueued.
 #[allow(
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
     clippy::cast_precision_loss
 )]
-async fn produce(url: String, rate: u64, stop: CancellationToken) -> Result<u64> {
+async fn produce(
+    url: String,
+    rate: u64,
+    enqueued: Arc<AtomicU64>,
+    stop: CancellationToken,
+) -> Result<u64> {
     let c = connect(&url).await?;
     let started = Instant::now();
     let mut produced = 0_u64;
     while !stop.is_cancelled() {
         let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
-        if due > produced {
-            kit::fill_messages(
-                &c,
-                "bench",
-                i64::try_from(due - produced)?,
-                Some(10),
-                1000,
-                256,
-            )
-            .await?;
-            produced = due;
+        while due > produced && !stop.is_cancelled() {
+            let n = (due - produced).min(PRODUCE_CHUNK);
+            kit::fill_messages(&c, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
+            produced += n;
+            enqueued.store(produced, Ordering::SeqCst);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
