@@ -1,6 +1,7 @@
 //! The operator verbs as processes: `enqueue` from a file or standard input with headers,
 //! content type, delay and id; its errors; `completions` and `man`, generated from the same
-//! definitions as the parser; `replay` with filters, a dry run and its audit row.
+//! definitions as the parser; `replay` with filters, a dry run and its audit row; the
+//! hot-key shape of `bench`, round by round.
 
 mod common;
 
@@ -498,4 +499,33 @@ async fn replay_previews_with_dry_run_moves_only_what_matches_and_is_audited() {
     assert!(all.starts_with("replayed 6 "), "{all}");
     assert_eq!(pending().await, 9);
     db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_hot_key_shape_drains_every_round_and_prints_the_medians() {
+    // The bench makes and drops a database of its own beside this one.
+    let db = TestDb::new().await;
+    let out = relay(&db, &["bench", "--hot-key", "2000", "--rounds", "2"], b"");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for round in 1..=2 {
+        for line in [
+            "unkeyed alone: 2000 messages",
+            "unkeyed beside the hot key: 2000 messages",
+            "the hot key (one key, in order): 2000 messages",
+        ] {
+            assert!(
+                printed.contains(&format!("round {round}: {line}")),
+                "round {round} reports {line:?}:\n{printed}"
+            );
+        }
+    }
+    assert!(
+        printed.contains("hot key, median of 2 rounds: unkeyed beside the hot key / alone = "),
+        "{printed}"
+    );
 }

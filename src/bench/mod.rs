@@ -29,6 +29,7 @@ use outbox_relay::relay::Relay;
 use outbox_relay::store::{Store, StoreError, with_database};
 
 mod fleet;
+mod hot_key;
 #[path = "../../tests/common/kit.rs"]
 mod kit;
 mod peers;
@@ -71,9 +72,10 @@ pub struct Options {
     /// Seconds per enqueue measurement.
     #[arg(long, default_value_t = 10)]
     pub enqueue_secs: u64,
-    /// Instead of the other measurements: the hot-key shape. N unkeyed messages drained
-    /// alone, then N messages of one key enqueued together with N unkeyed ones: the unkeyed
-    /// rate beside the hot key (against the rate alone) and the hot key's own rate.
+    /// Instead of the other measurements: the hot-key shape, `--rounds` times. N unkeyed
+    /// messages drained alone, then N messages of one key enqueued together with N unkeyed
+    /// ones: the unkeyed rate beside the hot key (against the rate alone) and the hot key's
+    /// own rate, per round and as medians.
     #[arg(long, default_value_t = 0)]
     pub hot_key: u64,
     /// Instead of the other measurements: drain `--messages` with each of these numbers of
@@ -103,7 +105,8 @@ pub struct Options {
     /// DIR/node_modules, pgmq's SQL-only install in DIR/pgmq.sql).
     #[arg(long, value_name = "DIR")]
     pub peers: Option<std::path::PathBuf>,
-    /// Rounds of the peers comparison (each drains once with every contender).
+    /// Rounds of the peers comparison (each drains once with every contender) and of the
+    /// hot-key shape.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
 }
@@ -277,7 +280,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
         return enqueue_rates(url, o, &sql).await;
     }
     if o.hot_key > 0 {
-        return hot_key(url, o, &sql).await;
+        return hot_key::run(url, o, &sql).await;
     }
     if !o.fleet.is_empty() {
         return fleet::run(url, o, &sql).await;
@@ -455,69 +458,6 @@ async fn drain(sql: &tokio_postgres::Client, recorder: &Recorder, n: u64) -> Res
 async fn fill(sql: &tokio_postgres::Client, n: u64) -> Result<()> {
     progress(&format!("enqueueing {n} messages"));
     kit::fill_messages(sql, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
-    Ok(())
-}
-
-/// The hot-key shape (`--hot-key N`): see [`Options::hot_key`].
-async fn hot_key(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
-    let n = o.hot_key;
-    let recorder = Recorder::new(None);
-    let shutdown = CancellationToken::new();
-    let relays = start_relays(url, o, &recorder, &shutdown)?;
-    let target = recorder.target(n);
-    progress(&format!("enqueueing {n} unkeyed messages"));
-    kit::fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
-    let started = Instant::now();
-    recorder
-        .reached(target, "draining unkeyed messages alone")
-        .await?;
-    let alone = started.elapsed();
-    report("unkeyed alone", n, n, alone, o.workers);
-    shutdown_relays(&shutdown, relays).await;
-
-    progress(&format!(
-        "enqueueing {n} messages of one key and {n} unkeyed"
-    ));
-    kit::fill_messages(sql, "bench", i64::try_from(n)?, Some(1), 1, 256).await?;
-    kit::fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
-    sql.batch_execute("VACUUM ANALYZE outbox.messages").await?;
-    settle(sql).await;
-    let shutdown = CancellationToken::new();
-    let relays = start_relays(url, o, &recorder, &shutdown)?;
-    let started = Instant::now();
-    let (mut unkeyed_done, mut hot_done) = (None, None);
-    while unkeyed_done.is_none() || hot_done.is_none() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let left = sql
-            .query_one(
-                "SELECT count(*) FILTER (WHERE message_key IS NULL), count(message_key) \
-                 FROM outbox.messages",
-                &[],
-            )
-            .await?;
-        let (unkeyed, hot): (i64, i64) = (left.get(0), left.get(1));
-        progress(&format!(
-            "hot-key shape: {unkeyed} unkeyed and {hot} of the hot key left"
-        ));
-        if unkeyed == 0 && unkeyed_done.is_none() {
-            unkeyed_done = Some(started.elapsed());
-        }
-        if hot == 0 && hot_done.is_none() {
-            hot_done = Some(started.elapsed());
-        }
-    }
-    progress("");
-    shutdown_relays(&shutdown, relays).await;
-    let (beside, hot) = (
-        unkeyed_done.unwrap_or_default(),
-        hot_done.unwrap_or_default(),
-    );
-    report("unkeyed beside the hot key", 2 * n, n, beside, o.workers);
-    report("the hot key (one key, in order)", 2 * n, n, hot, o.workers);
-    println!(
-        "  unkeyed rate beside the hot key / alone = {:.2}",
-        per_sec(n, beside) / per_sec(n, alone)
-    );
     Ok(())
 }
 
@@ -788,6 +728,21 @@ fn per_sec(n: u64, t: Duration) -> f64 {
     n as f64 / t.as_secs_f64()
 }
 
+/// The median of the values that are there; `None` when none is.
+fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let mut there: Vec<f64> = values.flatten().collect();
+    if there.is_empty() {
+        return None;
+    }
+    there.sort_by(f64::total_cmp);
+    let mid = there.len() / 2;
+    Some(if there.len() % 2 == 1 {
+        there[mid]
+    } else {
+        f64::midpoint(there[mid - 1], there[mid])
+    })
+}
+
 fn report(what: &str, backlog: u64, n: u64, t: Duration, workers: u32) {
     progress("");
     println!(
@@ -923,4 +878,19 @@ async fn connect(url: &str) -> Result<tokio_postgres::Client> {
         .connect()
         .await
         .map_err(|e| StoreError::connect_failed(&target, e))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_is_of_the_rounds_that_finished() {
+        assert_eq!(
+            median([Some(3.0), None, Some(1.0), Some(2.0)].into_iter()),
+            Some(2.0)
+        );
+        assert_eq!(median([Some(4.0), Some(1.0), None].into_iter()), Some(2.5));
+        assert_eq!(median([None, None].into_iter()), None);
+    }
 }

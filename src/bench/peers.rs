@@ -32,8 +32,8 @@ use outbox_relay::message::{AttemptState, Completion, WorkerId};
 use outbox_relay::store::{ClaimSizes, Store, with_database};
 
 use super::{
-    Options, Recorder, bare_drain, connect, kit, per_sec, progress, settle, shutdown_relays,
-    start_relays,
+    Options, Recorder, bare_drain, connect, kit, median, per_sec, progress, settle,
+    shutdown_relays, start_relays,
 };
 
 /// The Node side of the peers, written into DIR at the start of a run.
@@ -233,21 +233,6 @@ fn table(contenders: &[Contender], rates: &[Vec<Option<Drained>>], o: &Options) 
             shown(wal)
         );
     }
-}
-
-/// The median of the rounds that finished; `None` when none did.
-fn median(rounds: impl Iterator<Item = Option<f64>>) -> Option<f64> {
-    let mut done: Vec<f64> = rounds.flatten().collect();
-    if done.is_empty() {
-        return None;
-    }
-    done.sort_by(f64::total_cmp);
-    let mid = done.len() / 2;
-    Some(if done.len() % 2 == 1 {
-        done[mid]
-    } else {
-        f64::midpoint(done[mid - 1], done[mid])
-    })
 }
 
 /// Sets `c` up in the empty database at `url`, enqueues the messages and times the drain;
@@ -524,19 +509,4 @@ async fn until_done(c: Contender, sql: &tokio_postgres::Client) -> Result<()> {
 /// How many messages `c`'s own tables say are not yet done.
 async fn left(c: Contender, sql: &tokio_postgres::Client) -> Result<i64> {
     Ok(sql.query_one(c.remaining_sql(), &[]).await?.get(0))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn the_median_is_of_the_rounds_that_finished() {
-        assert_eq!(
-            median([Some(3.0), None, Some(1.0), Some(2.0)].into_iter()),
-            Some(2.0)
-        );
-        assert_eq!(median([Some(4.0), Some(1.0), None].into_iter()), Some(2.5));
-        assert_eq!(median([None, None].into_iter()), None);
-    }
 }
