@@ -4,14 +4,13 @@
 //! is that of its N messages, delivered in order. Both drains of a round start from the
 //! same state (a vacuumed, analyzed table, settled statistics), and their ends are the
 //! destination's last acknowledgements, not a poll of the table: a drain of 50,000 takes
-//! about a second, so a 100 ms poll alone would move a round's ratio by a tenth. The
-//! machine drifts between rounds, so the figure to read is the median of the rounds.
+//! about a second, so a 100 ms poll alone would move a round's ratio by several per cent.
+//! The machine drifts between rounds, so the figure to read is the median of the rounds.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
@@ -19,12 +18,8 @@ use outbox_relay::destination::Destination;
 use outbox_relay::message::{ClaimedMessage, Outcome};
 
 use super::{
-    Options, Recorder, kit, lock, median, per_sec, progress, report, settle, shutdown_relays,
-    start_relays,
+    Options, Recorder, kit, lock, median, per_sec, report, settle, shutdown_relays, start_relays,
 };
-
-/// A drain that has not finished by then is reported as stuck.
-const DRAIN_LIMIT: Duration = Duration::from_secs(600);
 
 pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
     let n = o.hot_key;
@@ -32,7 +27,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     let mut hot_rates = Vec::new();
     for round in 1..=o.rounds {
         kit::fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
-        let alone = drain(url, o, sql, n, 0).await?;
+        let alone = drain(url, o, sql, n).await?;
         report(
             &format!("round {round}: unkeyed alone"),
             n,
@@ -43,7 +38,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
 
         kit::fill_messages(sql, "bench", i64::try_from(n)?, Some(1), 1, 256).await?;
         kit::fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
-        let beside = drain(url, o, sql, n, n).await?;
+        let beside = drain(url, o, sql, 2 * n).await?;
         report(
             &format!("round {round}: unkeyed beside the hot key"),
             2 * n,
@@ -87,92 +82,71 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     Ok(())
 }
 
-/// When the last unkeyed and the last keyed message of a drain were acknowledged, from the
-/// moment the relays started, and how many keyed ones were delivered until the first.
+/// What a drain's destination saw: when the last unkeyed and the last keyed message were
+/// acknowledged (from the moment the relays started), and how many keyed ones had been
+/// delivered by the last unkeyed one.
 struct Ends {
     unkeyed: Duration,
     keyed: Duration,
     keyed_beside: u64,
 }
 
-/// Drains what the table holds (`unkeyed` and `keyed` messages) with fresh relays.
+/// Drains what the table holds (`messages` in all) with fresh relays.
 async fn drain(
     url: &str,
     o: &Options,
     sql: &tokio_postgres::Client,
-    unkeyed: u64,
-    keyed: u64,
+    messages: u64,
 ) -> Result<Ends> {
     sql.batch_execute("VACUUM ANALYZE outbox.messages").await?;
     settle(sql).await;
     let clock = Arc::new(KeyClock::default());
     let recorder = Recorder::new(Some(clock.clone()));
+    let target = recorder.target(messages);
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let relays = start_relays(url, o, &recorder, &shutdown)?;
-    let ends = loop {
-        let (u, k) = (
-            clock.unkeyed.load(Ordering::SeqCst),
-            clock.keyed.load(Ordering::SeqCst),
-        );
-        if u >= unkeyed && k >= keyed {
-            let last = *lock(&clock.last);
-            let end = |at: Option<Instant>| at.map_or(Duration::ZERO, |at| at - started);
-            break Ends {
-                unkeyed: end(last[0]),
-                keyed: end(last[1]),
-                keyed_beside: clock.keyed_beside.load(Ordering::SeqCst),
-            };
-        }
-        if started.elapsed() > DRAIN_LIMIT {
-            progress("");
-            bail!(
-                "hot-key shape: not drained within {} s: {} of {unkeyed} unkeyed and {} of {keyed} keyed delivered",
-                DRAIN_LIMIT.as_secs(),
-                u,
-                k
-            );
-        }
-        progress(&format!(
-            "hot-key shape: {u} of {unkeyed} unkeyed and {k} of {keyed} keyed delivered"
-        ));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    progress("");
+    recorder.reached(target, "hot-key shape").await?;
     shutdown_relays(&shutdown, relays).await;
-    Ok(ends)
+    let tally = lock(&clock.tally);
+    let since = |at: Option<Instant>| at.map_or(Duration::ZERO, |at| at - started);
+    Ok(Ends {
+        unkeyed: since(tally.last_unkeyed),
+        keyed: since(tally.last_keyed),
+        keyed_beside: tally.keyed_beside,
+    })
 }
 
-/// A null destination that counts the unkeyed and the keyed messages it acknowledged and
-/// notes when it acknowledged the last of each.
+/// A null destination that notes when it acknowledged the last unkeyed and the last keyed
+/// message, and how many keyed ones it had acknowledged by the last unkeyed one. The
+/// [`Recorder`] around it counts the deliveries.
 #[derive(Default)]
 struct KeyClock {
-    unkeyed: AtomicU64,
-    keyed: AtomicU64,
-    /// The keyed messages acknowledged up to the last acknowledgement of an unkeyed one.
-    keyed_beside: AtomicU64,
-    /// The last acknowledgement of an unkeyed and of a keyed message.
-    last: Mutex<[Option<Instant>; 2]>,
+    tally: Mutex<Tally>,
+}
+
+#[derive(Default)]
+struct Tally {
+    keyed: u64,
+    keyed_beside: u64,
+    last_unkeyed: Option<Instant>,
+    last_keyed: Option<Instant>,
 }
 
 impl Destination for KeyClock {
     fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
-            let keyed = batch.iter().filter(|m| m.key.is_some()).count() as u64;
-            let unkeyed = batch.len() as u64 - keyed;
-            {
-                let now = Instant::now();
-                let mut last = lock(&self.last);
-                let keyed_so_far = self.keyed.fetch_add(keyed, Ordering::SeqCst) + keyed;
-                if unkeyed > 0 {
-                    last[0] = Some(now);
-                    self.keyed_beside.store(keyed_so_far, Ordering::SeqCst);
-                }
-                if keyed > 0 {
-                    last[1] = Some(now);
-                }
+            let keyed = batch.iter().filter(|m| m.key.is_some()).count();
+            let now = Instant::now();
+            let mut tally = lock(&self.tally);
+            tally.keyed += keyed as u64;
+            if keyed > 0 {
+                tally.last_keyed = Some(now);
             }
-            self.unkeyed.fetch_add(unkeyed, Ordering::SeqCst);
+            if keyed < batch.len() {
+                tally.last_unkeyed = Some(now);
+                tally.keyed_beside = tally.keyed;
+            }
             vec![Outcome::Delivered; batch.len()]
         })
     }

@@ -10,7 +10,8 @@
 //! insert per batch, no leases); graphile-worker and pg-boss (`--workers` Node processes
 //! each, from DIR/node_modules); pgmq's read + delete (4 clients, at the run's batch and
 //! at batch 100, the configuration the design's performance budget quotes pgmq at), when
-//! DIR/pgmq.sql holds its SQL-only install. `scripts/bench-peers.sh` prepares DIR and a throwaway Postgres.
+//! DIR/pgmq.sql holds its SQL-only install. `scripts/bench-peers.sh` prepares DIR and a
+//! throwaway Postgres.
 //!
 //! The clock starts when the contender's workers are connected and ready, and stops when
 //! the last message is handled and its completion is visible in the database. The WAL
@@ -41,7 +42,7 @@ const NODE_PEERS: &str = include_str!("../../scripts/peers/peers.mjs");
 /// pgmq's consumers: 4 clients, each reading a batch and deleting it by id.
 const PGMQ_CLIENTS: u32 = 4;
 /// pgmq's second batch size, beside the run's: the one the design's performance budget
-/// and its throughput target were measured at.
+/// and its throughput target were measured at (named in [`Contender::name`]).
 const PGMQ_SMALL_BATCH: i32 = 100;
 /// A contender that has not drained by then is reported as not finishing.
 const DRAIN_LIMIT: Duration = Duration::from_secs(900);
