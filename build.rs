@@ -1,4 +1,4 @@
-//! Rebuilds the embedded migrations when a file under `schema/` is added or changed.
+//! Rebuilds the embedded migrations when a file under `schema/migrations/` is added or changed.
 fn main() {
-    println!("cargo:rerun-if-changed=schema");
+    println!("cargo:rerun-if-changed=schema/migrations");
 }

@@ -1,7 +1,7 @@
-//! The SQL migrations under `schema/`, embedded in the binary so that `outbox-relay migrate`
+//! The SQL migrations under `schema/migrations/`, embedded in the binary so that `outbox-relay migrate`
 //! needs nothing but a database URL.
 
-refinery::embed_migrations!("schema");
+refinery::embed_migrations!("schema/migrations");
 
 /// The runner for every embedded migration, applied in one transaction.
 pub fn runner() -> refinery::Runner {
