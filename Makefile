@@ -3,10 +3,11 @@
 CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
-.PHONY: help build test lint fmt verify run migrate bench bench-peers check-deploy chaos chaos-short
+.PHONY: help build test lint fmt verify run migrate bench bench-peers check-deploy chaos chaos-short \
+	schema-check sql-api-doc pin-migrations
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 build: ## build the relayer (release)
 	$(CARGO) build --release
@@ -23,6 +24,17 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 
 check-deploy: ## validate deploy/kubernetes and the Dockerfile offline (kubernetes-validate)
 	scripts/check-deploy.sh
+
+schema-check: ## the SQL contract's guards alone: area files = migrations, pinned checksums, comments, grants, docs/sql-api.md
+	$(WITH_PG) $(CARGO) test --test schema_contract
+
+sql-api-doc: ## regenerate docs/sql-api.md from the catalogue of a freshly migrated database
+	$(WITH_PG) env UPDATE_SQL_API_DOC=1 $(CARGO) test --test schema_contract -- sql_api_reference
+
+pin-migrations: ## pin the SHA-256 of migrations not pinned yet in schema/migrations.sha256 (do it as they land)
+	@cd schema/migrations && for f in $$(ls V*__*.sql | sort -V); do \
+		grep -q "  $$f$$" ../migrations.sha256 || { sha256sum "$$f" >> ../migrations.sha256; echo "pinned $$f"; }; \
+	done
 
 fmt: ## format the code
 	$(CARGO) fmt --all

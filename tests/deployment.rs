@@ -182,7 +182,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V20__claim_from_a_random_shard\n\
          applied V21__probe_without_walking_leases\n\
          applied V22__delivered_batch_in_one_statement\n\
-         applied V23__retention_plan_pinned\n"
+         applied V23__retention_plan_pinned\n\
+         applied V24__contract_comments\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

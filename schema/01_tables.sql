@@ -1,0 +1,462 @@
+-- Tables: the data the SQL API works on, and what keeps them fast under a queue's churn.
+--
+-- Objects (in this order):
+--   outbox.attempt_state              enum: the outcome of one attempt
+--   outbox.uuid_v7()                  time-ordered ids (default of messages.outbox_id)
+--   outbox.messages                   pending work, one row per undelivered message
+--   outbox.mark_behind()              trigger function: marks a keyed message behind its key
+--   outbox.settle_behind()            trigger function: at commit, keeps a key's head findable
+--   outbox.attempts                   the append-only attempt log
+--   outbox.dead_letters               messages out of attempts or refused for good
+--   outbox.turns                      rows locked to take turns (claim shards, repair, observe)
+--   outbox.observations               the fleet's latest observation snapshot
+--   outbox.replays                    the audit of dead-letter replays
+--
+-- Who calls what: nobody but the schema owner reads or writes these tables. Producers
+-- (outbox_producer) write through outbox.enqueue, the relayer (outbox_relay) through the
+-- claim, completion, repair, retention and replay functions, and readers (outbox_reader,
+-- outbox_relay) read the views (08_observation.sql; replay_log in 07_dead_letters.sql).
+-- Those functions are SECURITY DEFINER with a fixed search_path: they act with the owner's
+-- rights on the tables below.
+--
+-- Conventions:
+-- * Every table has REVOKE ALL … FROM PUBLIC and no GRANT: owner only.
+-- * Every function finds a message by its primary key (one index probe per id, whatever the
+--   backlog) or walks one of the two indexes of outbox.messages named below; no statement
+--   on the hot path reads outbox.messages sequentially. Repair (once per repair interval),
+--   the observation (once per observe interval) and the views read the whole table.
+-- * Timestamps are timestamptz. A row's own time (messages.created_at, attempts.created_at,
+--   dead_letters.dead_lettered_at, replays.started_at) defaults to clock_timestamp(): the
+--   moment of the row, not of its transaction's start.
+-- * The measurements behind the settings below are in docs/performance.md.
+
+
+-- outbox.attempt_state: the outcome of one attempt at delivering a message, as recorded in
+-- outbox.attempts.state.
+--   DISPATCHED      the destination acknowledged it (terminal: the message is deleted)
+--   FAILED          the destination refused it for good (terminal: dead-lettered)
+--   RETRYABLE       a transient failure: tried again at its available_at, or dead-lettered
+--                   when it was the last attempt allowed
+--   ZOMBIE_REQUEUE  the lease expired without a completion (written by
+--                   repair_expired_leases only); it counts as an attempt, so a message that
+--                   kills its worker is dead-lettered in the end
+-- There is no state for "being delivered": in-flight state is the lease in outbox.messages.
+-- Completions name a state (complete_outbox_attempt, complete_outbox_batch); PUBLIC may use
+-- the type to name it in a cast, which is no right on any data.
+CREATE TYPE outbox.attempt_state AS ENUM (
+    'DISPATCHED',
+    'FAILED',
+    'RETRYABLE',
+    'ZOMBIE_REQUEUE'
+);
+
+COMMENT ON TYPE outbox.attempt_state IS
+    'Outcome of one attempt: DISPATCHED (delivered), FAILED (refused for good), RETRYABLE (tried again or, if last, dead-lettered), ZOMBIE_REQUEUE (lease expired without a completion; repair only).';
+
+
+-- outbox.uuid_v7: internal; the default of outbox.messages.outbox_id and the id enqueue
+-- gives a message when the producer gives none. Granted to no one.
+--
+-- Returns a version 7 UUID: 48 bits of Unix time in milliseconds (clock_timestamp()), then
+-- random bits, with the version and variant bits of RFC 9562. Ids sort by the millisecond
+-- of their creation, so inserts land at the right edge of messages_pkey; within one
+-- millisecond their order is random, which is why the order of a key is seq, not the id.
+-- Postgres before 18 has no built-in uuidv7(); this sets the timestamp and version bits of
+-- gen_random_uuid()'s version 4 UUID. Raises nothing.
+CREATE OR REPLACE FUNCTION outbox.uuid_v7() RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE
+AS $$
+    SELECT encode(
+        set_bit(
+            set_bit(
+                overlay(uuid_send(gen_random_uuid())
+                        PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                        FROM 1 FOR 6),
+                52, 1),
+            53, 1),
+        'hex')::uuid
+$$;
+
+COMMENT ON FUNCTION outbox.uuid_v7() IS
+    'Internal: a version 7 UUID (48-bit Unix milliseconds, then random bits); the default of messages.outbox_id and the id enqueue gives a message. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.uuid_v7() FROM PUBLIC;
+
+
+-- outbox.messages: pending work, one row per undelivered message.
+--
+-- Written only through the SQL API: enqueue and replay insert; a claim leases (UPDATE of
+-- the three lease columns); extend_outbox_leases and release_outbox_leases change the
+-- lease; a completion deletes a delivered message, moves a dead one to dead_letters, or
+-- clears the lease and sets available_at for a retry; repair_expired_leases does the same
+-- for expired leases. Read by the views in_flight, status, topic_lag, worker_activity,
+-- recent_failures and by the observation; no role but the owner reads the table itself.
+--
+-- The table is a queue (insert, lease by UPDATE, delete), and its layout is set for that:
+-- * The lease columns (claimed_by, lease_token, lease_expires_at) are in no index, so a
+--   lease, a heartbeat and a release are HOT updates: the new row version stays on its page
+--   and no index entry is written or left dead. Measured against a claim index that leaves
+--   leased messages out (which makes the lease a non-HOT update): 51,300–56,800 against
+--   45,700–50,100 msg/s, and the variant wrote 8 % more WAL.
+-- * fillfactor 70 keeps 30 % of every page free, so that those HOT versions find room on
+--   their page. The price is a larger table at the same backlog.
+-- * Autovacuum is set per table, with fixed thresholds and no scale factor: every delivered
+--   message leaves a dead row and a dead entry in each index, and claims step over dead
+--   entries of their index until vacuum removes them. Under the default (a vacuum once 20 %
+--   of the table is dead) a backlog of a million would leave 200,000 dead rows first; here
+--   a vacuum is due after 5,000 dead rows, after 20,000 inserts (a burst of enqueues is
+--   vacuumed at the same pace before anything deletes it) and runs with no cost delay, at
+--   any backlog. The statistics are analyzed every 20,000 changed rows; the statements on
+--   the hot path do not depend on them (their plans are pinned and tests/plans.rs reads them
+--   at 0-row statistics), since a drained queue is often analyzed empty.
+--   What these settings cannot change is how often autovacuum visits the database
+--   (autovacuum_naptime, a server setting, default 1 minute): at 20,000 msg/s the first
+--   vacuum met 1.45 million dead rows and took 18 s, and deliveries fell; with
+--   autovacuum_naptime = 5s and max_wal_size = 4GB the same rate held for 10 minutes. The
+--   README's Operating section says when to set them.
+--
+-- Indexes:
+-- * messages_pkey (outbox_id): every function that names a message finds it by id, one
+--   probe per id whatever the backlog. UUIDv7 ids keep its inserts at the right edge.
+-- * messages_shard_heads_idx (shard, available_at, seq) WHERE NOT behind: the claim's walk.
+--   - WHERE NOT behind: it holds unkeyed messages and the head of each key, never the
+--     messages waiting behind a head, so a key with 50,000 messages queued costs a claim
+--     no more than a key with one. Without it, every claim stepped over all 50,000
+--     (0.7–2.2 s per claim); with it, unkeyed messages drain beside such a key at a median
+--     of 1.00 × their rate alone (5 rounds).
+--   - shard = hashtext(coalesce(message_key, outbox_id::text)) & 15: 16 shards, each with
+--     its own turn in outbox.turns, and all messages of a key in one shard. With one turn
+--     for the whole table, 4 relays spent 58 % of their sessions' active time waiting for
+--     it; with 16 shard turns, 1–2 %. The claim writes the same expression: the planner
+--     uses an expression index only for a query that has that expression.
+--   - available_at, seq: ready messages oldest first, delayed ones and retries (available_at
+--     in the future) after them, so a walk stops at the first entry not yet due.
+--   - leased messages stay in it (see the lease columns above); a claim skips them by the
+--     heap check, which costs at most the messages in flight.
+-- * messages_key_seq_idx (message_key, seq) WHERE message_key IS NOT NULL: a key's messages
+--   in enqueue order. One probe answers "is an earlier message of this key pending?" (the
+--   claim's head check, mark_behind) and "which message is next in this key?" (the claim's
+--   runs, settle_behind, the completion's promotion of a key's next head). Unkeyed messages
+--   have no entry.
+--
+-- Triggers (functions below): messages_mark_behind (BEFORE INSERT of a keyed message) and
+-- messages_settle_behind (deferred to commit, for a message inserted behind).
+CREATE TABLE outbox.messages (
+    outbox_id        uuid        NOT NULL DEFAULT outbox.uuid_v7(),
+    -- enqueue order; decides which message is the head of its key
+    seq              bigint      NOT NULL GENERATED ALWAYS AS IDENTITY,
+    topic            text        NOT NULL,
+    -- NULL: no order; otherwise delivered one at a time, in seq order, with its key
+    message_key      text,
+    payload          bytea       NOT NULL,
+    content_type     text        NOT NULL DEFAULT 'application/json',
+    headers          jsonb       NOT NULL DEFAULT '{}',
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- not before: delays and retry backoff
+    available_at     timestamptz NOT NULL DEFAULT now(),
+    -- attempts recorded so far; the next attempt is number attempt_count + 1
+    attempt_count    integer     NOT NULL DEFAULT 0,
+    -- attempts recorded in earlier lives (before the latest replay from dead letters):
+    -- this life's budget ends at attempt number attempt_base + max_attempts
+    attempt_base     integer     NOT NULL DEFAULT 0,
+    -- attempts allowed per life (a replay starts a new life)
+    max_attempts     integer     NOT NULL DEFAULT 10,
+    -- the lease: all three set (leased) or all three NULL (not leased)
+    claimed_by       text,
+    lease_token      uuid,
+    lease_expires_at timestamptz,
+    -- the error of the latest failed attempt
+    last_error       text,
+    behind           boolean     NOT NULL DEFAULT false,
+    CONSTRAINT messages_pkey PRIMARY KEY (outbox_id),
+    CONSTRAINT messages_topic_not_empty CHECK (topic <> ''),
+    CONSTRAINT messages_max_attempts_positive CHECK (max_attempts >= 1),
+    CONSTRAINT messages_headers_object CHECK (jsonb_typeof(headers) = 'object'),
+    CONSTRAINT messages_lease_complete CHECK (
+        (claimed_by IS NULL) = (lease_token IS NULL)
+        AND (lease_token IS NULL) = (lease_expires_at IS NULL))
+) WITH (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 20000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 20000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+CREATE INDEX messages_shard_heads_idx
+    ON outbox.messages ((hashtext(coalesce(message_key, outbox_id::text)) & 15), available_at, seq)
+    WHERE NOT behind;
+
+CREATE INDEX messages_key_seq_idx ON outbox.messages (message_key, seq)
+    WHERE message_key IS NOT NULL;
+
+COMMENT ON TABLE outbox.messages IS
+    'Pending work, one row per undelivered message, with its lease while in flight; written only by the SQL API, owner only (read it through the views).';
+COMMENT ON COLUMN outbox.messages.behind IS
+    'an earlier message of the same message_key is pending; not a claim candidate';
+
+REVOKE ALL ON TABLE outbox.messages FROM PUBLIC;
+
+
+-- outbox.mark_behind: internal; the function of trigger messages_mark_behind (BEFORE INSERT
+-- of a message with a key: enqueue, replay_step, or an INSERT by the owner). Not granted.
+--
+-- Sets NEW.behind when any message of the same key is pending, as this statement sees it.
+-- Every pending message it sees was enqueued, and numbered, earlier; a VOLATILE trigger
+-- function sees the rows inserted earlier by the same statement, so a multi-row INSERT of
+-- one key marks all but the first. A message marked as a head while it is not one (an
+-- earlier message of its key not yet committed) is harmless: the claim takes a head only
+-- when no earlier message of its key is pending. Locks nothing; raises nothing.
+-- SECURITY DEFINER: it reads the table with the owner's rights, whoever inserts.
+CREATE OR REPLACE FUNCTION outbox.mark_behind() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    NEW.behind := EXISTS (SELECT 1 FROM outbox.messages AS e WHERE e.message_key = NEW.message_key);
+    RETURN NEW;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.mark_behind() IS
+    'Internal (trigger messages_mark_behind, before insert of a keyed message): marks the message behind when an earlier message of its key is pending. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.mark_behind() FROM PUBLIC;
+
+
+-- outbox.settle_behind: internal; the function of the deferred constraint trigger
+-- messages_settle_behind, which runs at the commit of a transaction that inserted a
+-- message marked behind. Not granted.
+--
+-- Guarantees: the first pending message of a key is never left marked behind with nobody
+--   to clear it. The completion that deletes a key's head clears the mark of the key's next
+--   message, but it cannot see a message whose producer has not committed yet. So, at the
+--   producer's commit, under READ COMMITTED this locks the nearest earlier message of the
+--   key FOR KEY SHARE: its deletion then waits for this commit, and the completion's later
+--   statement sees the new message. When there is no earlier message left to lock, the new
+--   message clears its own mark.
+-- Locks: that one earlier message, FOR KEY SHARE SKIP LOCKED, until the commit; a message
+--   that a completion is deleting (or that a claim holds FOR UPDATE during its short
+--   transaction) is passed over for the next earlier one. The producer never waits here.
+--   Under REPEATABLE READ or SERIALIZABLE, where that lock could fail the commit with a
+--   serialization error, it locks nothing and clears the new message's own mark.
+-- Raises: nothing.
+-- Crash: nothing; it runs inside the producer's transaction, and a crash before the commit
+--   completes loses the message with the rest of that transaction.
+-- Shape: SKIP LOCKED so that a producer's commit never waits for a completion. Waiting, a
+--   producer that enqueued behind two messages of one batch locked the first while the
+--   completion, having deleted the second, waited for the first: a deadlock, and Postgres
+--   failed the application's COMMIT (40P01) within seconds under multi-row enqueues with
+--   10 % keyed traffic. The cost is an early head candidate per message that met such a
+--   lock: the claim's head check skips it (one probe per claim of its shard) until its key
+--   reaches it. SECURITY DEFINER: at commit it runs as the producer's role, which has no
+--   rights on the table.
+CREATE OR REPLACE FUNCTION outbox.settle_behind() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        -- The nearest earlier message of the key that no completion is deleting. Locked,
+        -- its deletion waits for this commit; none, and this message is the head to come.
+        PERFORM 1
+           FROM outbox.messages AS e
+          WHERE e.message_key = NEW.message_key
+            AND e.seq < NEW.seq
+          ORDER BY e.seq DESC
+          LIMIT 1
+            FOR KEY SHARE SKIP LOCKED;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    UPDATE outbox.messages AS m
+       SET behind = false
+     WHERE m.outbox_id = NEW.outbox_id
+       AND m.behind;
+    RETURN NULL;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.settle_behind() IS
+    'Internal (deferred trigger messages_settle_behind, at commit): locks the nearest earlier message of the key FOR KEY SHARE SKIP LOCKED, or clears the new message''s own mark. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.settle_behind() FROM PUBLIC;
+
+CREATE TRIGGER messages_mark_behind
+    BEFORE INSERT ON outbox.messages
+    FOR EACH ROW
+    WHEN (NEW.message_key IS NOT NULL)
+    EXECUTE FUNCTION outbox.mark_behind();
+
+CREATE CONSTRAINT TRIGGER messages_settle_behind
+    AFTER INSERT ON outbox.messages
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (NEW.behind)
+    EXECUTE FUNCTION outbox.settle_behind();
+
+
+-- outbox.attempts: the append-only outcome log, one row per attempt, numbered 1, 2, 3 … per
+-- message with no gap (a ZOMBIE_REQUEUE counts; a replayed message continues its numbering).
+--
+-- Written by the completions (complete_outbox_attempt, complete_outbox_batch) and by
+-- repair_expired_leases; rows are never updated, and deleted only by prune_attempts, which
+-- keeps the whole history of a message that is still pending or dead-lettered. Read by the
+-- views recent_failures, worker_activity and attempt_rates, by the observation, and by
+-- enqueue (is this id known?). Owner only.
+--
+-- Indexes:
+-- * attempts_pkey (outbox_id, attempt_no): a second attempt with the same number is
+--   refused. Completions and repair rely on that refusal for a message whose id already
+--   has a history of another life: they record its attempt under the next free number.
+-- * attempts_created_at_idx (created_at), a B-tree: the time ranges of prune_attempts
+--   (older than), attempt_rates and the observation (the last minutes). A BRIN index stays
+--   small only while rows arrive on new pages; once vacuum frees pruned space, new attempts
+--   go into old pages, every range covers every time, and a range query reads the whole
+--   log. Measured at 10,000 msg/s with a 60 s retention pruned every 3 s: prune passes grew
+--   from 1 s to over 2 minutes, held back the MVCC horizon, and deliveries fell to 2,000–
+--   2,700 msg/s; with the B-tree, the slowest of 150 passes took 9.7 s. Its price is one
+--   entry per attempt: without it the drain ran about 3 % faster at 2 relays, 6–9 % at 16.
+-- * attempts_failures_idx (created_at DESC) WHERE state <> 'DISPATCHED': failures are rare
+--   and read newest first (recent_failures), without reading the delivered attempts.
+--
+-- Autovacuum: the log grows by inserts. With no scale factor, a vacuum follows every
+-- 100,000 inserted attempts whatever the log's size, so that marking pages all-visible and
+-- freezing keep up with the inserts in small steps; space freed by pruning is vacuumed
+-- through the default dead-row thresholds. (A round figure, not a measured optimum.)
+CREATE TABLE outbox.attempts (
+    outbox_id   uuid                 NOT NULL,
+    attempt_no  integer              NOT NULL,
+    state       outbox.attempt_state NOT NULL,
+    worker_id   text                 NOT NULL,
+    -- the lease the outcome was reported under (for ZOMBIE_REQUEUE: the expired lease)
+    lease_token uuid                 NOT NULL,
+    error       text,
+    created_at  timestamptz          NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT attempts_pkey PRIMARY KEY (outbox_id, attempt_no),
+    CONSTRAINT attempts_attempt_no_positive CHECK (attempt_no >= 1)
+) WITH (
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 100000
+);
+
+CREATE INDEX attempts_created_at_idx ON outbox.attempts (created_at);
+
+CREATE INDEX attempts_failures_idx ON outbox.attempts (created_at DESC)
+    WHERE state <> 'DISPATCHED';
+
+COMMENT ON TABLE outbox.attempts IS
+    'Append-only outcome log: one row per attempt, numbered 1, 2, 3 … per message with no gap; written by completions and repair, pruned by prune_attempts; owner only.';
+
+REVOKE ALL ON TABLE outbox.attempts FROM PUBLIC;
+
+
+-- outbox.dead_letters: messages that ran out of attempts or were refused for good, kept
+-- with everything needed to replay them (payload, headers, key, budget, last error).
+--
+-- Written by the completions and repair_expired_leases (a message moves here from
+-- messages in the transaction that records its last attempt), emptied by
+-- replay_step (the replay functions move rows back to messages). Read by
+-- dead_letters_matching (the one definition of the dead-letter filter), the views, the
+-- observation, and by enqueue (is this id known?). Owner only.
+--
+-- Indexes:
+-- * dead_letters_pkey (outbox_id): one dead letter per id; replays and id checks by id.
+-- * dead_letters_topic_idx (topic): the filter by topic (dead-letters list and replay
+--   --topic), without reading other topics' dead letters.
+CREATE TABLE outbox.dead_letters (
+    outbox_id        uuid        NOT NULL,
+    topic            text        NOT NULL,
+    message_key      text,
+    payload          bytea       NOT NULL,
+    content_type     text        NOT NULL,
+    headers          jsonb       NOT NULL,
+    created_at       timestamptz NOT NULL,
+    -- attempts recorded over all its lives; a replay continues from here
+    attempt_count    integer     NOT NULL,
+    max_attempts     integer     NOT NULL,
+    last_error       text,
+    dead_lettered_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT dead_letters_pkey PRIMARY KEY (outbox_id)
+);
+
+CREATE INDEX dead_letters_topic_idx ON outbox.dead_letters (topic);
+
+COMMENT ON TABLE outbox.dead_letters IS
+    'Messages out of attempts or refused for good, with payload, headers and last error, until replayed (replay_dead_letters, start_replay/replay_step); owner only.';
+
+REVOKE ALL ON TABLE outbox.dead_letters FROM PUBLIC;
+
+
+-- outbox.turns: one row per turn; a transaction that locks a row (FOR UPDATE) holds that
+-- turn until it ends. Locking a row needs UPDATE on the table, which only the owner has,
+-- so no other login of the database can hold a turn (an advisory lock, which needs no
+-- right, could be held by any login and stop every claim).
+--   claim:0 … claim:15  one per shard of messages_shard_heads_idx: a claim walks a shard
+--                       only under its turn, so two claims never walk one shard at once
+--   repair              one repair_expired_leases pass at a time across the fleet
+--   observe             one computation of the observation at a time
+-- Locked by claim_outbox_batch, repair_expired_leases and observe; never updated. A
+-- missing row is a turn nobody can take: the rows below are part of the contract.
+CREATE TABLE outbox.turns (
+    name text NOT NULL,
+    CONSTRAINT turns_pkey PRIMARY KEY (name)
+);
+
+INSERT INTO outbox.turns (name)
+SELECT 'claim:' || s FROM generate_series(0, 15) AS s;
+INSERT INTO outbox.turns (name) VALUES ('repair'), ('observe');
+
+COMMENT ON TABLE outbox.turns IS
+    'Rows locked by claim_outbox_batch, repair_expired_leases and observe to take turns; owner only.';
+
+REVOKE ALL ON TABLE outbox.turns FROM PUBLIC;
+
+
+-- outbox.observations: the latest observation (the fleet's gauges and the MVCC watchdog),
+-- a single row replaced by each refresh. Written by observe under the 'observe' turn, read
+-- by observe; owner only (callers get the snapshot from observe).
+CREATE TABLE outbox.observations (
+    singleton   boolean          NOT NULL DEFAULT true,
+    observed_at timestamptz      NOT NULL,
+    -- how long computing the snapshot took (paid once per interval for the whole fleet)
+    took_ms     double precision NOT NULL,
+    snapshot    jsonb            NOT NULL,
+    CONSTRAINT observations_pkey PRIMARY KEY (singleton),
+    CONSTRAINT observations_single_row CHECK (singleton)
+);
+
+COMMENT ON TABLE outbox.observations IS
+    'The latest observation snapshot (one row), written by observe under its turn and read through observe; owner only.';
+
+REVOKE ALL ON TABLE outbox.observations FROM PUBLIC;
+
+
+-- outbox.replays: the audit of dead-letter replays, one row per replay however many steps
+-- it ran in. Written by start_replay (the row) and replay_step (the count, the end); read
+-- through the view outbox.replay_log; owner only.
+CREATE TABLE outbox.replays (
+    replay_id   bigint      NOT NULL GENERATED ALWAYS AS IDENTITY,
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- the login role that asked (session_user: the functions run as their owner); only
+    -- that login may run the replay's steps
+    replayed_by text        NOT NULL DEFAULT session_user,
+    reason      text,
+    -- {outbox_ids, topic, since, error_contains}: what was asked for (NULL: anything)
+    filter      jsonb       NOT NULL,
+    -- only dead letters dead-lettered up to the start are replayed: a message that fails
+    -- again while a long replay runs is not replayed a second time by it
+    up_to       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    replayed    bigint      NOT NULL DEFAULT 0,
+    finished_at timestamptz,
+    CONSTRAINT replays_pkey PRIMARY KEY (replay_id)
+);
+
+COMMENT ON TABLE outbox.replays IS
+    'Audit of dead-letter replays: who, when, why, the filter, how many; one row per replay; written by start_replay and replay_step, read through outbox.replay_log; owner only.';
+
+REVOKE ALL ON TABLE outbox.replays FROM PUBLIC;

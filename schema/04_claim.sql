@@ -1,0 +1,377 @@
+-- The claim: a worker leases a batch of ready messages, and gets with each one the lease
+-- token that fences every later call about it (05_completion.sql).
+--
+-- Called by: outbox_relay, through claim_outbox_batch. claim_shard_candidates is internal:
+-- claim_outbox_batch calls it, and no role may execute it.
+--
+-- Functions:
+--   outbox.claim_outbox_batch      leases up to a batch of ready messages to one worker
+--   outbox.claim_shard_candidates  internal: chooses and locks one shard's messages
+--
+-- Conventions shared by both:
+-- * Ready: available_at <= now(), no lease (lease_token IS NULL), topic in p_topics when
+--   given, matching none of the LIKE patterns of p_exclude_topics when given.
+-- * Heads and runs. A keyed message is `behind` when an earlier message of its key is
+--   pending (set by a trigger on insert, 01_tables.sql; cleared on the key's next message
+--   by the completion that deletes the head, promote_heads in 05_completion.sql). Claims
+--   walk only messages_shard_heads_idx, which holds unkeyed messages and heads (NOT
+--   behind), so the messages waiting behind a head cost a claim nothing. A keyed head is
+--   taken only when no earlier message of its key is pending at all (one probe of
+--   messages_key_seq_idx), so a stale `behind = false` never breaks key order. A run is
+--   what a claim takes behind a keyed head it holds: the messages that follow it in its
+--   key, consecutively, while each is ready, unleased, on the head's topic and within the
+--   payload limit.
+-- * Shards and turns. A message's shard is hashtext(coalesce(message_key, outbox_id::text))
+--   & 15, written out the same way in every query and in the index, so the planner matches
+--   messages_shard_heads_idx (shard, available_at, seq). All messages of a key share a
+--   shard. Each shard has a turn, the row 'claim:<shard>' of outbox.turns, locked FOR
+--   UPDATE by the claim that reads the shard and held until its transaction ends; only the
+--   schema owner can lock those rows, so only these SECURITY DEFINER functions take turns.
+-- * Leases: claimed_by, lease_token (random, gen_random_uuid()) and lease_expires_at are
+--   set together (CHECK messages_lease_complete). They are in no index, so leasing is a HOT
+--   update.
+-- * Plans: each statement is planned per call with its arrays and limits as constants
+--   (plan_cache_mode = force_custom_plan); sequential scans, bitmap scans, sorts and JIT
+--   are off, which leaves ordered index scans that stop at the batch.
+-- * Errors: P7001 (invalid argument; the message and DETAIL name it), raised by
+--   outbox.invalid_argument before anything is read or locked.
+-- * Isolation: READ COMMITTED, the relayer's. Under REPEATABLE READ or SERIALIZABLE a row
+--   changed after the snapshot raises 40001 where READ COMMITTED checks it again.
+-- * Commit: claim_outbox_batch sets synchronous_commit off for its transaction
+--   (set_config(…, true)); see its Crash.
+
+
+-- outbox.claim_outbox_batch: leases up to p_batch_size ready messages to p_worker_id:
+-- unkeyed messages and the heads of keys, and behind each keyed head the run of its key
+-- that fits, taken shard by shard starting from a random shard.
+--
+-- Inputs:     p_batch_size         most messages returned: 1 to 10000.
+--             p_worker_id          the worker's id, non-empty; stored in claimed_by, and
+--                                  required by every later call about these leases.
+--             p_lease_seconds      lease length in seconds, 1 to 86400, counted from now()
+--                                  (the start of the caller's transaction).
+--             p_topics             claim only these topics (exact names); default NULL:
+--                                  every topic; an empty array claims nothing.
+--             p_exclude_topics     LIKE patterns of topics not to claim (the relayer passes
+--                                  those whose destination is down, so that their attempts
+--                                  are not spent); default NULL (or empty): none.
+--             p_max_bytes          byte budget of the batch, at least 1: a message is taken
+--                                  while the payload bytes counted before it, in claim
+--                                  order, stay under the budget, so the first is always
+--                                  taken and the batch exceeds the budget by less than its
+--                                  last payload; default NULL: no budget.
+--             p_max_message_bytes  payload limit, at least 1: a larger message is still
+--                                  leased and returned when it is unkeyed or a head (a run
+--                                  stops before it), with payload NULL, so the caller can
+--                                  dead-letter it without loading it; it counts 0 bytes
+--                                  against the budget; default NULL: no limit.
+-- Returns:    one row per message leased, in enqueue order (seq): outbox_id; lease_token
+--             (new, random); topic; message_key; payload (NULL when over
+--             p_max_message_bytes); content_type; headers; attempt_no (the number the
+--             attempt now starting will get, attempt_count + 1); created_at;
+--             lease_expires_at (now() + p_lease_seconds); payload_bytes (the stored
+--             payload's length, read from the datum's header without fetching it). No rows
+--             when nothing is ready in the shards it could take.
+-- Locks:      It goes round the 16 shards once, from a random one. Per shard: a probe (no
+--             lock) for a ready entry of messages_shard_heads_idx within the topic filters,
+--             which stops at the first one, leased or not; none, and the shard is passed
+--             without its turn. Then the shard's turn, FOR UPDATE SKIP LOCKED; held by
+--             another claim, and the shard is passed. Under the turn, claim_shard_candidates
+--             locks the shard's heads FOR UPDATE SKIP LOCKED, oldest first (a message any
+--             other transaction holds is skipped, never waited for), and chooses the runs
+--             behind them. The round stops as soon as the batch or the budget is full. Only
+--             when the round took no turn while some shard had a ready entry (every such
+--             shard held) does it go round again, waiting (FOR UPDATE) for the turn of the
+--             first shard it found with work, with no lock of its own meanwhile, and
+--             skipping held turns for the rest. Last, one UPDATE leases the chosen rows by
+--             tuple address (TID scan), checking the id and that no lease is set; this
+--             locks the run messages, which no other claim can reach (their head is locked
+--             here). A run message that changed since it was chosen is left out; a later
+--             claim takes it. Turns and row locks are held until the caller's transaction
+--             ends: call it in a short transaction.
+-- Guarantees: * Each row returned was unleased when leased (checked on the locked row) and
+--               is now leased to p_worker_id alone, under a fresh random token.
+--             * Key order: a keyed message is returned only as its key's head (no earlier
+--               message of the key pending: leased, delayed, waiting for a retry, or parked)
+--               or in the run right behind a head of the same batch. Rows come back in seq
+--               order, so a run is in enqueue order. Within a shard, heads come first,
+--               oldest (available_at, seq) first, and runs take the room left, in the heads'
+--               order.
+--             * No global order: a batch holds the oldest ready heads of the shards it
+--               visited, not of the table. Each claim starts at a random shard, so no shard
+--               waits for the others' backlogs.
+--             * An empty or all-delayed outbox costs 16 probes and no turn; a shard whose
+--               ready messages are all leased costs its turn and yields nothing.
+--             * Two claims never read one shard at once, and a claim waits for another only
+--               when every shard with a ready entry is held, for one turn, holding none.
+-- Raises:     P7001 when p_batch_size is NULL or outside 1..10000, p_worker_id is NULL or
+--             blank, p_lease_seconds is NULL or outside 1..86400, or p_max_bytes or
+--             p_max_message_bytes is below 1. Nothing else (no P7002: the caller holds no
+--             lease yet).
+-- Crash:      One transaction, committed with synchronous_commit off (set for the caller's
+--             whole transaction). A crash or disconnect before the commit costs nothing:
+--             the locks go, nothing is leased. A database crash just after the commit may
+--             lose the claim: its messages are claimable again, the worker's completion
+--             reports lease_lost, and a message may be delivered twice under the same
+--             outbox_id (at-least-once). A worker that dies holding leases costs each
+--             message one attempt: once the lease expires, repair_expired_leases records
+--             ZOMBIE_REQUEUE and the message is ready again.
+-- Shape:      Turns, because two claims at once lock each other's freshly leased rows (the
+--             row lock follows the update before the lease check rejects it): 4 claimers
+--             drained 16k msg/s without turns, 46k with one. Per shard, because one turn
+--             became a fleet's queue (16 relays: 90 % of the sessions' time waiting on
+--             locks; 13–15 % with 16 shard turns). From a random shard with a probe each,
+--             because ranking the shards first took 6.3 ms of a 13.2 ms claim; the probe
+--             stops at the first ready entry, leased or not, because stepping over the
+--             leases in flight took 31 s of the claims' 112 s at 16 relays. Leasing by
+--             tuple address: 1.5 ms per 500 rows against 2.7 ms for a second primary-key
+--             descent. The plan settings, because stale statistics chose a bitmap scan and
+--             a sort of the whole ready set; JIT off, because the disabled paths' inflated
+--             cost made it compile for 190 ms per claim. Asynchronous commit passes the
+--             turns on sooner. Details: docs/performance.md.
+CREATE OR REPLACE FUNCTION outbox.claim_outbox_batch(
+    p_batch_size integer,
+    p_worker_id text,
+    p_lease_seconds integer,
+    p_topics text[] DEFAULT NULL,
+    p_exclude_topics text[] DEFAULT NULL,
+    p_max_bytes bigint DEFAULT NULL,
+    p_max_message_bytes bigint DEFAULT NULL
+) RETURNS TABLE (
+    outbox_id uuid,
+    lease_token uuid,
+    topic text,
+    message_key text,
+    payload bytea,
+    content_type text,
+    headers jsonb,
+    attempt_no integer,
+    created_at timestamptz,
+    lease_expires_at timestamptz,
+    payload_bytes bigint
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET jit = off
+AS $$
+DECLARE
+    v_start integer;
+    v_shard integer;
+    v_busy integer;
+    v_turns integer := 0;
+    v_ids uuid[] := '{}';
+    v_ctids tid[] := '{}';
+    v_bytes bigint := 0;
+BEGIN
+    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
+        PERFORM outbox.invalid_argument('p_batch_size', format('must be between 1 and 10000, got %s', p_batch_size));
+    END IF;
+    PERFORM outbox.check_worker_id(p_worker_id);
+    IF p_lease_seconds IS NULL OR p_lease_seconds < 1 OR p_lease_seconds > 86400 THEN
+        PERFORM outbox.invalid_argument('p_lease_seconds', format('must be between 1 and 86400, got %s', p_lease_seconds));
+    END IF;
+    IF p_max_bytes IS NOT NULL AND p_max_bytes < 1 THEN
+        PERFORM outbox.invalid_argument('p_max_bytes', format('must be at least 1 or NULL, got %s', p_max_bytes));
+    END IF;
+    IF p_max_message_bytes IS NOT NULL AND p_max_message_bytes < 1 THEN
+        PERFORM outbox.invalid_argument('p_max_message_bytes', format('must be at least 1 or NULL, got %s', p_max_message_bytes));
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+
+    -- The shards in turn from a random one. Each is probed for a ready entry before its
+    -- turn is taken, so that an idle queue costs no turn; the probe is a hint only (it
+    -- stops at the first entry, leased or not): the shard is read again under its turn.
+    -- Shards that other claims hold are skipped. Only when pass 1 took no turn while some
+    -- shard has work (all such shards are held) does pass 2 wait, for the turn of the first
+    -- shard it found with work, and then go on round the others, skipping those held.
+    v_start := floor(random() * 16)::integer;
+    FOR v_pass IN 1 .. 2 LOOP
+        EXIT WHEN v_turns > 0 OR (v_pass = 2 AND v_busy IS NULL);
+        FOR v_i IN 0 .. 15 LOOP
+            v_shard := (v_start + v_i) % 16;
+            IF v_pass = 2 AND v_shard = v_busy THEN
+                PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE;
+            ELSE
+                CONTINUE WHEN NOT EXISTS (
+                    SELECT 1
+                      FROM outbox.messages AS c
+                     WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = v_shard
+                       AND NOT c.behind
+                       AND c.available_at <= now()
+                       AND (p_topics IS NULL OR c.topic = ANY (p_topics))
+                       AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics)));
+                v_busy := coalesce(v_busy, v_shard);
+                PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE SKIP LOCKED;
+                CONTINUE WHEN NOT FOUND;
+            END IF;
+            v_turns := v_turns + 1;
+            SELECT v_ids || s.ids, v_ctids || s.ctids, v_bytes + s.bytes
+              INTO v_ids, v_ctids, v_bytes
+              FROM outbox.claim_shard_candidates(v_shard, p_batch_size - cardinality(v_ids), v_bytes,
+                                                 p_topics, p_exclude_topics, p_max_bytes,
+                                                 p_max_message_bytes) AS s;
+            EXIT WHEN cardinality(v_ids) >= p_batch_size
+                   OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
+        END LOOP;
+    END LOOP;
+
+    RETURN QUERY
+    WITH leased AS (
+        UPDATE outbox.messages AS m
+           SET claimed_by = p_worker_id,
+               lease_token = gen_random_uuid(),
+               lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+         WHERE m.ctid = ANY (v_ctids)
+           -- a check, not a way in: written so that it cannot drive an index scan
+           AND (m.outbox_id = ANY (v_ids)) IS TRUE
+           AND m.lease_token IS NULL
+        RETURNING m.seq, m.outbox_id, m.lease_token, m.topic, m.message_key,
+                  CASE WHEN octet_length(m.payload) > p_max_message_bytes THEN NULL ELSE m.payload END
+                      AS payload,
+                  m.content_type, m.headers, m.attempt_count + 1 AS attempt_no, m.created_at,
+                  m.lease_expires_at, octet_length(m.payload)::bigint AS payload_bytes
+    )
+    SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+           l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
+      FROM leased AS l
+     ORDER BY l.seq;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) IS
+    'Leases up to p_batch_size ready messages (unkeyed ones, heads of keys, and the runs behind keyed heads) to p_worker_id for p_lease_seconds, within the topic filters and byte budget; rows in enqueue order; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) TO outbox_relay;
+
+
+-- outbox.claim_shard_candidates (internal): chooses the messages one claim takes from one
+-- shard and locks its heads. Called only by claim_outbox_batch, while it holds the shard's
+-- turn; no role may execute it.
+--
+-- Inputs:     p_shard (0 to 15); p_room, the most ids to return (at least 1); p_used, the
+--             payload bytes the batch has counted so far; p_topics, p_exclude_topics,
+--             p_max_bytes and p_max_message_bytes as claim_outbox_batch received them.
+-- Returns:    ids and ctids, parallel: the heads in claim order (available_at, seq), then
+--             the runs, head after head, each in seq order; bytes, the payload bytes they
+--             count against the budget (a head over p_max_message_bytes counts 0).
+-- Locks:      at most p_room heads, FOR UPDATE SKIP LOCKED, in the order of the shard's
+--             walk of messages_shard_heads_idx; heads the budget then leaves out stay
+--             locked until the claim ends and are not returned. Run messages are not locked
+--             here: they are reached only through a head this transaction holds, in a
+--             shard whose turn it holds (the lease's UPDATE locks them).
+-- Guarantees: the heads are ready, unleased, within the topic filters, and no earlier
+--             message of their key is pending; the budget keeps a prefix of the heads, then
+--             a prefix of the runs (p_used + bytes counted before each < p_max_bytes).
+-- Raises:     nothing of its own.
+-- Shape:      one ordered scan of the shard's index that stops after p_room heads: its
+--             cost grows with the leased and not yet vacuumed entries it steps over, not
+--             with the backlog or the messages behind heads. A plain index scan also marks
+--             the entries of deleted rows dead, so the next claim skips them without
+--             visiting the heap (a bitmap scan would not). Each run is one probe of
+--             messages_key_seq_idx, limited to the room left.
+CREATE OR REPLACE FUNCTION outbox.claim_shard_candidates(
+    p_shard integer,
+    p_room integer,
+    p_used bigint,
+    p_topics text[],
+    p_exclude_topics text[],
+    p_max_bytes bigint,
+    p_max_message_bytes bigint,
+    OUT ids uuid[],
+    OUT ctids tid[],
+    OUT bytes bigint
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET jit = off
+AS $$
+DECLARE
+    v_keys text[];
+    v_seqs bigint[];
+    v_topics text[];
+    v_room integer;
+    v_run uuid[];
+    v_run_ctids tid[];
+    v_run_bytes bigint;
+BEGIN
+    -- Heads. The budget is a running sum over the candidates in claim order; rows past it
+    -- were locked by the inner scan and are left untouched.
+    SELECT coalesce(array_agg(b.outbox_id), '{}'),
+           coalesce(array_agg(b.ctid), '{}'),
+           coalesce(sum(b.counted), 0),
+           array_agg(b.message_key) FILTER (WHERE b.message_key IS NOT NULL),
+           array_agg(b.seq) FILTER (WHERE b.message_key IS NOT NULL),
+           array_agg(b.topic) FILTER (WHERE b.message_key IS NOT NULL)
+      INTO ids, ctids, bytes, v_keys, v_seqs, v_topics
+      FROM (SELECT w.*,
+                   sum(w.counted) OVER (ROWS UNBOUNDED PRECEDING) - w.counted AS before
+              FROM (SELECT c.outbox_id, c.ctid, c.message_key, c.seq, c.topic,
+                           CASE WHEN octet_length(c.payload) > p_max_message_bytes THEN 0
+                                ELSE octet_length(c.payload)::bigint END AS counted
+                      FROM outbox.messages AS c
+                     WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
+                       AND NOT c.behind
+                       AND c.available_at <= now()
+                       AND c.lease_token IS NULL
+                       AND (p_topics IS NULL OR c.topic = ANY (p_topics))
+                       AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics))
+                       AND (c.message_key IS NULL OR NOT EXISTS (
+                               SELECT 1
+                                 FROM outbox.messages AS e
+                                WHERE e.message_key = c.message_key
+                                  AND e.seq < c.seq))
+                     ORDER BY c.available_at, c.seq
+                     LIMIT p_room
+                       FOR UPDATE SKIP LOCKED) AS w) AS b
+     WHERE p_max_bytes IS NULL OR p_used + b.before < p_max_bytes;
+
+    -- Runs: for each keyed head, in the heads' order, the messages that follow it in its
+    -- key while each is claimable; at most the room left, within the budget.
+    v_room := p_room - cardinality(ids);
+    IF v_keys IS NOT NULL AND v_room > 0 AND (p_max_bytes IS NULL OR p_used + bytes < p_max_bytes) THEN
+        SELECT array_agg(r.outbox_id), array_agg(r.ctid), sum(r.len)
+          INTO v_run, v_run_ctids, v_run_bytes
+          FROM (SELECT q.outbox_id, q.ctid, q.len,
+                       count(*) OVER o AS nth,
+                       sum(q.len) OVER o - q.len AS before
+                  FROM (SELECT h.ord, x.outbox_id, x.ctid, x.seq, x.len
+                          FROM unnest(v_keys, v_seqs, v_topics) WITH ORDINALITY AS h(key, seq, topic, ord)
+                         CROSS JOIN LATERAL (
+                                SELECT y.outbox_id, y.ctid, y.seq, y.len
+                                  FROM (SELECT n.outbox_id, n.ctid, n.seq,
+                                               octet_length(n.payload)::bigint AS len,
+                                               bool_and(n.available_at <= now()
+                                                        AND n.lease_token IS NULL
+                                                        AND n.topic = h.topic
+                                                        AND (p_max_message_bytes IS NULL
+                                                             OR octet_length(n.payload) <= p_max_message_bytes))
+                                                   OVER (ORDER BY n.seq ROWS UNBOUNDED PRECEDING) AS unbroken
+                                          FROM outbox.messages AS n
+                                         WHERE n.message_key = h.key
+                                           AND n.seq > h.seq
+                                         ORDER BY n.seq
+                                         LIMIT v_room) AS y
+                                 WHERE y.unbroken) AS x) AS q
+                WINDOW o AS (ORDER BY q.ord, q.seq ROWS UNBOUNDED PRECEDING)) AS r
+         WHERE r.nth <= v_room
+           AND (p_max_bytes IS NULL OR p_used + bytes + r.before < p_max_bytes);
+        ids := ids || coalesce(v_run, '{}');
+        ctids := ctids || coalesce(v_run_ctids, '{}');
+        bytes := bytes + coalesce(v_run_bytes, 0);
+    END IF;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.claim_shard_candidates(integer, integer, bigint, text[], text[], bigint, bigint) IS
+    'Internal (claim_outbox_batch, under the shard''s turn): locks up to p_room heads of one shard and returns their ids, tuple addresses and counted bytes, then the runs behind the keyed heads, within the room and budget left.';
+
+REVOKE ALL ON FUNCTION outbox.claim_shard_candidates(integer, integer, bigint, text[], text[], bigint, bigint) FROM PUBLIC;

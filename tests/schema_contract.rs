@@ -1,0 +1,970 @@
+//! The guards of the SQL contract. `schema/NN_*.sql` is the current definition of schema
+//! `outbox`, one file per contract area; `schema/migrations/` is the append-only upgrade
+//! path that `outbox-relay migrate` applies. These tests keep the two honest:
+//!
+//! - the area files and the migrations build the same schema (`pg_dump --schema-only`,
+//!   normalised), so what a reader sees in `schema/` is what runs;
+//! - every landed migration is pinned by its SHA-256 in `schema/migrations.sha256`: editing
+//!   one fails, naming the file; appending a new one passes;
+//! - every function, table, view and type of schema `outbox` carries a `COMMENT`, and none is
+//!   executable or readable by PUBLIC (read from the catalogue, not from a list);
+//! - `docs/sql-api.md` is what the catalogue says (`make sql-api-doc` writes it);
+//! - a database migrated by the previous release, holding messages, attempts and dead
+//!   letters, upgrades with nothing lost.
+//!
+//! Each guard also runs once against a deliberately broken input and asserts that it fails
+//! and names the culprit, so none of them can pass by checking nothing.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{TestDb, base_url, connect};
+use outbox_relay::store::with_database;
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const PINS: &str = "schema/migrations.sha256";
+const REFERENCE: &str = "docs/sql-api.md";
+/// Set to write `docs/sql-api.md` instead of comparing it (`make sql-api-doc`).
+const UPDATE_REFERENCE: &str = "UPDATE_SQL_API_DOC";
+/// The roles the migrations create, in the order the reference lists them.
+const ROLES: [&str; 3] = ["outbox_producer", "outbox_relay", "outbox_reader"];
+
+// ---------------------------------------------------------------------------------------
+// Area files = migrations
+// ---------------------------------------------------------------------------------------
+
+/// `schema/NN_*.sql`, in load order.
+fn area_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(Path::new(ROOT).join("schema"))
+        .expect("read schema/")
+        .map(|e| e.expect("schema/ entry").path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            p.extension().is_some_and(|e| e == "sql")
+                && name.len() > 3
+                && name.as_bytes()[..2].iter().all(u8::is_ascii_digit)
+                && name.as_bytes()[2] == b'_'
+        })
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 8,
+        "schema/ holds too few area files: {files:?}"
+    );
+    files
+}
+
+/// A database that no migration has touched; dropped by `drop`, kept (and named) when the
+/// test fails before it.
+struct EmptyDb {
+    name: String,
+    url: String,
+}
+
+impl EmptyDb {
+    async fn new(tag: &str) -> EmptyDb {
+        let name = format!("outbox_test_{tag}_{}", std::process::id());
+        let admin = connect(&base_url()).await.expect("connect to Postgres");
+        for statement in [
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            admin
+                .batch_execute(&statement)
+                .await
+                .expect("create database");
+        }
+        eprintln!("test database {name} (kept if the test fails)");
+        EmptyDb {
+            url: with_database(&base_url(), &name),
+            name,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        connect(&self.url).await.expect("connect to test database")
+    }
+
+    async fn drop(self) {
+        let admin = connect(&base_url()).await.expect("connect to Postgres");
+        admin
+            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+            .await
+            .expect("drop test database");
+    }
+}
+
+/// Loads the area files into an empty database, each in one transaction, as a reader would
+/// with `psql -1 -f`. refinery's history table comes first: `outbox.schema_version()` reads
+/// it and its body is bound when it is created.
+async fn load_area_files(c: &Client) {
+    c.batch_execute(
+        "CREATE TABLE refinery_schema_history (version int4 PRIMARY KEY, name varchar(255), \
+         applied_on varchar(255), checksum varchar(255))",
+    )
+    .await
+    .expect("create refinery_schema_history");
+    for file in area_files() {
+        let sql = std::fs::read_to_string(&file).expect("read area file");
+        if let Err(e) = c.batch_execute(&sql).await {
+            panic!("{} does not load: {}", file.display(), describe(&e));
+        }
+    }
+}
+
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{} ({}){}",
+            db.message(),
+            db.code().code(),
+            db.where_().map_or(String::new(), |w| format!(", {w}"))
+        ),
+        None => e.to_string(),
+    }
+}
+
+/// `pg_dump --schema-only` of a database without what differs between two equal schemas:
+/// comment lines, session settings, the dump's random `\restrict` key, refinery's history.
+fn dump(url: &str) -> String {
+    let out = Command::new("pg_dump")
+        .args([
+            "--schema-only",
+            "--no-owner",
+            "--exclude-table=public.refinery_schema_history",
+            "--dbname",
+            url,
+        ])
+        .output()
+        .expect("pg_dump (the PostgreSQL client) is on PATH");
+    assert!(
+        out.status.success(),
+        "pg_dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    normalise(&String::from_utf8(out.stdout).expect("pg_dump prints UTF-8"))
+}
+
+fn normalise(dump: &str) -> String {
+    let mut out = String::new();
+    let mut blank = true;
+    for line in dump.lines() {
+        if line.starts_with("--")
+            || line.starts_with("SET ")
+            || line.starts_with("SELECT pg_catalog.set_config")
+            || line.starts_with("\\restrict")
+            || line.starts_with("\\unrestrict")
+        {
+            continue;
+        }
+        if line.trim().is_empty() {
+            if !blank {
+                out.push('\n');
+            }
+            blank = true;
+            continue;
+        }
+        blank = false;
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// `Ok` when the two texts are equal, else a unified diff (`diff -u`, `-` first, `+` second).
+fn compare(first: (&str, &str), second: (&str, &str)) -> Result<(), String> {
+    if first.1 == second.1 {
+        return Ok(());
+    }
+    let dir = Path::new(ROOT).join("target").join("schema-contract");
+    std::fs::create_dir_all(&dir).expect("create target/schema-contract");
+    let unique = format!("{}-{}", std::process::id(), rand_tag());
+    let a = dir.join(format!("{unique}-{}", first.0.replace('/', "_")));
+    let b = dir.join(format!("{unique}-{}", second.0.replace('/', "_")));
+    std::fs::write(&a, first.1).unwrap();
+    std::fs::write(&b, second.1).unwrap();
+    let diff = Command::new("diff")
+        .args(["-u", "--label", first.0, "--label", second.0])
+        .arg(&a)
+        .arg(&b)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("(diff not available: {e})"));
+    let _ = std::fs::remove_file(&a);
+    let _ = std::fs::remove_file(&b);
+    Err(diff)
+}
+
+fn rand_tag() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// Every row of every table of schema `outbox`, table by table, in a stable order.
+async fn seed_rows(c: &Client) -> String {
+    let tables: Vec<String> = c
+        .query(
+            "SELECT c.oid::regclass::text FROM pg_class AS c
+              WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p')
+              ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut out = String::new();
+    for table in tables {
+        let rows: Vec<String> = c
+            .query(&format!("SELECT t::text FROM {table} AS t ORDER BY 1"), &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let _ = writeln!(out, "{table}: {} rows", rows.len());
+        for row in rows {
+            let _ = writeln!(out, "  {row}");
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_area_files_define_the_schema_the_migrations_build() {
+    let migrated = TestDb::new().await;
+    let loaded = EmptyDb::new("area_files").await;
+    load_area_files(&loaded.client().await).await;
+
+    let from_migrations = dump(&migrated.url);
+    let from_area_files = dump(&loaded.url);
+    if let Err(diff) = compare(
+        ("migrations", &from_migrations),
+        ("area files", &from_area_files),
+    ) {
+        panic!(
+            "schema/NN_*.sql and schema/migrations/ define different schemas (pg_dump \
+             --schema-only, `-` from the migrations, `+` from the area files). Change the area \
+             file and ship the same change as a new migration:\n{diff}"
+        );
+    }
+
+    // The rows the schema is born with (the turn rows claims and repairs lock) are part of
+    // it too, and a schema-only dump does not show them.
+    let (seeded_by_migrations, seeded_by_area_files) = (
+        seed_rows(&migrated.client().await).await,
+        seed_rows(&loaded.client().await).await,
+    );
+    if let Err(diff) = compare(
+        ("migrations", &seeded_by_migrations),
+        ("area files", &seeded_by_area_files),
+    ) {
+        panic!("the area files seed other rows than the migrations:\n{diff}");
+    }
+
+    // The check fails, with the diff naming the object, when an area file goes stale.
+    loaded
+        .client()
+        .await
+        .batch_execute(
+            "COMMENT ON FUNCTION outbox.prune_attempts(interval, bigint) IS 'a stale contract'",
+        )
+        .await
+        .unwrap();
+    let stale = compare(
+        ("migrations", &from_migrations),
+        ("area files", &dump(&loaded.url)),
+    )
+    .expect_err("a changed object must make the schemas differ");
+    assert!(
+        stale.contains("+COMMENT ON FUNCTION outbox.prune_attempts") && stale.contains("stale"),
+        "the diff of a stale area file names the object that differs, got:\n{stale}"
+    );
+
+    loaded.drop().await;
+    migrated.finish().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Landed migrations are pinned
+// ---------------------------------------------------------------------------------------
+
+/// The version of a migration file name (`V12__x.sql` → 12).
+fn version(file: &str) -> Option<u32> {
+    file.strip_prefix('V')?.split("__").next()?.parse().ok()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// The migration files, by name.
+fn migrations() -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(Path::new(ROOT).join("schema/migrations"))
+        .expect("read schema/migrations/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).expect("read migration"),
+            )
+        })
+        .collect()
+}
+
+/// Checks the migrations against the pins (`sha256sum` lines: `<hex>  <file>`). A pinned
+/// file must be there, unchanged; a file not pinned yet must come after every pinned one.
+fn check_pins(pins: &str, files: &BTreeMap<String, Vec<u8>>) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    let mut pinned = BTreeSet::new();
+    let mut newest_pinned = 0;
+    for line in pins.lines().filter(|l| !l.trim().is_empty()) {
+        let Some((hash, file)) = line.split_once("  ") else {
+            problems.push(format!("{PINS}: malformed line {line:?}"));
+            continue;
+        };
+        pinned.insert(file.to_owned());
+        newest_pinned = newest_pinned.max(version(file).unwrap_or(0));
+        match files.get(file) {
+            None => problems.push(format!(
+                "{file} is pinned but missing: a landed migration is never removed or renamed \
+                 (databases have applied it)"
+            )),
+            Some(bytes) if sha256_hex(bytes) != hash => problems.push(format!(
+                "{file} changed after it landed (pinned sha256 {hash}, now {}): refinery refuses \
+                 every database that applied the old text; restore it and ship the change as a \
+                 new migration",
+                sha256_hex(bytes)
+            )),
+            Some(_) => {}
+        }
+    }
+    for file in files.keys().filter(|f| !pinned.contains(*f)) {
+        match version(file) {
+            Some(v) if v > newest_pinned => {} // appended: pinned when it lands
+            Some(v) => problems.push(format!(
+                "{file} (version {v}) is not pinned and comes before V{newest_pinned}, the newest \
+                 landed migration: new migrations are appended, never inserted"
+            )),
+            None => problems.push(format!("{file} is not named V<version>__<name>.sql")),
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+#[test]
+fn landed_migrations_are_pinned_by_checksum() {
+    let pins = std::fs::read_to_string(Path::new(ROOT).join(PINS)).expect("read pins");
+    let files = migrations();
+    if let Err(problems) = check_pins(&pins, &files) {
+        panic!("{}", problems.join("\n"));
+    }
+    let newest = files.keys().filter_map(|f| version(f)).max().unwrap();
+
+    // Appending a migration passes before it is pinned.
+    let mut appended = files.clone();
+    appended.insert(
+        format!("V{}__appended.sql", newest + 1),
+        b"SELECT 1;".to_vec(),
+    );
+    assert_eq!(
+        check_pins(&pins, &appended),
+        Ok(()),
+        "an appended migration passes"
+    );
+
+    // Editing a landed one, even a comment, fails naming the file.
+    let mut edited = files.clone();
+    let victim = edited
+        .keys()
+        .find(|f| version(f) == Some(2))
+        .unwrap()
+        .clone();
+    edited
+        .get_mut(&victim)
+        .unwrap()
+        .extend_from_slice(b"\n-- edited\n");
+    let problems = check_pins(&pins, &edited).expect_err("an edited migration fails");
+    assert!(
+        problems.len() == 1
+            && problems[0].starts_with(&format!("{victim} changed after it landed")),
+        "the failure names the edited file: {problems:?}"
+    );
+
+    // Inserting one between landed ones fails too.
+    let mut inserted = files.clone();
+    inserted.insert("V3__inserted.sql".into(), b"SELECT 1;".to_vec());
+    let problems = check_pins(&pins, &inserted).expect_err("an inserted migration fails");
+    assert!(
+        problems[0].starts_with("V3__inserted.sql (version 3) is not pinned"),
+        "{problems:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Comments and PUBLIC rights, from the catalogue
+// ---------------------------------------------------------------------------------------
+
+/// Objects of schema `outbox` without a COMMENT, and objects PUBLIC may execute or read.
+async fn catalogue_problems(c: &Client) -> (Vec<String>, Vec<String>) {
+    let rows = c
+        .query(
+            "SELECT 'function ' || p.oid::regprocedure::text,
+                    obj_description(p.oid, 'pg_proc') IS NOT NULL,
+                    p.proacl IS NULL OR EXISTS (
+                        SELECT FROM aclexplode(p.proacl) AS a
+                         WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+               FROM pg_proc AS p
+              WHERE p.pronamespace = 'outbox'::regnamespace
+             UNION ALL
+             SELECT CASE c.relkind WHEN 'v' THEN 'view ' WHEN 'm' THEN 'view ' ELSE 'table ' END
+                        || c.oid::regclass::text,
+                    obj_description(c.oid, 'pg_class') IS NOT NULL,
+                    EXISTS (SELECT FROM aclexplode(c.relacl) AS a WHERE a.grantee = 0)
+               FROM pg_class AS c
+              WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm')
+             UNION ALL
+             SELECT 'type ' || t.oid::regtype::text,
+                    obj_description(t.oid, 'pg_type') IS NOT NULL,
+                    t.typacl IS NULL OR EXISTS (
+                        SELECT FROM aclexplode(t.typacl) AS a WHERE a.grantee = 0)
+               FROM pg_type AS t
+              WHERE t.typnamespace = 'outbox'::regnamespace AND t.typtype IN ('e', 'd')
+              ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("read the catalogue");
+    let mut uncommented = Vec::new();
+    let mut public = Vec::new();
+    for row in rows {
+        let (object, commented, is_public): (String, bool, bool) =
+            (row.get(0), row.get(1), row.get(2));
+        // A type's default ACL lets PUBLIC use it (to name it in a cast); that is no right on
+        // the data, so only functions and relations count for PUBLIC.
+        if !commented {
+            uncommented.push(object.clone());
+        }
+        if is_public && !object.starts_with("type ") {
+            public.push(object);
+        }
+    }
+    (uncommented, public)
+}
+
+#[tokio::test]
+async fn every_object_of_schema_outbox_has_a_comment_and_none_is_open_to_public() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (uncommented, public) = catalogue_problems(&c).await;
+    assert!(
+        uncommented.is_empty(),
+        "objects of schema outbox without a COMMENT (its one-line contract, shown by \\df+ and \
+         \\dv+): {uncommented:?}"
+    );
+    assert!(
+        public.is_empty(),
+        "objects of schema outbox that PUBLIC may execute or read (REVOKE ALL … FROM PUBLIC \
+         beside their definition): {public:?}"
+    );
+
+    // A function created the way Postgres defaults it (no comment, EXECUTE for PUBLIC) is
+    // reported by both checks.
+    c.batch_execute(
+        "CREATE FUNCTION outbox.probe_default_rights() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    )
+    .await
+    .unwrap();
+    let (uncommented, public) = catalogue_problems(&c).await;
+    let probe = "function outbox.probe_default_rights()".to_owned();
+    assert_eq!(
+        uncommented,
+        vec![probe.clone()],
+        "the missing comment is named"
+    );
+    assert_eq!(public, vec![probe], "the PUBLIC right is named");
+
+    db.finish().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// docs/sql-api.md, generated from the catalogue
+// ---------------------------------------------------------------------------------------
+
+/// What the catalogue says about one function.
+struct Function {
+    name: String,
+    identity: String,
+    signature: String,
+    comment: String,
+    body: String,
+    definer: bool,
+    callers: Vec<&'static str>,
+}
+
+/// The readable name of a SQLSTATE a body raises.
+fn sqlstate_name(code: &str) -> (&str, &str) {
+    match code {
+        "P7001" => ("P7001", "invalid argument; the message names it"),
+        "P7002" => ("P7002", "LEASE_LOST"),
+        "unique_violation" | "23505" => ("23505", "unique_violation"),
+        other => (other, ""),
+    }
+}
+
+/// The SQLSTATEs a body raises itself (`ERRCODE = '…'`).
+fn raised_here(body: &str) -> BTreeSet<String> {
+    let mut codes = BTreeSet::new();
+    let mut rest = body;
+    while let Some(at) = rest.find("ERRCODE") {
+        rest = &rest[at + "ERRCODE".len()..];
+        let after = rest.trim_start().trim_start_matches('=').trim_start();
+        if let Some(quoted) = after.strip_prefix('\'')
+            && let Some(end) = quoted.find('\'')
+        {
+            codes.insert(sqlstate_name(&quoted[..end]).0.to_owned());
+        }
+    }
+    codes
+}
+
+/// The area file that defines `outbox.<name>`, with the kind of object it is.
+fn defined_in(kind: &str, name: &str) -> String {
+    let needle = format!("{kind} outbox.{name}");
+    for file in area_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let defines = text.lines().filter(|l| l.starts_with("CREATE")).any(|l| {
+            l.match_indices(&needle).any(|(at, _)| {
+                l[at + needle.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(|c| c == '(' || c == ' ')
+            })
+        });
+        if defines {
+            return format!("schema/{}", file.file_name().unwrap().to_string_lossy());
+        }
+    }
+    panic!("no area file defines {kind} outbox.{name}")
+}
+
+async fn functions(c: &Client) -> Vec<Function> {
+    let rows = c
+        .query(
+            "SELECT p.proname::text, pg_get_function_identity_arguments(p.oid),
+                    pg_get_function_arguments(p.oid), pg_get_function_result(p.oid),
+                    coalesce(obj_description(p.oid, 'pg_proc'), ''),
+                    coalesce(p.prosrc, ''), p.prosecdef,
+                    has_function_privilege('outbox_producer', p.oid, 'EXECUTE'),
+                    has_function_privilege('outbox_relay', p.oid, 'EXECUTE'),
+                    has_function_privilege('outbox_reader', p.oid, 'EXECUTE')
+               FROM pg_proc AS p
+              WHERE p.pronamespace = 'outbox'::regnamespace
+              ORDER BY p.proname, 2",
+            &[],
+        )
+        .await
+        .expect("read functions");
+    rows.iter()
+        .map(|r| Function {
+            name: r.get(0),
+            identity: r.get(1),
+            signature: format!(
+                "outbox.{}({}) RETURNS {}",
+                r.get::<_, String>(0),
+                r.get::<_, String>(2),
+                r.get::<_, String>(3)
+            ),
+            comment: r.get(4),
+            body: r.get(5),
+            definer: r.get(6),
+            callers: ROLES
+                .iter()
+                .zip([r.get::<_, bool>(7), r.get(8), r.get(9)])
+                .filter_map(|(role, may)| may.then_some(*role))
+                .collect(),
+        })
+        .collect()
+}
+
+/// The SQLSTATEs each function raises, itself or through the `outbox` functions it calls.
+fn raised(functions: &[Function]) -> BTreeMap<String, BTreeSet<String>> {
+    let names: BTreeSet<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+    let mut direct: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    for f in functions {
+        let entry = direct.entry(f.name.clone()).or_default();
+        entry.0.extend(raised_here(&f.body));
+        for callee in &names {
+            if *callee != f.name && f.body.contains(&format!("outbox.{callee}(")) {
+                entry.1.insert((*callee).to_owned());
+            }
+        }
+    }
+    let mut all: BTreeMap<String, BTreeSet<String>> = direct
+        .iter()
+        .map(|(name, (codes, _))| (name.clone(), codes.clone()))
+        .collect();
+    loop {
+        let mut changed = false;
+        for (name, (_, callees)) in &direct {
+            let inherited: BTreeSet<String> = callees
+                .iter()
+                .flat_map(|callee| all.get(callee).cloned().unwrap_or_default())
+                .collect();
+            let own = all.get_mut(name).unwrap();
+            let before = own.len();
+            own.extend(inherited);
+            changed |= own.len() != before;
+        }
+        if !changed {
+            return all;
+        }
+    }
+}
+
+/// docs/sql-api.md for the database `c` is connected to.
+async fn reference(c: &Client) -> String {
+    let version: i32 = c
+        .query_one("SELECT outbox.schema_version()", &[])
+        .await
+        .expect("schema_version")
+        .get(0);
+    let functions = functions(c).await;
+    let raised = raised(&functions);
+    let relations = c
+        .query(
+            "SELECT c.relname::text, CASE WHEN c.relkind IN ('v', 'm') THEN 'VIEW' ELSE 'TABLE' END,
+                    coalesce(obj_description(c.oid, 'pg_class'), ''),
+                    has_table_privilege('outbox_producer', c.oid, 'SELECT'),
+                    has_table_privilege('outbox_relay', c.oid, 'SELECT'),
+                    has_table_privilege('outbox_reader', c.oid, 'SELECT')
+               FROM pg_class AS c
+              WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm')
+              ORDER BY c.relkind <> 'v', c.relname",
+            &[],
+        )
+        .await
+        .expect("read relations");
+
+    let mut by_area: BTreeMap<String, Vec<&Function>> = BTreeMap::new();
+    for f in &functions {
+        by_area
+            .entry(defined_in("FUNCTION", &f.name))
+            .or_default()
+            .push(f);
+    }
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# SQL API reference\n\n\
+         Generated by `make sql-api-doc` from the catalogue of a database migrated to version \
+         {version}: each function's signature, its one-line contract (its `COMMENT`), the \
+         SQLSTATEs its body raises itself or through the `outbox` functions it calls, and the \
+         roles that may call it. A test (`tests/schema_contract.rs`) fails when this page and \
+         the catalogue disagree. The full contract of each function (inputs, locks, \
+         guarantees, errors, what a crash costs, why it has its shape) is the comment above \
+         its definition in the area file named here.\n\n\
+         SQLSTATEs: `P7001` invalid argument (the message names it), `P7002` `LEASE_LOST` (the \
+         caller's lease is not the current one; nothing changed), `23505` an `outbox_id` \
+         used before.\n\n\
+         Roles: `outbox_producer` (applications), `outbox_relay` (the relayer), \
+         `outbox_reader` (dashboards, operators). Functions no role may call are internal: \
+         the public functions call them with their owner's rights.\n"
+    );
+    for (area, functions) in &by_area {
+        let _ = writeln!(out, "## `{area}`\n");
+        for f in functions {
+            let codes: Vec<String> = raised[&f.name]
+                .iter()
+                .map(|code| match sqlstate_name(code) {
+                    (code, "") => format!("`{code}`"),
+                    (code, name) => format!("`{code}` ({name})"),
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "### `outbox.{}({})`\n\n```sql\n{}\n```\n\n{}\n\n\
+                 - raises: {}\n- callable by: {}{}\n",
+                f.name,
+                f.identity,
+                f.signature,
+                f.comment,
+                if codes.is_empty() {
+                    "nothing of its own".to_owned()
+                } else {
+                    codes.join(", ")
+                },
+                if f.callers.is_empty() {
+                    "no role (internal)".to_owned()
+                } else {
+                    f.callers
+                        .iter()
+                        .map(|r| format!("`{r}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+                if f.definer {
+                    "; runs with its owner's rights (`SECURITY DEFINER`)"
+                } else {
+                    ""
+                },
+            );
+        }
+    }
+    let _ = writeln!(out, "## Views and tables\n");
+    let _ = writeln!(out, "| object | defined in | readable by | contract |");
+    let _ = writeln!(out, "| --- | --- | --- | --- |");
+    for r in relations {
+        let (name, kind, comment): (String, &str, String) = (r.get(0), r.get(1), r.get(2));
+        let readers: Vec<String> = ROLES
+            .iter()
+            .zip([r.get::<_, bool>(3), r.get(4), r.get(5)])
+            .filter(|&(_, may)| may)
+            .map(|(role, _)| format!("`{role}`"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| `outbox.{name}` ({}) | `{}` | {} | {} |",
+            kind.to_lowercase(),
+            defined_in(kind, &name),
+            if readers.is_empty() {
+                "owner only".to_owned()
+            } else {
+                readers.join(", ")
+            },
+            comment.replace('|', "\\|")
+        );
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_sql_api_reference_is_generated_from_the_catalogue() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let generated = reference(&c).await;
+    let path = Path::new(ROOT).join(REFERENCE);
+    if std::env::var_os(UPDATE_REFERENCE).is_some() {
+        std::fs::write(&path, &generated).expect("write docs/sql-api.md");
+        eprintln!("wrote {REFERENCE}");
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    if let Err(diff) = compare((REFERENCE, &checked_in), ("catalogue", &generated)) {
+        panic!("{REFERENCE} is stale: run `make sql-api-doc` and commit it:\n{diff}");
+    }
+
+    // A contract changed in the database makes the page stale, naming the function.
+    c.batch_execute(
+        "COMMENT ON FUNCTION outbox.release_outbox_leases(text, uuid[], uuid[]) IS 'changed'",
+    )
+    .await
+    .unwrap();
+    let diff = compare(
+        (REFERENCE, &checked_in),
+        ("catalogue", &reference(&c).await),
+    )
+    .expect_err("a changed comment makes the page stale");
+    assert!(
+        diff.lines().any(|l| l.starts_with("+changed")) && diff.contains("release_outbox_leases"),
+        "the diff shows the changed contract: {diff}"
+    );
+
+    db.finish().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Upgrade from the previous release
+// ---------------------------------------------------------------------------------------
+
+/// The previous release's schema version.
+const PREVIOUS_RELEASE: i32 = 23;
+
+/// A digest of every row the relayer keeps, in a stable order.
+async fn contents(c: &Client) -> Vec<(String, i64, String)> {
+    let mut out = Vec::new();
+    for (table, order) in [
+        ("messages", "outbox_id"),
+        ("attempts", "outbox_id, attempt_no"),
+        ("dead_letters", "outbox_id"),
+        ("replays", "replay_id"),
+    ] {
+        let row = c
+            .query_one(
+                &format!(
+                    "SELECT count(*), coalesce(md5(string_agg(t::text, E'\\n' ORDER BY {order})), '') \
+                       FROM outbox.{table} AS t"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        out.push((table.to_owned(), row.get(0), row.get(1)));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
+    let db = EmptyDb::new("upgrade").await;
+    let mut c = db.client().await;
+    outbox_relay::schema::runner()
+        .set_target(refinery::Target::Version(PREVIOUS_RELEASE))
+        .run_async(&mut c)
+        .await
+        .expect("migrate to the previous release");
+
+    // Work in every state: pending (keyed and not), leased, retried, dead-lettered, replayed.
+    c.batch_execute(
+        "SELECT outbox.enqueue('orders', jsonb_build_object('n', n),
+                               CASE WHEN n % 3 = 0 THEN 'key-' || (n % 5) END,
+                               p_max_attempts => CASE WHEN n % 7 = 0 THEN 1 ELSE 10 END)
+           FROM generate_series(1, 60) AS n",
+    )
+    .await
+    .unwrap();
+    let claimed = c
+        .query(
+            "SELECT outbox_id, lease_token FROM outbox.claim_outbox_batch(30, 'w1', 60)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(claimed.len() >= 20, "claimed {}", claimed.len());
+    let ids: Vec<uuid::Uuid> = claimed.iter().map(|r| r.get(0)).collect();
+    let tokens: Vec<uuid::Uuid> = claimed.iter().map(|r| r.get(1)).collect();
+    let (done, rest) = (10, ids.len() - 15);
+    let states: Vec<String> = (0..ids.len() - 5)
+        .map(|i| match i {
+            i if i < done => "DISPATCHED",
+            i if i < done + rest / 2 => "RETRYABLE",
+            _ => "FAILED",
+        })
+        .map(str::to_owned)
+        .collect();
+    c.execute(
+        "SELECT * FROM outbox.complete_outbox_batch('w1', $1::uuid[], $2::uuid[], $3::text[]::outbox.attempt_state[],
+                    ARRAY(SELECT CASE WHEN s <> 'DISPATCHED' THEN 'broken' END
+                            FROM unnest($3::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i),
+                    ARRAY(SELECT CASE WHEN s = 'RETRYABLE' THEN now() + interval '1 hour' END
+                            FROM unnest($3::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i))",
+        &[&&ids[..states.len()], &&tokens[..states.len()], &states],
+    )
+    .await
+    .unwrap();
+    let dead: i64 = c
+        .query_one("SELECT count(*) FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        dead >= 2,
+        "some messages are dead-lettered before the upgrade ({dead})"
+    );
+    c.execute(
+        "SELECT outbox.replay_dead_letters((SELECT array_agg(outbox_id) FROM
+                   (SELECT outbox_id FROM outbox.dead_letters ORDER BY outbox_id LIMIT 1) AS o),
+                 NULL, NULL, NULL, 'before the upgrade')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let before = contents(&c).await;
+    assert!(
+        before.iter().all(|(_, n, _)| *n > 0),
+        "every table holds rows: {before:?}"
+    );
+
+    let applied = outbox_relay::store::Store::connect(&db.url, 2)
+        .unwrap()
+        .migrate()
+        .await
+        .expect("upgrade to this build's schema");
+    assert!(
+        !applied.is_empty(),
+        "the upgrade applied the new migrations"
+    );
+    let after = contents(&c).await;
+    assert_eq!(
+        before, after,
+        "the upgrade changed no row of the outbox tables"
+    );
+    let version: i32 = c
+        .query_one("SELECT outbox.schema_version()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, outbox_relay::schema::version());
+
+    // The upgraded database goes on working: the leased messages complete with their old
+    // tokens, and everything pending drains.
+    let rest_ids = &ids[states.len()..];
+    let rest_tokens = &tokens[states.len()..];
+    let lost: i64 = c
+        .query_one(
+            "SELECT count(*) FILTER (WHERE lease_lost) FROM outbox.complete_outbox_batch('w1', $1::uuid[], $2::uuid[],
+                    array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[cardinality($1::uuid[])]),
+                    array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]),
+                    array_fill(NULL::timestamptz, ARRAY[cardinality($1::uuid[])]))",
+            &[&rest_ids, &rest_tokens],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        lost, 0,
+        "leases taken before the upgrade are still held after it"
+    );
+    c.batch_execute("UPDATE outbox.messages SET available_at = now()")
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        let batch = c
+            .query(
+                "SELECT outbox_id, lease_token FROM outbox.claim_outbox_batch(100, 'w2', 60)",
+                &[],
+            )
+            .await
+            .unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        let ids: Vec<uuid::Uuid> = batch.iter().map(|r| r.get(0)).collect();
+        let tokens: Vec<uuid::Uuid> = batch.iter().map(|r| r.get(1)).collect();
+        c.execute(
+            "SELECT * FROM outbox.complete_outbox_batch('w2', $1::uuid[], $2::uuid[],
+                    array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[cardinality($1::uuid[])]),
+                    array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]),
+                    array_fill(NULL::timestamptz, ARRAY[cardinality($1::uuid[])]))",
+            &[&ids, &tokens],
+        )
+        .await
+        .unwrap();
+    }
+    let pending: i64 = c
+        .query_one("SELECT count(*) FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 0, "everything pending drains after the upgrade");
+
+    drop(c);
+    db.drop().await;
+}
