@@ -4,7 +4,7 @@ CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
 .PHONY: help build test lint fmt verify run migrate bench bench-peers check-deploy chaos chaos-short \
-	schema-check sql-api-doc pin-migrations
+	schema-check sql-api-doc pin-migrations clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -42,10 +42,13 @@ fmt: ## format the code
 verify: lint test ## lint, then test
 
 migrate: ## apply the schema migrations to DATABASE_URL (or the local Postgres)
-	$(WITH_PG) $(CARGO) run --release --quiet -- migrate
+	$(WITH_PG) $(CARGO) run --release -- migrate
 
-run: ## migrate the local Postgres, enqueue samples, relay them to stdout (Ctrl-C stops)
+run: ## relay samples to stdout from a database of its own, outbox_demo (created if missing; Ctrl-C stops)
 	$(WITH_PG) scripts/run-local.sh
+
+clean-demo: ## drop the outbox_demo database make run created, and the outbox roles no other database uses
+	$(WITH_PG) scripts/clean-demo.sh
 
 BENCH_ARGS ?=
 bench: ## benchmark drain throughput, backlog flatness, latency and memory (BENCH_ARGS=...)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks deploy/ offline, without a cluster or a Docker engine:
 #   1. every Kubernetes manifest against the API schemas (kubernetes-validate --strict, from
-#      PyPI, installed when missing); CRD kinds (ServiceMonitor, Kustomization) have no schema
+#      PyPI, installed in target/venv-check-deploy when missing); CRD kinds (ServiceMonitor, Kustomization) have no schema
 #      there and are only parsed;
 #   2. what the schemas cannot know: the probes ask the relayer's real endpoints, the pods run
 #      as the image's numeric non-root UID, the grace period outlasts the shutdown drain, and
@@ -11,13 +11,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-    echo "check-deploy: installing kubernetes-validate from PyPI" >&2
-    python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate
+# kubernetes-validate and PyYAML live in a virtual environment under target/, not in the
+# machine's Python.
+venv=target/venv-check-deploy
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+    echo "check-deploy: installing kubernetes-validate from PyPI into $venv (about a minute)" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check kubernetes-validate
 fi
-kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml
+"$venv/bin/kubernetes-validate" --strict --quiet deploy/kubernetes/*.yaml
 
-python3 - <<'PY'
+"$venv/bin/python" - <<'PY'
 import re, sys, tomllib, yaml
 
 def load(name):

@@ -1,14 +1,46 @@
 #!/usr/bin/env bash
-# `make run`: migrate the database in DATABASE_URL, enqueue a few sample messages, and run
-# the relayer with the stdout sink until Ctrl-C. Run it through scripts/with-postgres.sh.
+# `make run`: the relayer on a working default. Builds the release binary (with cargo's
+# progress), creates the database `outbox_demo` (DEMO_DATABASE) on the server of
+# DATABASE_URL when it is missing, migrates it, enqueues a few sample messages and relays
+# them to stdout until Ctrl-C. No other database of the server is touched; migrating
+# creates schema `outbox` in the demo database and, when they do not exist yet, the
+# cluster-wide roles outbox_relay, outbox_producer and outbox_reader. `make clean-demo`
+# removes them. Run it through scripts/with-postgres.sh, which provides DATABASE_URL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet
+
+demo=${DEMO_DATABASE:-outbox_demo}
+case "$demo" in
+    *[!a-z0-9_]* | "") echo "run-local: DEMO_DATABASE must be a lower-case SQL name, got '$demo'" >&2; exit 2 ;;
+esac
+command -v psql >/dev/null 2>&1 || {
+    echo "run-local: needs psql, the PostgreSQL client (apt-get install postgresql-client)" >&2
+    exit 1
+}
+server_url=${DATABASE_URL:?DATABASE_URL is not set: run through scripts/with-postgres.sh}
+# The same server and credentials, the demo database instead of the URL's own.
+demo_url=$(printf '%s' "$server_url" | sed -E "s#^(postgres(ql)?://[^/?]*)(/[^?]*)?#\1/$demo#")
+
+if [ -t 2 ]; then
+    echo "run-local: building the release binary (the first build takes about 7 minutes on 2 cores)" >&2
+fi
+cargo build --release
 relay=target/release/outbox-relay
-"$relay" migrate
+
+exists=$(psql "$server_url" -XAtqc "SELECT 1 FROM pg_database WHERE datname = '$demo'")
+if [ "$exists" != 1 ]; then
+    psql "$server_url" -Xqc "CREATE DATABASE $demo"
+    echo "run-local: created database $demo ('make clean-demo' removes it)" >&2
+else
+    echo "run-local: using database $demo ('make clean-demo' removes it)" >&2
+fi
+applied=$(DATABASE_URL="$demo_url" "$relay" migrate | grep -c '^applied' || true)
+echo "run-local: schema outbox in $demo is current ($applied migrations applied now)" >&2
+
+export DATABASE_URL="$demo_url"
 for i in 1 2 3; do
     "$relay" enqueue --topic orders.created --key "customer-$i" --payload "{\"order_id\": $i, \"total\": $((i * 10))}" >/dev/null
 done
 "$relay" enqueue --topic orders.paid --key customer-1 --payload '{"order_id": 1}' >/dev/null
-echo "enqueued 4 sample messages; relaying to stdout (Ctrl-C stops)" >&2
+echo "run-local: enqueued 4 sample messages; relaying to stdout (Ctrl-C stops)" >&2
 exec "$relay" run --sink stdout "$@"
