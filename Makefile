@@ -17,7 +17,10 @@ test: ## run every test against a real Postgres and brokers (started if down; se
 	$(WITH_PG) $(CARGO) test --all-targets
 	$(CARGO) test --doc
 
-lint: ## cargo fmt --check and clippy with warnings as errors
+lint: ## cargo fmt --check, clippy with warnings as errors, every migration pinned
+	@cd schema/migrations && for f in V*__*.sql; do grep -q "  $$f$$" ../migrations.sha256 || \
+		{ echo "schema/migrations/$$f is not pinned: run make pin-migrations and commit schema/migrations.sha256" >&2; exit 1; }; \
+	done
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --test chaos -- -D warnings

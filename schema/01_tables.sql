@@ -22,8 +22,8 @@
 -- Conventions:
 -- * Every table has REVOKE ALL … FROM PUBLIC and no GRANT: owner only.
 -- * Every function finds a message by its primary key (one index probe per id, whatever the
---   backlog) or walks one of the two indexes of outbox.messages named below; no statement
---   on the hot path reads outbox.messages sequentially. Repair (once per repair interval),
+--   backlog) or walks one of the two indexes of outbox.messages named below; at real
+--   backlogs no statement on the hot path reads outbox.messages sequentially. Repair (once per repair interval),
 --   the observation (once per observe interval) and the views read the whole table.
 -- * Timestamps are timestamptz. A row's own time (messages.created_at, attempts.created_at,
 --   dead_letters.dead_lettered_at, replays.started_at) defaults to clock_timestamp(): the

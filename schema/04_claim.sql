@@ -102,7 +102,7 @@
 --               waits for the others' backlogs.
 --             * An empty or all-delayed outbox costs 16 probes and no turn; a shard whose
 --               ready messages are all leased costs its turn and yields nothing.
---             * Two claims never read one shard at once, and a claim waits for another only
+--             * Two claims never walk one shard at once, and a claim waits for another only
 --               when every shard with a ready entry is held, for one turn, holding none.
 -- Raises:     P7001 when p_batch_size is NULL or outside 1..10000, p_worker_id is NULL or
 --             blank, p_lease_seconds is NULL or outside 1..86400, or p_max_bytes or

@@ -61,7 +61,9 @@
 --             counts towards max_attempts, so a message that kills its worker every time is
 --             eventually dead-lettered (with payload, headers and that error). A requeued
 --             message keeps its place in its key's order; its old token is cleared, so a
---             late completion or heartbeat of the expired lease gets P7002 (LEASE_LOST).
+--             late report under the expired lease changes nothing: complete_outbox_batch
+--             reports it lease_lost, complete_outbox_attempt raises P7002 (LEASE_LOST), and
+--             extend_outbox_leases and release_outbox_leases leave it out.
 --             There is no cursor over ids or times: every pass scans the table from its
 --             start, so a lease whose claim committed late is never skipped. When it
 --             handled any message, the relayers are woken (NOTIFY outbox_new, payload

@@ -154,10 +154,17 @@ fn dump(url: &str) -> String {
 fn normalise(dump: &str) -> String {
     let mut out = String::new();
     let mut blank = true;
+    let mut preamble = true;
     for line in dump.lines() {
-        if line.starts_with("--")
-            || line.starts_with("SET ")
-            || line.starts_with("SELECT pg_catalog.set_config")
+        preamble &= !line.starts_with("CREATE ");
+        let dump_comment = line == "--"
+            || ["-- Name: ", "-- PostgreSQL database dump", "-- Dumped "]
+                .iter()
+                .any(|p| line.starts_with(p));
+        let session = preamble
+            && (line.starts_with("SET ") || line.starts_with("SELECT pg_catalog.set_config"));
+        if dump_comment
+            || session
             || line.starts_with("\\restrict")
             || line.starts_with("\\unrestrict")
         {
@@ -422,7 +429,8 @@ fn landed_migrations_are_pinned_by_checksum() {
 // Comments and PUBLIC rights, from the catalogue
 // ---------------------------------------------------------------------------------------
 
-/// Objects of schema `outbox` without a COMMENT, and objects PUBLIC may execute or read.
+/// Objects of schema `outbox` (the schema, its functions, tables, views and types) without a
+/// COMMENT, and those PUBLIC may use, execute or read.
 async fn catalogue_problems(c: &Client) -> (Vec<String>, Vec<String>) {
     let rows = c
         .query(
@@ -440,6 +448,10 @@ async fn catalogue_problems(c: &Client) -> (Vec<String>, Vec<String>) {
                     EXISTS (SELECT FROM aclexplode(c.relacl) AS a WHERE a.grantee = 0)
                FROM pg_class AS c
               WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm')
+             UNION ALL
+             SELECT 'schema outbox', obj_description('outbox'::regnamespace, 'pg_namespace') IS NOT NULL,
+                    EXISTS (SELECT FROM pg_namespace AS n, aclexplode(n.nspacl) AS a
+                             WHERE n.nspname = 'outbox' AND a.grantee = 0)
              UNION ALL
              SELECT 'type ' || t.oid::regtype::text,
                     obj_description(t.oid, 'pg_type') IS NOT NULL,
@@ -470,7 +482,8 @@ async fn catalogue_problems(c: &Client) -> (Vec<String>, Vec<String>) {
 }
 
 #[tokio::test]
-async fn every_object_of_schema_outbox_has_a_comment_and_none_is_open_to_public() {
+async fn every_function_table_view_and_type_of_schema_outbox_has_a_comment_and_none_is_open_to_public()
+ {
     let db = TestDb::new().await;
     let c = db.client().await;
     let (uncommented, public) = catalogue_problems(&c).await;
@@ -510,6 +523,7 @@ async fn every_object_of_schema_outbox_has_a_comment_and_none_is_open_to_public(
 
 /// What the catalogue says about one function.
 struct Function {
+    oid: i64,
     name: String,
     identity: String,
     signature: String,
@@ -529,10 +543,19 @@ fn sqlstate_name(code: &str) -> (&str, &str) {
     }
 }
 
+/// A body without its `--` comments, so that neither codes nor calls are read from prose.
+fn code_of(body: &str) -> String {
+    body.lines()
+        .map(|l| l.find("--").map_or(l, |at| &l[..at]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The SQLSTATEs a body raises itself (`ERRCODE = '…'`).
 fn raised_here(body: &str) -> BTreeSet<String> {
     let mut codes = BTreeSet::new();
-    let mut rest = body;
+    let code = code_of(body);
+    let mut rest = code.as_str();
     while let Some(at) = rest.find("ERRCODE") {
         rest = &rest[at + "ERRCODE".len()..];
         let after = rest.trim_start().trim_start_matches('=').trim_start();
@@ -543,6 +566,39 @@ fn raised_here(body: &str) -> BTreeSet<String> {
         }
     }
     codes
+}
+
+/// The SQLSTATEs a contract line names (`P7001`, `23505`, `25006` …).
+fn named_in(comment: &str) -> BTreeSet<String> {
+    comment
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| {
+            w.len() == 5
+                && w.chars()
+                    .all(|c| c.is_ascii_digit() || c.is_ascii_uppercase())
+                && (w.starts_with('P') && w[1..].chars().all(|c| c.is_ascii_digit())
+                    || w[..2].chars().all(|c| c.is_ascii_digit()))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The `outbox` functions a body calls, by name (`outbox.name (`).
+fn calls(body: &str) -> BTreeSet<String> {
+    let code = code_of(body);
+    code.match_indices("outbox.")
+        .filter_map(|(at, _)| {
+            let rest = &code[at + "outbox.".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest[name.len()..]
+                .trim_start()
+                .starts_with('(')
+                .then_some(name)
+        })
+        .collect()
 }
 
 /// The area file that defines `outbox.<name>`, with the kind of object it is.
@@ -568,7 +624,7 @@ fn defined_in(kind: &str, name: &str) -> String {
 async fn functions(c: &Client) -> Vec<Function> {
     let rows = c
         .query(
-            "SELECT p.proname::text, pg_get_function_identity_arguments(p.oid),
+            "SELECT p.oid::int8, p.proname::text, pg_get_function_identity_arguments(p.oid),
                     pg_get_function_arguments(p.oid), pg_get_function_result(p.oid),
                     coalesce(obj_description(p.oid, 'pg_proc'), ''),
                     coalesce(p.prosrc, ''), p.prosecdef,
@@ -584,51 +640,59 @@ async fn functions(c: &Client) -> Vec<Function> {
         .expect("read functions");
     rows.iter()
         .map(|r| Function {
-            name: r.get(0),
-            identity: r.get(1),
+            oid: r.get(0),
+            name: r.get(1),
+            identity: r.get(2),
             signature: format!(
                 "outbox.{}({}) RETURNS {}",
-                r.get::<_, String>(0),
-                r.get::<_, String>(2),
-                r.get::<_, String>(3)
+                r.get::<_, String>(1),
+                r.get::<_, String>(3),
+                r.get::<_, String>(4)
             ),
-            comment: r.get(4),
-            body: r.get(5),
-            definer: r.get(6),
+            comment: r.get(5),
+            body: r.get(6),
+            definer: r.get(7),
             callers: ROLES
                 .iter()
-                .zip([r.get::<_, bool>(7), r.get(8), r.get(9)])
+                .zip([r.get::<_, bool>(8), r.get(9), r.get(10)])
                 .filter_map(|(role, may)| may.then_some(*role))
                 .collect(),
         })
         .collect()
 }
 
-/// The SQLSTATEs each function raises, itself or through the `outbox` functions it calls.
-fn raised(functions: &[Function]) -> BTreeMap<String, BTreeSet<String>> {
-    let names: BTreeSet<&str> = functions.iter().map(|f| f.name.as_str()).collect();
-    let mut direct: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
-    for f in functions {
-        let entry = direct.entry(f.name.clone()).or_default();
-        entry.0.extend(raised_here(&f.body));
-        for callee in &names {
-            if *callee != f.name && f.body.contains(&format!("outbox.{callee}(")) {
-                entry.1.insert((*callee).to_owned());
-            }
-        }
-    }
-    let mut all: BTreeMap<String, BTreeSet<String>> = direct
+/// The SQLSTATEs each function may raise (by oid): those its body raises itself, those its
+/// contract line names (errors Postgres raises for it, such as a unique violation), and
+/// those of the `outbox` functions it calls (every overload of a name it calls but itself).
+fn raised(functions: &[Function]) -> BTreeMap<i64, BTreeSet<String>> {
+    let mut all: BTreeMap<i64, BTreeSet<String>> = functions
         .iter()
-        .map(|(name, (codes, _))| (name.clone(), codes.clone()))
+        .map(|f| {
+            let mut codes = raised_here(&f.body);
+            codes.extend(named_in(&f.comment));
+            (f.oid, codes)
+        })
+        .collect();
+    let callees: BTreeMap<i64, Vec<i64>> = functions
+        .iter()
+        .map(|f| {
+            let names = calls(&f.body);
+            let oids = functions
+                .iter()
+                .filter(|g| g.oid != f.oid && names.contains(&g.name))
+                .map(|g| g.oid)
+                .collect();
+            (f.oid, oids)
+        })
         .collect();
     loop {
         let mut changed = false;
-        for (name, (_, callees)) in &direct {
+        for (oid, callees) in &callees {
             let inherited: BTreeSet<String> = callees
                 .iter()
-                .flat_map(|callee| all.get(callee).cloned().unwrap_or_default())
+                .flat_map(|callee| all[callee].clone())
                 .collect();
-            let own = all.get_mut(name).unwrap();
+            let own = all.get_mut(oid).unwrap();
             let before = own.len();
             own.extend(inherited);
             changed |= own.len() != before;
@@ -677,8 +741,9 @@ async fn reference(c: &Client) -> String {
         "# SQL API reference\n\n\
          Generated by `make sql-api-doc` from the catalogue of a database migrated to version \
          {version}: each function's signature, its one-line contract (its `COMMENT`), the \
-         SQLSTATEs its body raises itself or through the `outbox` functions it calls, and the \
-         roles that may call it. A test (`tests/schema_contract.rs`) fails when this page and \
+         SQLSTATEs it may raise (those its body raises, those its contract names, and those \
+         of the `outbox` functions it calls, whether or not its own arguments can reach \
+         them), and the roles that may call it. A test (`tests/schema_contract.rs`) fails when this page and \
          the catalogue disagree. The full contract of each function (inputs, locks, \
          guarantees, errors, what a crash costs, why it has its shape) is the comment above \
          its definition in the area file named here.\n\n\
@@ -692,7 +757,7 @@ async fn reference(c: &Client) -> String {
     for (area, functions) in &by_area {
         let _ = writeln!(out, "## `{area}`\n");
         for f in functions {
-            let codes: Vec<String> = raised[&f.name]
+            let codes: Vec<String> = raised[&f.oid]
                 .iter()
                 .map(|code| match sqlstate_name(code) {
                     (code, "") => format!("`{code}`"),
@@ -708,7 +773,7 @@ async fn reference(c: &Client) -> String {
                 f.signature,
                 f.comment,
                 if codes.is_empty() {
-                    "nothing of its own".to_owned()
+                    "none".to_owned()
                 } else {
                     codes.join(", ")
                 },
