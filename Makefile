@@ -4,7 +4,7 @@ CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
 .PHONY: help build test lint fmt verify run migrate bench bench-peers check-deploy chaos chaos-short \
-	schema-check sql-api-doc pin-migrations clean-demo
+	schema-check sql-api-doc pin-migrations clean-demo package-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -17,13 +17,17 @@ test: ## run every test against a real Postgres and brokers (started if down; se
 	$(WITH_PG) $(CARGO) test --all-targets
 	$(CARGO) test --doc
 
-lint: ## cargo fmt --check, clippy with warnings as errors, every migration pinned
+lint: ## cargo fmt --check, clippy with warnings as errors, every migration pinned, workflows (actionlint)
 	@cd schema/migrations && for f in V*__*.sql; do grep -q "  $$f$$" ../migrations.sha256 || \
 		{ echo "schema/migrations/$$f is not pinned: run make pin-migrations and commit schema/migrations.sha256" >&2; exit 1; }; \
 	done
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --test chaos -- -D warnings
+	scripts/lint-workflows.sh
+
+package-check: ## cargo publish --dry-run: the crate packages and builds from what it ships
+	$(CARGO) publish --dry-run --locked --allow-dirty
 
 check-deploy: ## validate deploy/kubernetes and the Dockerfile offline (kubernetes-validate)
 	scripts/check-deploy.sh
