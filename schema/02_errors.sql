@@ -34,7 +34,7 @@
 -- Everything else is Postgres's own (a lost connection, a statement timeout, a
 -- serialization failure under the caller's isolation level) and is not part of the
 -- contract. The relayer's store maps P7002 to StoreError::LeaseLost and P7001 to
--- StoreError::InvalidArgument (src/store.rs). Warnings (RAISE WARNING) report rows a call
+-- StoreError::InvalidArgument (src/store/mod.rs). Warnings (RAISE WARNING) report rows a call
 -- set aside and are no errors.
 --
 -- Conventions of the three helpers: LANGUAGE plpgsql, IMMUTABLE (they read no table and
