@@ -1,6 +1,7 @@
 //! The relayer as users run it: real processes of the built binary, real connections, real
-//! signals (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), checked against the attempt log and the
-//! file sink's output.
+//! signals (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), checked against the attempt log, the rows
+//! left in the outbox, the file sink's output and the relayer's /metrics (never its log
+//! wording).
 
 mod common;
 
