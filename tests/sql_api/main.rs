@@ -26,14 +26,8 @@ mod observation;
 mod repair;
 mod roles;
 
-#[allow(unused_imports)] // each area takes what it needs
 use std::collections::HashSet;
 
-#[allow(unused_imports)]
 use common::sql::*;
-#[allow(unused_imports)]
-use common::{TestDb, count, eventually, sqlstate};
-#[allow(unused_imports)]
-use tokio_postgres::Client;
-#[allow(unused_imports)]
+use common::{TestDb, count, sqlstate};
 use uuid::Uuid;
