@@ -7,7 +7,8 @@
 #     independent client they read back with;
 #   - what the build needs (scripts/build-deps.sh);
 #   - the toolchains and drivers of the README's producer snippets (tests/producers.rs): Go
-#     (Debian's golang-go; pgx itself is fetched by the test into target/go), psycopg in a
+#     and pgx v4 (Debian's golang-go and golang-github-jackc-pgx-v4-dev: the Go module
+#     proxy is not reachable from every machine, Debian's packages are), psycopg in a
 #     virtual environment at target/venv, and pg (npm) in target/node_modules.
 # Starts RabbitMQ, and the machine's Redis (6379), NATS (4222) and a tansu broker (9092)
 # that `make bench` uses, when they are installed but down, and writes what it started to
@@ -59,6 +60,10 @@ if ! command -v kcat >/dev/null 2>&1; then
 fi
 if ! command -v go >/dev/null 2>&1; then
     apt_packages+=(golang-go); reasons+=("go runs the README's Go producer snippet")
+fi
+if [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ]; then
+    apt_packages+=(golang-github-jackc-pgx-v4-dev)
+    reasons+=("pgx v4, the driver of the README's Go producer snippet")
 fi
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
     apt_packages+=(python3-venv); reasons+=("a virtual environment holds psycopg under $target/")
@@ -112,6 +117,8 @@ command -v kcat >/dev/null 2>&1 || missing+=("kcat (apt-get install kcat)")
 [ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore)")
 answers 9092 || missing+=("a Kafka-protocol broker on 127.0.0.1:9092 (tansu broker, see above)")
 command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")
+[ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] \
+    || missing+=("pgx v4 for Go (apt-get install golang-github-jackc-pgx-v4-dev)")
 command -v node >/dev/null 2>&1 || missing+=("node and npm (apt-get install nodejs npm)")
 "$target/venv/bin/python" -c 'import psycopg' 2>/dev/null \
     || missing+=("psycopg in $target/venv (python3 -m venv $target/venv; $target/venv/bin/pip install 'psycopg[binary]')")
