@@ -12,10 +12,8 @@ help: ## list the targets
 build: ## build the relayer (release)
 	$(CARGO) build --release
 
-test: ## run every test against a real Postgres and brokers (started if down; see scripts/test-services.sh)
-	scripts/test-services.sh
-	$(WITH_PG) $(CARGO) test --all-targets
-	$(CARGO) test --doc
+test: ## run every test against a real Postgres and brokers (started if down, stopped after; see scripts/test-services.sh)
+	scripts/with-test-services.sh sh -c '$(WITH_PG) $(CARGO) test --all-targets && $(CARGO) test --doc'
 
 lint: ## cargo fmt --check, clippy with warnings as errors, every migration pinned, workflows (actionlint)
 	@cd schema/migrations && for f in V*__*.sql; do grep -q "  $$f$$" ../migrations.sha256 || \

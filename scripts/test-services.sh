@@ -6,14 +6,25 @@
 #   - tansu, a Kafka-protocol broker (Kafka tests start brokers of their own), and kcat, the
 #     independent client they read back with;
 #   - what the build needs (scripts/build-deps.sh);
-#   - the Python and Node Postgres drivers the README's producer snippets use.
+#   - the toolchains and drivers of the README's producer snippets (tests/producers.rs): Go
+#     and pgx v4 (Debian's golang-go and golang-github-jackc-pgx-v4-dev: the Go module
+#     proxy is not reachable from every machine, Debian's packages are), psycopg in a
+#     virtual environment at target/venv, and pg (npm) in target/node_modules.
 # Starts RabbitMQ, and the machine's Redis (6379), NATS (4222) and a tansu broker (9092)
-# that `make bench` uses, when they are installed but down; installs promtool and kcat with
-# apt-get and tansu with `cargo install` (once: it stays in ~/.cargo/bin) when missing.
+# that `make bench` uses, when they are installed but down, and writes what it started to
+# target/test-services.started so that scripts/stop-test-services.sh (the end of `make
+# test`) stops those and nothing else. Installs with apt-get what Debian packages (each
+# announced on stderr with its reason and expected time) and tansu with `cargo install`
+# (once: it stays in ~/.cargo/bin) when missing; nothing else goes outside target/.
 # Anything still missing fails here, naming the server and the command that provides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build-deps.sh
+
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+target=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
+started="$target/test-services.started"
+: >"$started"
 
 TANSU_VERSION=0.6.0
 TANSU="${CARGO_HOME:-$HOME/.cargo}/bin/tansu"
@@ -23,50 +34,78 @@ missing=()
 
 if ! answers 5672 && command -v rabbitmq-server >/dev/null 2>&1; then
     echo "test-services: starting RabbitMQ" >&2
-    rabbitmq-server -detached || true
+    rabbitmq-server -detached && echo rabbitmq >>"$started" || true
 fi
 if ! answers 6379 && command -v redis-server >/dev/null 2>&1; then
     echo "test-services: starting Redis" >&2
     mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
     redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-        --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
+        --dir /var/lib/redis --logfile /var/log/redis/ci.log --pidfile "$target/redis-6379.pid" \
+        && echo "redis $target/redis-6379.pid" >>"$started" || true
 fi
 if ! answers 4222 && [ -x /usr/sbin/nats-server ]; then
     echo "test-services: starting NATS with JetStream" >&2
-    start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
-        -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || true
+    start-stop-daemon --start --oknodo --background --make-pidfile \
+        --pidfile "$target/nats-4222.pid" --exec /usr/sbin/nats-server -- \
+        -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log \
+        && echo "nats $target/nats-4222.pid" >>"$started" || true
 fi
 apt_packages=()
-command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
-command -v kcat >/dev/null 2>&1 || apt_packages+=(kcat)
+reasons=()
+if ! command -v promtool >/dev/null 2>&1; then
+    apt_packages+=(prometheus); reasons+=("promtool checks a live /metrics")
+fi
+if ! command -v kcat >/dev/null 2>&1; then
+    apt_packages+=(kcat); reasons+=("kcat reads back what the Kafka tests published")
+fi
+if ! command -v go >/dev/null 2>&1; then
+    apt_packages+=(golang-go); reasons+=("go runs the README's Go producer snippet")
+fi
+if [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ]; then
+    apt_packages+=(golang-github-jackc-pgx-v4-dev)
+    reasons+=("pgx v4, the driver of the README's Go producer snippet")
+fi
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    apt_packages+=(python3-venv); reasons+=("a virtual environment holds psycopg under $target/")
+fi
 if [ ${#apt_packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "test-services: installing ${apt_packages[*]} (Debian packages)" >&2
+    echo "test-services: installing ${apt_packages[*]} with apt-get (system packages; about" \
+         "1-3 minutes):" >&2
+    printf 'test-services:   - %s\n' "${reasons[@]}" >&2
     apt-get update -qq || true
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
 fi
 if ! "$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
     # The in-memory storage engine is the `dynostore` feature. Some minutes of compiling,
     # once per machine.
-    echo "test-services: installing tansu $TANSU_VERSION (cargo install)" >&2
-    cargo install --quiet tansu --version "$TANSU_VERSION" --features dynostore --locked
+    echo "test-services: installing tansu $TANSU_VERSION with cargo install into" \
+         "${CARGO_HOME:-$HOME/.cargo}/bin (the Kafka tests' broker; 5-15 minutes of compiling," \
+         "once per machine)" >&2
+    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
 fi
 if ! answers 9092 && [ -x "$TANSU" ]; then
     echo "test-services: starting tansu (Kafka protocol) on 127.0.0.1:9092" >&2
     # From an empty directory: tansu reads a `.env` file from where it runs.
     scratch=$(mktemp -d /tmp/tansu.XXXXXX)
-    (cd "$scratch" && nohup "$TANSU" broker --storage-engine memory://tansu/ \
+    (cd "$scratch" && exec nohup "$TANSU" broker --storage-engine memory://tansu/ \
         --listener-url tcp://127.0.0.1:9092 --advertised-listener-url tcp://127.0.0.1:9092 \
-        >"$scratch/tansu.log" 2>&1 &)
+        >"$scratch/tansu.log" 2>&1) &
+    echo "tansu $!" >>"$started"
 fi
 
-# The README's producer snippets run with the languages' own drivers (tests/producers.rs).
-if ! python3 -c 'import psycopg' 2>/dev/null; then
-    echo "test-services: installing psycopg (PyPI)" >&2
-    python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]' 2>/dev/null || true
+# The README's producer snippets run with the languages' own drivers (tests/producers.rs),
+# installed under the target directory, never into the machine's Python or Node.
+if [ ! -x "$target/venv/bin/python" ] || ! "$target/venv/bin/python" -c 'import psycopg' 2>/dev/null; then
+    echo "test-services: installing psycopg (PyPI) into the virtual environment $target/venv" \
+         "(the Python producer snippet's driver; under a minute)" >&2
+    python3 -m venv "$target/venv"
+    "$target/venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
+        'psycopg[binary]' || true
 fi
-if command -v npm >/dev/null 2>&1 && [ ! -d target/node_modules/pg ]; then
-    echo "test-services: installing pg (npm) under target/" >&2
-    npm install --silent --no-audit --no-fund --prefix target pg >/dev/null || true
+if command -v npm >/dev/null 2>&1 && [ ! -d "$target/node_modules/pg" ]; then
+    echo "test-services: installing pg (npm) into $target/node_modules (the Node producer" \
+         "snippet's driver; under a minute)" >&2
+    npm install --no-audit --no-fund --prefix "$target" pg || true
 fi
 
 for _ in $(seq 1 60); do answers 5672 && answers 9092 && break; sleep 1; done
@@ -77,6 +116,13 @@ command -v promtool >/dev/null 2>&1 || missing+=("promtool (apt-get install prom
 command -v kcat >/dev/null 2>&1 || missing+=("kcat (apt-get install kcat)")
 [ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore)")
 answers 9092 || missing+=("a Kafka-protocol broker on 127.0.0.1:9092 (tansu broker, see above)")
+command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")
+[ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] \
+    || missing+=("pgx v4 for Go (apt-get install golang-github-jackc-pgx-v4-dev)")
+command -v node >/dev/null 2>&1 || missing+=("node and npm (apt-get install nodejs npm)")
+"$target/venv/bin/python" -c 'import psycopg' 2>/dev/null \
+    || missing+=("psycopg in $target/venv (python3 -m venv $target/venv; $target/venv/bin/pip install 'psycopg[binary]')")
+[ -d "$target/node_modules/pg" ] || missing+=("pg in $target/node_modules (npm install --prefix $target pg)")
 if [ ${#missing[@]} -gt 0 ]; then
     echo "test-services: the tests need:" >&2
     printf '  - %s\n' "${missing[@]}" >&2

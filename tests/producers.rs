@@ -1,9 +1,13 @@
 //! The producer snippets of the README (`examples/producers/`), each run with its own
 //! language against a fresh database: psql, Python (psycopg), Node (pg), Go (pgx). Each
 //! must enqueue the order message inside its transaction and print its outbox_id; the
-//! README must show each file as it is. A language that is not on this machine is named
-//! and skipped; `scripts/test-services.sh` installs the drivers (psycopg from PyPI, pg from
-//! npm under target/).
+//! README must show each file as it is. A toolchain or driver that is missing fails its
+//! test, naming what is missing and what installs it: `make test` (scripts/test-services.sh)
+//! installs Go with apt-get, psycopg into the virtual environment `target/venv` and pg into
+//! `target/node_modules`, and Go and pgx v4 from Debian's packages (golang-go and
+//! golang-github-jackc-pgx-v4-dev); the Go test builds in GOPATH mode against those
+//! sources, fetching nothing (the Go module proxy is not reachable from every machine), with
+//! its build cache in `target/go`.
 
 mod common;
 
@@ -14,6 +18,23 @@ use common::TestDb;
 use uuid::Uuid;
 
 const SNIPPETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/producers");
+
+/// The target directory (`CARGO_TARGET_DIR`), where scripts/test-services.sh puts the
+/// drivers.
+fn target_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Panics naming a missing `program` and what installs it, unless it is on the PATH.
+fn require(program: &str, installed_by: &str) {
+    assert!(
+        on_path(program),
+        "{program} is not on this machine: {installed_by} (`make test` does it)"
+    );
+}
 
 fn on_path(program: &str) -> bool {
     Command::new("sh")
@@ -79,28 +100,28 @@ async fn psql() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_psycopg() {
-    if !on_path("python3") {
-        return eprintln!("python3 is not on this machine: skipped");
-    }
+    let python = target_dir().join("venv/bin/python");
+    assert!(
+        python.exists(),
+        "no Python virtual environment with psycopg at {}: python3 -m venv {0}; {0}/bin/pip \
+         install 'psycopg[binary]' (`make test` does it)",
+        target_dir().join("venv").display()
+    );
     let db = TestDb::new().await;
-    let id = printed_id(&db, Command::new("python3").arg(snippet("enqueue.py")));
+    let id = printed_id(&db, Command::new(python).arg(snippet("enqueue.py")));
     check_enqueued(&db, id).await;
     db.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn node_pg() {
-    if !on_path("node") {
-        return eprintln!("node is not on this machine: skipped");
-    }
-    let modules = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .unwrap()
-        .join("node_modules");
+    require("node", "apt-get install nodejs npm");
+    let modules = target_dir().join("node_modules");
     assert!(
         modules.join("pg").exists(),
-        "the pg module under {} (scripts/test-services.sh installs it)",
-        modules.display()
+        "the pg module under {}: npm install --prefix {} pg (`make test` does it)",
+        modules.display(),
+        target_dir().display()
     );
     let db = TestDb::new().await;
     let id = printed_id(
@@ -113,31 +134,51 @@ async fn node_pg() {
     db.finish().await;
 }
 
+/// Where Debian's Go packages put their sources (GOPATH layout).
+const DEBIAN_GOPATH: &str = "/usr/share/gocode";
+
+/// `go` in GOPATH mode against Debian's packaged sources, fetching nothing; its build cache
+/// under the target directory.
+fn go(dir: &Path) -> Command {
+    let mut command = Command::new("go");
+    command
+        .current_dir(dir)
+        .env("GO111MODULE", "off")
+        .env("GOPATH", DEBIAN_GOPATH)
+        .env("GOPROXY", "off")
+        .env("GOCACHE", target_dir().join("go").join("cache"));
+    command
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn go_pgx() {
-    if !on_path("go") {
-        return eprintln!("go is not on this machine: examples/producers/enqueue.go not run");
-    }
-    let db = TestDb::new().await;
-    let dir = db.scratch_dir().join("go");
+    require("go", "apt-get install golang-go");
+    assert!(
+        Path::new(DEBIAN_GOPATH)
+            .join("src/github.com/jackc/pgx/v4")
+            .is_dir(),
+        "pgx v4 under {DEBIAN_GOPATH}: apt-get install golang-github-jackc-pgx-v4-dev (`make \
+         test` does it)"
+    );
+    // Built before the database exists, so that a build that fails keeps none.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("go-pgx-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(snippet("enqueue.go"), dir.join("main.go")).unwrap();
-    let setup = Command::new("sh")
-        .current_dir(&dir)
-        .args([
-            "-c",
-            "go mod init example.com/enqueue && go get github.com/jackc/pgx/v5",
-        ])
+    let build = go(&dir)
+        .args(["build", "-o", "enqueue", "main.go"])
         .output()
         .unwrap();
     assert!(
-        setup.status.success(),
-        "{}",
-        String::from_utf8_lossy(&setup.stderr)
+        build.status.success(),
+        "go build of examples/producers/enqueue.go: {}",
+        String::from_utf8_lossy(&build.stderr)
     );
-    let id = printed_id(&db, Command::new("go").current_dir(&dir).args(["run", "."]));
+    let db = TestDb::new().await;
+    let id = printed_id(&db, &mut Command::new(dir.join("enqueue")));
     check_enqueued(&db, id).await;
     db.finish().await;
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -1,4 +1,5 @@
-// Go (pgx v5): the enqueue inside tx; Rollback after Commit is a no-op.
+// Go (pgx v4; with v5 only the import path changes): the enqueue inside tx; Rollback
+// after Commit is a no-op.
 package main
 
 import (
@@ -6,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v4"
 )
 
 func main() {

@@ -1,13 +1,17 @@
 //! Test harness: every test gets its own freshly migrated database on the Postgres named by
 //! `DATABASE_URL` (default: the local one on 127.0.0.1:5432), so tests run in parallel and
-//! never see each other's rows. The database is dropped when the test calls `finish`; a
-//! failing test never gets there, and its database is kept for inspection (the name is
-//! printed when it is created).
+//! never see each other's rows. A [`TestDb`] is a guard: when it goes out of scope in a test
+//! that passes, it drops its database, the databases made beside it ([`TestDb::sibling`]) and
+//! the login roles made for it ([`TestDb::login`]); when the test fails (the thread is
+//! panicking), it keeps them all and prints their names under the test's failure output.
+//! Nothing has to remember to clean up: `finish` is only an explicit way of saying "done".
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 mod kit;
+pub mod sql;
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 #[allow(unused_imports)] // not every test binary waits
@@ -24,14 +28,41 @@ pub fn base_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
 }
 
+/// A test's database; dropped with what was made for it when the test passes, kept (and
+/// named) when it fails. See the module docs.
 pub struct TestDb {
     pub name: String,
     pub url: String,
+    /// Databases made beside this one ([`TestDb::sibling`]).
+    siblings: Mutex<Vec<String>>,
+    /// Login roles made for this database ([`TestDb::login`]).
+    logins: Mutex<Vec<String>>,
 }
 
 impl TestDb {
     /// Creates and migrates a new database.
     pub async fn new() -> TestDb {
+        let db = TestDb::create().await;
+        let store = Store::connect(&db.url, 2).expect("store");
+        store.migrate().await.expect("migrate test database");
+        db
+    }
+
+    /// Creates a new database migrated to `version` only, as an earlier release left it
+    /// (refinery's target version; the migrations of this build up to that one).
+    pub async fn at_version(version: i32) -> TestDb {
+        let db = TestDb::create().await;
+        let mut client = db.client().await;
+        outbox_relay::schema::runner()
+            .set_target(refinery::Target::Version(version))
+            .run_async(&mut client)
+            .await
+            .unwrap_or_else(|e| panic!("migrate test database to version {version}: {e}"));
+        db
+    }
+
+    /// Creates a new, empty database.
+    async fn create() -> TestDb {
         let name = format!(
             "outbox_test_{}_{}_{}",
             std::process::id(),
@@ -51,9 +82,26 @@ impl TestDb {
             .expect("create test database");
         eprintln!("test database {name} (kept if the test fails)");
         let url = with_database(&base_url(), &name);
-        let store = Store::connect(&url, 2).expect("store");
-        store.migrate().await.expect("migrate test database");
-        TestDb { name, url }
+        TestDb {
+            name,
+            url,
+            siblings: Mutex::default(),
+            logins: Mutex::default(),
+        }
+    }
+
+    /// Creates another, empty database named `<database>_<suffix>` (not migrated), dropped
+    /// and kept with this one; returns its name.
+    pub async fn sibling(&self, suffix: &str) -> String {
+        let name = format!("{}_{suffix}", self.name);
+        self.siblings.lock().unwrap().push(name.clone());
+        connect(&base_url())
+            .await
+            .expect("connect admin")
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create sibling database");
+        name
     }
 
     pub async fn client(&self) -> Client {
@@ -61,9 +109,11 @@ impl TestDb {
     }
 
     /// Creates a login role `<database>_<suffix>`, a member of `member_of` when given, and
-    /// returns a URL that connects to this database as it. Drop it with `drop_login`.
+    /// returns a URL that connects to this database as it. It is dropped with the database
+    /// (or earlier with `drop_login`).
     pub async fn login(&self, suffix: &str, member_of: Option<&str>) -> String {
         let login = format!("{}_{suffix}", self.name);
+        self.logins.lock().unwrap().push(login.clone());
         let membership = member_of.map_or(String::new(), |r| format!(" IN ROLE {r}"));
         self.client()
             .await
@@ -79,28 +129,88 @@ impl TestDb {
     }
 
     pub async fn drop_login(&self, suffix: &str) {
+        let login = format!("{}_{suffix}", self.name);
         self.client()
             .await
-            .batch_execute(&format!("DROP ROLE IF EXISTS {}_{suffix}", self.name))
+            .batch_execute(&format!("DROP ROLE IF EXISTS {login}"))
             .await
             .expect("drop login");
+        self.logins.lock().unwrap().retain(|l| *l != login);
     }
 
     pub fn store(&self) -> Store {
         Store::connect(&self.url, 8).expect("store")
     }
 
-    /// Drops the database; call at the end of a passing test.
+    /// Drops the database now, as the guard would at the end of a passing test; for a test
+    /// that wants to say where it is done.
     pub async fn finish(self) {
-        let admin = connect(&base_url()).await.expect("connect admin");
-        admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .await
-            .expect("drop test database");
+        drop(self);
     }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let siblings = std::mem::take(&mut *self.siblings.lock().unwrap());
+        let logins = std::mem::take(&mut *self.logins.lock().unwrap());
+        if std::thread::panicking() {
+            let mut kept = format!(
+                "test failed: database {} kept for inspection (psql {})",
+                self.name, self.url
+            );
+            if !siblings.is_empty() {
+                kept.push_str(&format!(", with the databases {}", siblings.join(", ")));
+            }
+            if !logins.is_empty() {
+                kept.push_str(&format!(", and the login roles {}", logins.join(", ")));
+            }
+            eprintln!(
+                "{kept}; drop it with DROP DATABASE {} WITH (FORCE)",
+                self.name
+            );
+            return;
+        }
+        let mut databases = siblings;
+        databases.push(self.name.clone());
+        // Drop is synchronous and may run inside a runtime: clean up on a thread of its own
+        // with a runtime of its own.
+        let cleaned = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop the test database")
+                .block_on(drop_all(databases, logins))
+        })
+        .join();
+        match cleaned {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("cannot drop test database {}: {e}", self.name),
+            Err(_) => panic!("cannot drop test database {}", self.name),
+        }
+    }
+}
+
+/// Drops `databases`, then the `logins` (a role is dropped once no database grants it
+/// anything).
+async fn drop_all(
+    databases: Vec<String>,
+    logins: Vec<String>,
+) -> Result<(), tokio_postgres::Error> {
+    let (admin, connection) = tokio_postgres::connect(&base_url(), NoTls).await?;
+    let connection = tokio::spawn(connection);
+    for name in databases {
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await?;
+    }
+    for login in logins {
+        admin
+            .batch_execute(&format!("DROP ROLE IF EXISTS {login}"))
+            .await?;
+    }
+    drop(admin);
+    let _ = connection.await;
+    Ok(())
 }
 
 pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
@@ -134,6 +244,8 @@ pub struct Relayer {
     pub child: std::process::Child,
     pub worker_id: String,
     pub log: std::path::PathBuf,
+    /// The `--telemetry-addr` it was given, if any: where [`Relayer::metric`] reads.
+    pub telemetry: Option<String>,
 }
 
 impl Relayer {
@@ -169,11 +281,28 @@ impl Relayer {
             .stderr(stderr)
             .spawn()
             .expect("spawn outbox-relay");
+        let telemetry = args
+            .iter()
+            .position(|a| *a == "--telemetry-addr")
+            .and_then(|i| args.get(i + 1))
+            .map(|a| (*a).to_owned());
         Relayer {
             child,
             worker_id: worker_id.to_owned(),
             log,
+            telemetry,
         }
+    }
+
+    /// The sum of the samples of metric `name` (over its labels) on the relayer's /metrics;
+    /// `None` while the listener does not answer. The relayer must have been started with
+    /// `--telemetry-addr`.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let addr = self
+            .telemetry
+            .as_deref()
+            .expect("a relayer started with --telemetry-addr");
+        metric(addr, name).await
     }
 
     pub fn pid(&self) -> u32 {
@@ -254,6 +383,22 @@ pub async fn count(c: &Client, sql: &str) -> i64 {
 /// Messages still in `outbox.messages` (ready, delayed or leased).
 pub async fn pending(c: &Client) -> i64 {
     count(c, "SELECT count(*) FROM outbox.messages").await
+}
+
+/// The sum of the samples of metric `name` (over its labels) on the /metrics of the
+/// telemetry listener at `addr`; `None` while it does not answer.
+pub async fn metric(addr: &str, name: &str) -> Option<f64> {
+    let (status, body) = outbox_relay::http::probe(addr, "/metrics").await.ok()?;
+    assert_eq!(status, 200, "/metrics on {addr}: {body}");
+    Some(
+        body.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
 }
 
 /// A free TCP port on 127.0.0.1.

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::common::TestDb;
 use crate::proxy::Proxy;
-use crate::{Arrived, Harness, Unsupported};
+use crate::{Arrived, Freeze, Harness, KillConnections, Outage, UnsendableHeader};
 
 const BROKER: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
@@ -96,8 +96,8 @@ impl Harness for Rabbit {
         arrived
     }
 
-    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
-        Ok((
+    async fn refused_message(&self, c: &Client) -> (Uuid, &'static str) {
+        (
             crate::enqueue(
                 c,
                 "nobody",
@@ -106,35 +106,7 @@ impl Harness for Rabbit {
             )
             .await,
             "unroutable",
-        ))
-    }
-
-    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
-        // An AMQP field table key is a short string: at most 255 bytes.
-        Ok(("h".repeat(300), "x".into()))
-    }
-
-    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
-        self.proxy.kill_connections();
-        Ok(())
-    }
-
-    async fn stop(&mut self) -> Result<(), Unsupported> {
-        self.proxy.stop().await;
-        Ok(())
-    }
-
-    async fn restart(&mut self) {
-        self.proxy.listen().await;
-    }
-
-    async fn freeze(&mut self) -> Result<(), Unsupported> {
-        self.proxy.freeze();
-        Ok(())
-    }
-
-    async fn thaw(&mut self) {
-        self.proxy.thaw();
+        )
     }
 
     async fn clean_up(self) {
@@ -142,5 +114,38 @@ impl Harness for Rabbit {
             .queue_delete(self.queue().as_str().into(), QueueDeleteOptions::default())
             .await
             .unwrap();
+    }
+}
+
+impl UnsendableHeader for Rabbit {
+    fn unsendable_header(&self) -> (String, String) {
+        // An AMQP field table key is a short string: at most 255 bytes.
+        ("h".repeat(300), "x".into())
+    }
+}
+
+impl KillConnections for Rabbit {
+    async fn kill_connections(&mut self) {
+        self.proxy.kill_connections();
+    }
+}
+
+impl Outage for Rabbit {
+    async fn stop(&mut self) {
+        self.proxy.stop().await;
+    }
+
+    async fn restart(&mut self) {
+        self.proxy.listen().await;
+    }
+}
+
+impl Freeze for Rabbit {
+    async fn freeze(&mut self) {
+        self.proxy.freeze();
+    }
+
+    async fn thaw(&mut self) {
+        self.proxy.thaw();
     }
 }

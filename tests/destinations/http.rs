@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::common::{self, TestDb};
-use crate::{Arrived, Harness, MINUTE, Unsupported, drained, histories};
+use crate::{
+    Arrived, Freeze, Harness, KillConnections, MINUTE, Outage, UnsendableHeader, drained, histories,
+};
 
 /// What the server saw, and how it answers.
 #[derive(Default)]
@@ -138,8 +140,8 @@ impl Harness for Hooks {
             .collect()
     }
 
-    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
-        Ok((
+    async fn refused_message(&self, c: &Client) -> (Uuid, &'static str) {
+        (
             crate::enqueue(
                 c,
                 "rejected",
@@ -148,31 +150,36 @@ impl Harness for Hooks {
             )
             .await,
             "HTTP 400",
-        ))
+        )
     }
+}
 
-    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
-        Ok(("bad name".into(), "x".into()))
+impl UnsendableHeader for Hooks {
+    fn unsendable_header(&self) -> (String, String) {
+        ("bad name".into(), "x".into())
     }
+}
 
-    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
+impl KillConnections for Hooks {
+    async fn kill_connections(&mut self) {
         self.shut().await;
         self.listen().await;
-        Ok(())
     }
+}
 
-    async fn stop(&mut self) -> Result<(), Unsupported> {
+impl Outage for Hooks {
+    async fn stop(&mut self) {
         self.shut().await;
-        Ok(())
     }
 
     async fn restart(&mut self) {
         self.listen().await;
     }
+}
 
-    async fn freeze(&mut self) -> Result<(), Unsupported> {
+impl Freeze for Hooks {
+    async fn freeze(&mut self) {
         self.seen.lock().unwrap().frozen = true;
-        Ok(())
     }
 
     async fn thaw(&mut self) {

@@ -24,12 +24,16 @@ use uuid::Uuid;
 use crate::common::{self, TestDb, eventually, pending};
 use crate::proxy::Proxy;
 use crate::server::Server;
-use crate::{Arrived, Harness, MINUTE, Unsupported, histories, start_relayer, stop_relayer};
+use crate::{
+    Arrived, Freeze, Harness, KillConnections, MINUTE, Outage, histories, start_relayer,
+    stop_relayer,
+};
 
 /// The topic the conformance scenarios deliver to.
 const TOPIC: &str = "orders";
 const PARTITIONS: i32 = 3;
 
+/// Not [`crate::UnsendableHeader`]: a Kafka record header carries any name and any bytes.
 pub struct Tansu {
     port: u16,
     proxy: Proxy,
@@ -192,9 +196,9 @@ impl Harness for Tansu {
             .collect()
     }
 
-    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
+    async fn refused_message(&self, c: &Client) -> (Uuid, &'static str) {
         // No such topic, and the broker creates none on first use.
-        Ok((
+        (
             crate::enqueue(
                 c,
                 "nobody",
@@ -203,30 +207,29 @@ impl Harness for Tansu {
             )
             .await,
             "nknown topic",
-        ))
+        )
     }
+}
 
-    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
-        Err("a Kafka record header carries any name and any bytes")
-    }
-
-    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
+impl KillConnections for Tansu {
+    async fn kill_connections(&mut self) {
         self.proxy.kill_connections();
-        Ok(())
     }
+}
 
-    async fn stop(&mut self) -> Result<(), Unsupported> {
+impl Outage for Tansu {
+    async fn stop(&mut self) {
         self.proxy.stop().await;
-        Ok(())
     }
 
     async fn restart(&mut self) {
         self.proxy.listen().await;
     }
+}
 
-    async fn freeze(&mut self) -> Result<(), Unsupported> {
+impl Freeze for Tansu {
+    async fn freeze(&mut self) {
         self.proxy.freeze();
-        Ok(())
     }
 
     async fn thaw(&mut self) {
@@ -266,7 +269,7 @@ async fn per_key_order_holds_per_partition_across_a_retry_of_the_head() {
         pending(&c).await == 0
     })
     .await;
-    h.stop().await.unwrap();
+    h.stop().await;
     enqueue(KEYS * PER_KEY / 3, KEYS * PER_KEY).await;
     eventually(MINUTE, "a head retried", || async {
         common::count(

@@ -5,13 +5,31 @@
 //! the destination's own code.
 //!
 //! Scenarios: 5,000 messages arrive exactly once with the outbox_id in the destination's
-//! native dedupe field; a redelivery is recognisable by that id; per-message headers arrive
-//! (and one the protocol cannot carry fails only its message); a permanent refusal
-//! dead-letters only that message; the connection killed server-side is survived without a
-//! restart; the server down for a while opens the circuit with no attempts while it is open
-//! and everything delivered after; a server that stops answering hits the dispatch
-//! deadline. A destination that cannot support a scenario says why in its harness; the
-//! scenario prints that reason.
+//! native dedupe field; a redelivery is recognisable by that id; per-message headers arrive;
+//! a permanent refusal dead-letters only that message. And where the destination has what
+//! they break: a header the protocol cannot carry fails only its message; the connection
+//! killed server-side is survived without a restart; the server down for a while opens the
+//! circuit with no attempts while it is open and everything delivered after; a server that
+//! stops answering hits the dispatch deadline.
+//!
+//! A harness declares those capabilities by implementing their traits ([`UnsendableHeader`],
+//! [`KillConnections`], [`Outage`], [`Freeze`]); a scenario it cannot support is not
+//! generated for it (its line in `conformance!` says `no`, and the compiler refuses a `no`
+//! for a trait the harness implements), so no test passes without running. Why a harness
+//! lacks one is written on its type. The matrix (`-`: not generated), checked against the
+//! suite by `the_matrix_of_destinations_and_scenarios_is_the_documented_one`, which prints
+//! it:
+//!
+//! | scenario                                                  | file | stdout | http | nats | amqp | redis | kafka |
+//! |-----------------------------------------------------------|------|--------|------|------|------|-------|-------|
+//! | five_thousand_arrive_exactly_once_with_the_outbox_id      | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  |
+//! | a_redelivery_is_recognisable_by_the_outbox_id             | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  |
+//! | message_headers_and_trace_context_arrive                  | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  |
+//! | a_permanent_refusal_dead_letters_only_that_message        | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  |
+//! | a_header_the_protocol_cannot_carry_fails_only_its_message |  -   |   -    | yes  | yes  | yes  |   -   |   -   |
+//! | the_connection_killed_server_side_is_survived             |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
+//! | an_outage_opens_the_circuit_and_everything_arrives_after  |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
+//! | a_server_that_stops_answering_hits_the_dispatch_deadline  |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
 //!
 //! Servers: Redis (`redis-server`), NATS (`nats-server`) and a Kafka-protocol broker
 //! (`tansu`, read back with `kcat`) started per test; RabbitMQ on 127.0.0.1:5672
@@ -39,6 +57,12 @@ use uuid::Uuid;
 
 pub const MINUTE: Duration = Duration::from_secs(60);
 
+/// The gauge of a destination's circuit on /metrics (part of what operators scrape), and its
+/// values.
+pub const CIRCUIT_STATE: &str = "outbox_destination_circuit_state";
+pub const CLOSED: f64 = 0.0;
+pub const OPEN: f64 = 1.0;
+
 /// A message as the destination's server holds it.
 #[derive(Debug)]
 pub struct Arrived {
@@ -49,10 +73,9 @@ pub struct Arrived {
     pub headers: BTreeMap<String, String>,
 }
 
-/// What a scenario cannot do with a destination, and why.
-pub type Unsupported = &'static str;
-
-/// One destination's part of the suite.
+/// One destination's part of the suite: what every scenario needs. The optional
+/// capabilities below are traits of their own; a harness declares one by implementing it, and
+/// the scenarios that need it are generated only for harnesses that do (see [`conformance!`]).
 trait Harness: Sized {
     /// Whether the destination itself drops a redelivery of an id it holds.
     const DEDUPES: bool;
@@ -73,28 +96,41 @@ trait Harness: Sized {
 
     /// Inserts one message the destination refuses for good; returns its id and a piece of
     /// the reason the refusal carries.
-    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported>;
-
-    /// A header (name, value) the destination's protocol cannot carry.
-    fn unsendable_header(&self) -> Result<(String, String), Unsupported>;
-
-    /// The server closes the relayer's connections.
-    async fn kill_connections(&mut self) -> Result<(), Unsupported>;
-
-    /// The server goes away ([`Harness::restart`] brings it back, with what it held).
-    async fn stop(&mut self) -> Result<(), Unsupported>;
-    async fn restart(&mut self);
-
-    /// The server accepts connections and answers nothing ([`Harness::thaw`] ends it).
-    async fn freeze(&mut self) -> Result<(), Unsupported>;
-    async fn thaw(&mut self);
+    async fn refused_message(&self, c: &Client) -> (Uuid, &'static str);
 
     /// Removes what the test left on a shared server.
     async fn clean_up(self) {}
 }
 
+/// The destination's protocol cannot carry some header.
+trait UnsendableHeader: Harness {
+    /// A header (name, value) the destination's protocol cannot carry.
+    fn unsendable_header(&self) -> (String, String);
+}
+
+/// The destination has a connection the server can close.
+trait KillConnections: Harness {
+    /// The server closes the relayer's connections.
+    async fn kill_connections(&mut self);
+}
+
+/// The destination has a server that can go away and come back.
+trait Outage: Harness {
+    /// The server goes away ([`Outage::restart`] brings it back, with what it held).
+    async fn stop(&mut self);
+    async fn restart(&mut self);
+}
+
+/// The destination has a server that can stop answering.
+trait Freeze: Harness {
+    /// The server accepts connections and answers nothing ([`Freeze::thaw`] ends it).
+    async fn freeze(&mut self);
+    async fn thaw(&mut self);
+}
+
 /// A relayer delivering everything to the harness's destination `d`, with a short retry
-/// backoff and a circuit that opens after two failed batches.
+/// backoff and a circuit that opens after two failed batches; its metrics on a port of its
+/// own ([`Relayer::metric`]).
 fn start_relayer<H: Harness>(db: &TestDb, h: &H, worker: &str, timeout_ms: u64) -> Relayer {
     let config = format!(
         "[destinations.d]\n{}timeout_ms = {timeout_ms}\n\n[[routes]]\ntopic = \"*\"\ndestination = \"d\"\n",
@@ -103,10 +139,12 @@ fn start_relayer<H: Harness>(db: &TestDb, h: &H, worker: &str, timeout_ms: u64) 
     let path = db.scratch_dir().join(format!("{worker}.toml"));
     std::fs::write(&path, config).unwrap();
     let path = path.display().to_string();
+    let telemetry = format!("127.0.0.1:{}", common::free_port());
     let args = [
         "--config",
         &path,
-        "--no-telemetry",
+        "--telemetry-addr",
+        &telemetry,
         "--retry-base-ms",
         "50",
         "--retry-cap-ms",
@@ -174,8 +212,12 @@ async fn histories(c: &Client) -> BTreeMap<Uuid, String> {
     .collect()
 }
 
-fn not_applicable(scenario: &str, why: Unsupported) {
-    eprintln!("{scenario}: not applicable to this destination: {why}");
+/// Waits for the relayer's circuit of `d` to be open (its gauge on /metrics).
+pub async fn circuit_opens(w: &Relayer) {
+    eventually(MINUTE, "the circuit to open", || async {
+        w.metric(CIRCUIT_STATE).await == Some(OPEN)
+    })
+    .await;
 }
 
 /// Once the circuit is open and the batches claimed before it opened have settled, no
@@ -268,16 +310,6 @@ async fn headers<H: Harness>() {
         serde_json::json!({"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "x-tenant": "acme", "x-retries": 3}),
     )
     .await;
-    let unsendable = match h.unsendable_header() {
-        Ok((name, value)) => Some((
-            enqueue(&c, "orders", None, serde_json::json!({ &name: value })).await,
-            name,
-        )),
-        Err(why) => {
-            not_applicable("a header the protocol cannot carry", why);
-            None
-        }
-    };
     let w = start_relayer(&db, &h, "headers", 10_000);
     drained(&c).await;
     stop_relayer(w).await;
@@ -306,19 +338,35 @@ async fn headers<H: Harness>() {
     }
     let delivered: HashSet<Uuid> = arrived.iter().map(|a| a.id).collect();
     assert!(others.is_subset(&delivered));
-    if let Some((id, name)) = unsendable {
-        assert!(
-            !delivered.contains(&id),
-            "a header the protocol cannot carry is not sent"
-        );
-        let dead = common::dead_letters(&c).await;
-        assert_eq!(dead.len(), 1, "{dead:?}");
-        assert_eq!(dead[0].0, id);
-        assert!(
-            dead[0].1.contains(&name),
-            "the reason names the header: {dead:?}"
-        );
-    }
+    h.clean_up().await;
+    db.finish().await;
+}
+
+/// A message with a header the protocol cannot carry is dead-lettered, naming the header;
+/// the others of its batch arrive.
+async fn unsendable_header<H: UnsendableHeader>() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = H::start(&db).await;
+    let others = fill(&c, 20).await;
+    let (name, value) = h.unsendable_header();
+    let id = enqueue(&c, "orders", None, serde_json::json!({ &name: value })).await;
+    let w = start_relayer(&db, &h, "unsendable", 10_000);
+    drained(&c).await;
+    stop_relayer(w).await;
+    let delivered: HashSet<Uuid> = h.received().await.iter().map(|a| a.id).collect();
+    assert!(others.is_subset(&delivered));
+    assert!(
+        !delivered.contains(&id),
+        "a header the protocol cannot carry is not sent"
+    );
+    let dead = common::dead_letters(&c).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].0, id);
+    assert!(
+        dead[0].1.contains(&name),
+        "the reason names the header: {dead:?}"
+    );
     h.clean_up().await;
     db.finish().await;
 }
@@ -330,10 +378,7 @@ async fn refusal<H: Harness>() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let h = H::start(&db).await;
-    let (refused, reason) = match h.refused_message(&c).await {
-        Ok(r) => r,
-        Err(why) => return not_applicable("a permanent refusal", why),
-    };
+    let (refused, reason) = h.refused_message(&c).await;
     // Enqueued together so that they are claimed, and published, in one batch.
     let ids = fill(&c, 50).await;
     let w = start_relayer(&db, &h, "refusal", 10_000);
@@ -368,17 +413,14 @@ async fn refusal<H: Harness>() {
     db.finish().await;
 }
 
-async fn connection_killed<H: Harness>() {
+async fn connection_killed<H: KillConnections>() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let mut h = H::start(&db).await;
     let w = start_relayer(&db, &h, "killed", 2_000);
     let mut ids = fill(&c, 100).await;
     drained(&c).await;
-    if let Err(why) = h.kill_connections().await {
-        stop_relayer(w).await;
-        return not_applicable("the connection killed server-side", why);
-    }
+    h.kill_connections().await;
     ids.extend(fill(&c, 100).await);
     drained(&c).await;
     stop_relayer(w).await;
@@ -391,26 +433,24 @@ async fn connection_killed<H: Harness>() {
     db.finish().await;
 }
 
-async fn outage<H: Harness>() {
+async fn outage<H: Outage>() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let mut h = H::start(&db).await;
     let w = start_relayer(&db, &h, "outage", 2_000);
     let mut ids = fill(&c, 100).await;
     drained(&c).await;
-    if let Err(why) = h.stop().await {
-        stop_relayer(w).await;
-        return not_applicable("the server down for a while", why);
-    }
+    h.stop().await;
     ids.extend(fill(&c, 200).await);
-    eventually(MINUTE, "the circuit to open", || async {
-        w.log_text().contains("circuit open")
-    })
-    .await;
+    circuit_opens(&w).await;
     assert_no_attempts_while_open(&c).await;
     h.restart().await;
     drained(&c).await;
-    assert!(w.log_text().contains("circuit closed"), "{}", w.log_text());
+    assert_eq!(
+        w.metric(CIRCUIT_STATE).await,
+        Some(CLOSED),
+        "the circuit closed once the server was back"
+    );
     let most: i64 = common::count(
         &c,
         "SELECT coalesce(max(attempt_no), 0)::bigint FROM outbox.attempts",
@@ -427,17 +467,14 @@ async fn outage<H: Harness>() {
     db.finish().await;
 }
 
-async fn deadline<H: Harness>() {
+async fn deadline<H: Freeze>() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let mut h = H::start(&db).await;
     let w = start_relayer(&db, &h, "deadline", 1_000);
     let mut ids = fill(&c, 50).await;
     drained(&c).await;
-    if let Err(why) = h.freeze().await {
-        stop_relayer(w).await;
-        return not_applicable("a server that stops answering", why);
-    }
+    h.freeze().await;
     let frozen = std::time::Instant::now();
     ids.extend(fill(&c, 100).await);
     // The dispatch deadline's reason, or the client's own timeout where the destination
@@ -455,10 +492,7 @@ async fn deadline<H: Harness>() {
         "the first batch was given up at its 1 s deadline, not later ({:?})",
         frozen.elapsed()
     );
-    eventually(MINUTE, "the circuit to open", || async {
-        w.log_text().contains("circuit open")
-    })
-    .await;
+    circuit_opens(&w).await;
     assert_no_attempts_while_open(&c).await;
     h.thaw().await;
     drained(&c).await;
@@ -469,54 +503,168 @@ async fn deadline<H: Harness>() {
     db.finish().await;
 }
 
-/// The scenarios, as tests, for one harness.
-macro_rules! conformance {
-    ($suite:ident, $harness:ty) => {
-        mod $suite {
-            use super::*;
+/// The scenarios every harness runs, by test name.
+const EVERY_HARNESS: [&str; 4] = [
+    "five_thousand_arrive_exactly_once_with_the_outbox_id",
+    "a_redelivery_is_recognisable_by_the_outbox_id",
+    "message_headers_and_trace_context_arrive",
+    "a_permanent_refusal_dead_letters_only_that_message",
+];
 
-            #[tokio::test(flavor = "multi_thread")]
-            async fn five_thousand_arrive_exactly_once_with_the_outbox_id() {
-                exactly_once::<$harness>().await
-            }
+/// The scenarios that need a capability, by test name, in the order of the `conformance!`
+/// arguments.
+const OPTIONAL: [&str; 4] = [
+    "a_header_the_protocol_cannot_carry_fails_only_its_message",
+    "the_connection_killed_server_side_is_survived",
+    "an_outage_opens_the_circuit_and_everything_arrives_after",
+    "a_server_that_stops_answering_hits_the_dispatch_deadline",
+];
 
-            #[tokio::test(flavor = "multi_thread")]
-            async fn a_redelivery_is_recognisable_by_the_outbox_id() {
-                redelivery::<$harness>().await
-            }
-
-            #[tokio::test(flavor = "multi_thread")]
-            async fn message_headers_and_trace_context_arrive() {
-                headers::<$harness>().await
-            }
-
-            #[tokio::test(flavor = "multi_thread")]
-            async fn a_permanent_refusal_dead_letters_only_that_message() {
-                refusal::<$harness>().await
-            }
-
-            #[tokio::test(flavor = "multi_thread")]
-            async fn the_connection_killed_server_side_is_survived() {
-                connection_killed::<$harness>().await
-            }
-
-            #[tokio::test(flavor = "multi_thread")]
-            async fn an_outage_opens_the_circuit_and_everything_arrives_after() {
-                outage::<$harness>().await
-            }
-
-            #[tokio::test(flavor = "multi_thread")]
-            async fn a_server_that_stops_answering_hits_the_dispatch_deadline() {
-                deadline::<$harness>().await
-            }
+/// One optional scenario: `yes` generates its test (which needs the harness to implement
+/// `$capability`, or the suite does not compile); `no` generates none, and the suite does not
+/// compile if the harness implements `$capability` after all (the ambiguity trick of
+/// static_assertions' `assert_not_impl_any!`), so a declaration cannot hide a capability.
+macro_rules! optional {
+    (yes, $capability:path, $harness:ty, $test:ident, $scenario:ident) => {
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $test() {
+            $scenario::<$harness>().await
         }
+    };
+    (no, $capability:path, $harness:ty, $test:ident, $scenario:ident) => {
+        const _: fn() = || {
+            trait AmbiguousIfImplemented<A> {
+                fn check() {}
+            }
+            impl<T: ?Sized> AmbiguousIfImplemented<()> for T {}
+            struct Implemented;
+            impl<T: ?Sized + $capability> AmbiguousIfImplemented<Implemented> for T {}
+            let _ = <$harness as AmbiguousIfImplemented<_>>::check;
+        };
     };
 }
 
-conformance!(file_conformance, jsonl::File);
-conformance!(stdout_conformance, jsonl::Stdout);
-conformance!(http_conformance, http::Hooks);
-conformance!(nats_conformance, nats::JetStream);
-conformance!(amqp_conformance, amqp::Rabbit);
-conformance!(redis_conformance, redis::Streams);
-conformance!(kafka_conformance, kafka::Tansu);
+macro_rules! supported {
+    (yes) => {
+        true
+    };
+    (no) => {
+        false
+    };
+}
+
+/// The suites: for each destination, a module of tests (one per scenario it supports) and its
+/// column of [`MATRIX`]. A harness's capabilities are the traits it implements; its line here
+/// says yes or no to each, in the order of [`OPTIONAL`], and the compiler holds the two to
+/// agree.
+macro_rules! conformance {
+    ($(
+        $suite:ident: $harness:ty, $destination:literal,
+        [$header:ident, $killed:ident, $outage:ident, $stall:ident];
+    )*) => {
+        $(
+            mod $suite {
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread")]
+                async fn five_thousand_arrive_exactly_once_with_the_outbox_id() {
+                    exactly_once::<$harness>().await
+                }
+
+                #[tokio::test(flavor = "multi_thread")]
+                async fn a_redelivery_is_recognisable_by_the_outbox_id() {
+                    redelivery::<$harness>().await
+                }
+
+                #[tokio::test(flavor = "multi_thread")]
+                async fn message_headers_and_trace_context_arrive() {
+                    headers::<$harness>().await
+                }
+
+                #[tokio::test(flavor = "multi_thread")]
+                async fn a_permanent_refusal_dead_letters_only_that_message() {
+                    refusal::<$harness>().await
+                }
+
+                optional!($header, UnsendableHeader, $harness,
+                    a_header_the_protocol_cannot_carry_fails_only_its_message, unsendable_header);
+                optional!($killed, KillConnections, $harness,
+                    the_connection_killed_server_side_is_survived, connection_killed);
+                optional!($outage, Outage, $harness,
+                    an_outage_opens_the_circuit_and_everything_arrives_after, outage);
+                optional!($stall, Freeze, $harness,
+                    a_server_that_stops_answering_hits_the_dispatch_deadline, deadline);
+            }
+        )*
+
+        /// Each destination with the optional scenarios it runs, in the order of [`OPTIONAL`].
+        const MATRIX: &[(&str, [bool; 4])] = &[$(
+            ($destination, [supported!($header), supported!($killed), supported!($outage), supported!($stall)]),
+        )*];
+    };
+}
+
+conformance! {
+    file_conformance: jsonl::File, "file", [no, no, no, no];
+    stdout_conformance: jsonl::Stdout, "stdout", [no, no, no, no];
+    http_conformance: http::Hooks, "http", [yes, yes, yes, yes];
+    nats_conformance: nats::JetStream, "nats", [yes, yes, yes, yes];
+    amqp_conformance: amqp::Rabbit, "amqp", [yes, yes, yes, yes];
+    redis_conformance: redis::Streams, "redis", [no, yes, yes, yes];
+    kafka_conformance: kafka::Tansu, "kafka", [no, yes, yes, yes];
+}
+
+/// The matrix of destinations and scenarios as the module docs show it.
+fn matrix() -> String {
+    let width = OPTIONAL
+        .iter()
+        .chain(&EVERY_HARNESS)
+        .map(|s| s.len())
+        .max()
+        .unwrap();
+    let mut table = format!("| {:width$} |", "scenario");
+    for (destination, _) in MATRIX {
+        table.push_str(&format!(" {destination} |"));
+    }
+    table.push('\n');
+    table.push_str(&format!("|{}|", "-".repeat(width + 2)));
+    for (destination, _) in MATRIX {
+        table.push_str(&format!("{}|", "-".repeat(destination.len() + 2)));
+    }
+    table.push('\n');
+    let rows = EVERY_HARNESS
+        .iter()
+        .map(|s| (*s, None))
+        .chain(OPTIONAL.iter().enumerate().map(|(i, s)| (*s, Some(i))));
+    for (scenario, optional) in rows {
+        table.push_str(&format!("| {scenario:width$} |"));
+        for (destination, runs) in MATRIX {
+            let mark = if optional.is_none_or(|i| runs[i]) {
+                "yes"
+            } else {
+                "-"
+            };
+            table.push_str(&format!(" {mark:^w$} |", w = destination.len()));
+        }
+        table.push('\n');
+    }
+    table
+}
+
+/// Prints which scenarios run for which destination (`cargo test --test destinations matrix
+/// -- --nocapture`), and holds the module docs to it.
+#[test]
+fn the_matrix_of_destinations_and_scenarios_is_the_documented_one() {
+    let table = matrix();
+    println!("{table}");
+    let documented: String = include_str!("main.rs")
+        .lines()
+        .filter_map(|l| l.strip_prefix("//! "))
+        .filter(|l| l.starts_with('|'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        documented, table,
+        "the matrix in the module docs of tests/destinations/main.rs is not the suite's; it is:\n{table}"
+    );
+}

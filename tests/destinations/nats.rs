@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::common::{self, TestDb};
 use crate::server::Server;
-use crate::{Arrived, Harness, Unsupported};
+use crate::{Arrived, Freeze, Harness, KillConnections, Outage, UnsendableHeader};
 
 pub struct JetStream {
     port: u16,
@@ -81,7 +81,7 @@ impl Harness for JetStream {
         arrived
     }
 
-    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
+    async fn refused_message(&self, c: &Client) -> (Uuid, &'static str) {
         let id = crate::enqueue(
             c,
             "nostream",
@@ -89,32 +89,37 @@ impl Harness for JetStream {
             serde_json::json!({ "secret": crate::REFUSED_PAYLOAD_MARK }),
         )
         .await;
-        Ok((id, "no JetStream stream captures subject"))
+        (id, "no JetStream stream captures subject")
     }
+}
 
-    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
-        Ok(("bad name".into(), "x".into()))
+impl UnsendableHeader for JetStream {
+    fn unsendable_header(&self) -> (String, String) {
+        ("bad name".into(), "x".into())
     }
+}
 
-    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
+impl KillConnections for JetStream {
+    async fn kill_connections(&mut self) {
         // A restart is the only way a plain nats-server hangs up on a client.
         self.server.kill();
         self.server.restart().await;
-        Ok(())
     }
+}
 
-    async fn stop(&mut self) -> Result<(), Unsupported> {
+impl Outage for JetStream {
+    async fn stop(&mut self) {
         self.server.kill();
-        Ok(())
     }
 
     async fn restart(&mut self) {
         self.server.restart().await;
     }
+}
 
-    async fn freeze(&mut self) -> Result<(), Unsupported> {
+impl Freeze for JetStream {
+    async fn freeze(&mut self) {
         self.server.signal("-STOP");
-        Ok(())
     }
 
     async fn thaw(&mut self) {

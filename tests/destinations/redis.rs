@@ -9,8 +9,10 @@ use uuid::Uuid;
 
 use crate::common::{self, TestDb};
 use crate::server::Server;
-use crate::{Arrived, Harness, Unsupported};
+use crate::{Arrived, Freeze, Harness, KillConnections, Outage};
 
+/// Not [`crate::UnsendableHeader`]: a stream entry carries the headers as a JSON field, so any
+/// header can be sent.
 pub struct Streams {
     port: u16,
     server: Server,
@@ -103,7 +105,7 @@ impl Harness for Streams {
             .collect()
     }
 
-    async fn refused_message(&self, c: &Client) -> Result<(Uuid, &'static str), Unsupported> {
+    async fn refused_message(&self, c: &Client) -> (Uuid, &'static str) {
         // The stream's key holds a string: Redis refuses that one XADD of the pipeline.
         let mut r = self.connection().await;
         let _: () = redis::cmd("SET")
@@ -112,7 +114,7 @@ impl Harness for Streams {
             .query_async(&mut r)
             .await
             .unwrap();
-        Ok((
+        (
             crate::enqueue(
                 c,
                 "wrongtype",
@@ -121,14 +123,12 @@ impl Harness for Streams {
             )
             .await,
             "WRONGTYPE",
-        ))
+        )
     }
+}
 
-    fn unsendable_header(&self) -> Result<(String, String), Unsupported> {
-        Err("a stream entry carries the headers as a JSON field: any header can be sent")
-    }
-
-    async fn kill_connections(&mut self) -> Result<(), Unsupported> {
+impl KillConnections for Streams {
+    async fn kill_connections(&mut self) {
         let mut r = self.connection().await;
         let killed: i64 = redis::cmd("CLIENT")
             .arg("KILL")
@@ -138,21 +138,22 @@ impl Harness for Streams {
             .await
             .unwrap();
         assert!(killed >= 1, "the relayer's connection was closed");
-        Ok(())
     }
+}
 
-    async fn stop(&mut self) -> Result<(), Unsupported> {
+impl Outage for Streams {
+    async fn stop(&mut self) {
         self.server.kill();
-        Ok(())
     }
 
     async fn restart(&mut self) {
         self.server.restart().await;
     }
+}
 
-    async fn freeze(&mut self) -> Result<(), Unsupported> {
+impl Freeze for Streams {
+    async fn freeze(&mut self) {
         self.server.signal("-STOP");
-        Ok(())
     }
 
     async fn thaw(&mut self) {

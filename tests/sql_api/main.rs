@@ -1,0 +1,33 @@
+//! The SQL contract of DESIGN §3, exercised the way any language would: plain SQL calls to
+//! the `outbox.*` functions on a real Postgres, each test on a database of its own. One
+//! module per contract area, as the SQL in `schema/` is laid out; the calls they share are
+//! in `tests/common/sql.rs`.
+//!
+//! - [`enqueue`]: ids, headers, bytes, refused reuse, inlining, wake-ups;
+//! - [`claim`]: what a claim leases, its budget, the shards' turns, concurrent claimers;
+//! - [`keys`]: per-key order, runs of a key, producers committing behind a head;
+//! - [`completion`]: the lease fences of completion, extension and release;
+//! - [`repair`]: expired leases requeued or dead-lettered, and the stale worker fenced;
+//! - [`dead_letters`]: dead-lettering, replay and pruning the attempt history;
+//! - [`observation`]: the operator's views;
+//! - [`roles`]: what each role may do, and what a login cannot hold up;
+//! - [`arguments`]: P7001 naming the argument refused.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod arguments;
+mod claim;
+mod completion;
+mod dead_letters;
+mod enqueue;
+mod keys;
+mod observation;
+mod repair;
+mod roles;
+
+use std::collections::HashSet;
+
+use common::sql::*;
+use common::{TestDb, count, sqlstate};
+use uuid::Uuid;
