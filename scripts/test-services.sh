@@ -14,8 +14,8 @@
 # that `make bench` uses, when they are installed but down, and writes what it started to
 # target/test-services.started so that scripts/stop-test-services.sh (the end of `make
 # test`) stops those and nothing else. Installs with apt-get what Debian packages (each
-# announced on stderr with its reason and expected time) and tansu with `cargo install`
-# (once: it stays in ~/.cargo/bin) when missing; nothing else goes outside target/.
+# announced on stderr with its reason and expected time) and tansu with `cargo install
+# --root target/tools` (once per checkout) when missing; nothing else goes outside target/.
 # Anything still missing fails here, naming the server and the command that provides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,10 @@ started="$target/test-services.started"
 : >"$started"
 
 TANSU_VERSION=0.6.0
+# tansu is installed under target/tools (cargo install --root), never into ~/.cargo/bin; one
+# of the right version that the machine already has in ~/.cargo/bin is used as it is.
 TANSU="${CARGO_HOME:-$HOME/.cargo}/bin/tansu"
+"$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION" || TANSU="$PWD/target/tools/bin/tansu"
 
 answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 missing=()
@@ -79,9 +82,10 @@ if ! "$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
     # The in-memory storage engine is the `dynostore` feature. Some minutes of compiling,
     # once per machine.
     echo "test-services: installing tansu $TANSU_VERSION with cargo install into" \
-         "${CARGO_HOME:-$HOME/.cargo}/bin (the Kafka tests' broker; 5-15 minutes of compiling," \
-         "once per machine)" >&2
-    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
+         "target/tools (the Kafka tests' broker; 5-20 minutes of compiling, once per" \
+         "checkout)" >&2
+    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked \
+        --root target/tools
 fi
 if ! answers 9092 && [ -x "$TANSU" ]; then
     echo "test-services: starting tansu (Kafka protocol) on 127.0.0.1:9092" >&2

@@ -22,8 +22,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{TestDb, base_url, connect};
-use outbox_relay::store::with_database;
+use common::TestDb;
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
@@ -58,46 +57,6 @@ fn area_files() -> Vec<PathBuf> {
         "schema/ holds too few area files: {files:?}"
     );
     files
-}
-
-/// A database that no migration has touched; dropped by `drop`, kept (and named) when the
-/// test fails before it.
-struct EmptyDb {
-    name: String,
-    url: String,
-}
-
-impl EmptyDb {
-    async fn new(tag: &str) -> EmptyDb {
-        let name = format!("outbox_test_{tag}_{}", std::process::id());
-        let admin = connect(&base_url()).await.expect("connect to Postgres");
-        for statement in [
-            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-            format!("CREATE DATABASE {name}"),
-        ] {
-            admin
-                .batch_execute(&statement)
-                .await
-                .expect("create database");
-        }
-        eprintln!("test database {name} (kept if the test fails)");
-        EmptyDb {
-            url: with_database(&base_url(), &name),
-            name,
-        }
-    }
-
-    async fn client(&self) -> Client {
-        connect(&self.url).await.expect("connect to test database")
-    }
-
-    async fn drop(self) {
-        let admin = connect(&base_url()).await.expect("connect to Postgres");
-        admin
-            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
-            .await
-            .expect("drop test database");
-    }
 }
 
 /// Loads the area files into an empty database, each in one transaction, as a reader would
@@ -247,7 +206,7 @@ async fn seed_rows(c: &Client) -> String {
 #[tokio::test]
 async fn the_area_files_define_the_schema_the_migrations_build() {
     let migrated = TestDb::new().await;
-    let loaded = EmptyDb::new("area_files").await;
+    let loaded = TestDb::empty().await;
     load_area_files(&loaded.client().await).await;
 
     let from_migrations = dump(&migrated.url);
@@ -295,7 +254,7 @@ async fn the_area_files_define_the_schema_the_migrations_build() {
         "the diff of a stale area file names the object that differs, got:\n{stale}"
     );
 
-    loaded.drop().await;
+    loaded.finish().await;
     migrated.finish().await;
 }
 
@@ -888,13 +847,8 @@ async fn contents(c: &Client) -> Vec<(String, i64, String)> {
 
 #[tokio::test]
 async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
-    let db = EmptyDb::new("upgrade").await;
-    let mut c = db.client().await;
-    outbox_relay::schema::runner()
-        .set_target(refinery::Target::Version(PREVIOUS_RELEASE))
-        .run_async(&mut c)
-        .await
-        .expect("migrate to the previous release");
+    let db = TestDb::at_version(PREVIOUS_RELEASE).await;
+    let c = db.client().await;
 
     // Work in every state: pending (keyed and not), leased, retried, dead-lettered, replayed.
     c.batch_execute(
@@ -1031,5 +985,5 @@ async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
     assert_eq!(pending, 0, "everything pending drains after the upgrade");
 
     drop(c);
-    db.drop().await;
+    db.finish().await;
 }

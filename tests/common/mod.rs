@@ -61,6 +61,11 @@ impl TestDb {
         db
     }
 
+    /// Creates a new database that no migration has touched.
+    pub async fn empty() -> TestDb {
+        TestDb::create().await
+    }
+
     /// Creates a new, empty database.
     async fn create() -> TestDb {
         let name = format!(

@@ -52,10 +52,15 @@ struct Record {
     headers: Vec<String>,
 }
 
-/// The tansu binary: `$TANSU`, or `tansu` on the PATH, or where `cargo install` puts it.
+/// The tansu binary: `$TANSU`, or the one `make test` installs under `target/tools`, or one
+/// in `~/.cargo/bin`, or `tansu` on the PATH.
 fn tansu() -> OsString {
     if let Some(path) = std::env::var_os("TANSU") {
         return path;
+    }
+    let local = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools/bin/tansu");
+    if local.exists() {
+        return local.into();
     }
     let installed = std::env::var_os("CARGO_HOME")
         .map(std::path::PathBuf::from)
