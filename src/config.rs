@@ -13,24 +13,17 @@ use crate::dispatch::{
     CircuitSettings, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, DestinationSettings,
     DestinationTable, DispatchSettings, RouteConfig, Routes, TopicPattern,
 };
+pub use crate::logging::LogFormat;
 use crate::message::WorkerId;
 use crate::observe::ObserveSettings;
+pub use crate::retry::RetrySettings;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
-/// A setting that could not be accepted; the message names it.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid setting {setting}: {problem}")]
-pub struct ConfigError {
-    pub setting: String,
-    pub problem: String,
-}
+pub use crate::error::ConfigError;
 
 fn invalid(setting: impl Into<String>, problem: impl Into<String>) -> ConfigError {
-    ConfigError {
-        setting: setting.into(),
-        problem: problem.into(),
-    }
+    ConfigError::new(setting, problem)
 }
 
 /// The relayer's settings as given: flags and environment (via clap) or a TOML file.
@@ -234,20 +227,6 @@ fn interpolate(path: &str, value: &mut toml::Value) -> Result<(), String> {
         _ => {}
     }
     Ok(())
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Human,
-    Json,
-}
-
-/// Exponential backoff with full jitter.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RetrySettings {
-    pub base: Duration,
-    pub cap: Duration,
-    pub multiplier: f64,
 }
 
 /// Validated settings of one relayer process.

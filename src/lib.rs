@@ -3,6 +3,7 @@
 //! functions under `schema/`) and delivers them to a destination.
 //!
 //! # Layout
+//! - [`error`]: the settings-validation error every layer that owns settings returns.
 //! - [`config`]: process settings from flags, `OUTBOX_*` variables and TOML, validated once.
 //! - [`message`]: domain types: ids, a claimed message, a destination's outcome.
 //! - [`schema`]: the embedded SQL migrations.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod connection;
 pub mod destination;
 pub mod dispatch;
+pub mod error;
 pub mod http;
 pub mod janitor;
 pub mod logging;

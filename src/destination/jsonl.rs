@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::{Destination, Setting};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 
 /// `type = "stdout"`: no settings.

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 
 /// A destination, built from its [`DestinationConfig`].

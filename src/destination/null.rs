@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use super::{Destination, Setting};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 
 /// `type = "null"`: `latency_ms` per batch, 0..=600000 [default: 0].

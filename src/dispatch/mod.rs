@@ -34,8 +34,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub use circuit::{CircuitSettings, State};
 pub use routes::{ClaimFilter, RouteConfig, Routes, TopicPattern};
 
-use crate::config::ConfigError;
 use crate::destination::{Destination, DestinationConfig};
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::telemetry;
 
