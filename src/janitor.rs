@@ -28,7 +28,7 @@ pub async fn run(
         loop {
             match store.repair(limit).await {
                 Ok(repair) => {
-                    telemetry::repaired(&worker, repair);
+                    telemetry::repaired(&worker, repair.requeued, repair.dead_lettered);
                     if repair.requeued + repair.dead_lettered < limit {
                         break;
                     }

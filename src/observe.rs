@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::message::WorkerId;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::telemetry;
 
 /// One snapshot of `outbox.observe`.
@@ -86,6 +86,19 @@ pub struct ObserveSettings {
 }
 
 impl HorizonHolder {
+    /// Its figures as the watchdog's events report them.
+    fn as_culprit(&self) -> telemetry::HorizonCulprit<'_> {
+        telemetry::HorizonCulprit {
+            kind: &self.kind,
+            pid: self.pid,
+            name: self.name.as_deref(),
+            state: self.state.as_deref(),
+            age_seconds: self.age_seconds,
+            xid_age: self.xid_age,
+            query: self.query.as_deref(),
+        }
+    }
+
     /// Whether it is a problem: held longer than `threshold`, or (a replication slot, whose
     /// age is not known) no standby is using it.
     pub fn is_culprit(&self, threshold: Duration) -> bool {
@@ -223,13 +236,36 @@ impl Latest {
     }
 }
 
+/// `outbox.observe` read into an [`Observation`]: the fleet's latest snapshot, refreshed
+/// first when it is older than `max_age` and no other process is refreshing it; `None`
+/// before the first one. A snapshot of an unexpected shape is a schema error.
+pub async fn fetch(
+    store: &Store,
+    top_topics: i32,
+    max_age: Duration,
+) -> Result<Option<Observation>, StoreError> {
+    let Some(row) = store.observe(top_topics, max_age).await? else {
+        return Ok(None);
+    };
+    let snapshot = serde_json::from_value(row.snapshot).map_err(|e| {
+        StoreError::Schema(format!(
+            "outbox.observe returned an unexpected snapshot: {e}"
+        ))
+    })?;
+    Ok(Some(Observation {
+        observed_at: row.observed_at,
+        refreshed: row.refreshed,
+        snapshot,
+    }))
+}
+
 /// Observes every `interval` (±10%) until `shutdown`: keeps `latest` current and warns
 /// once per culprit that holds the horizon past the threshold (and says when it is gone).
 pub async fn run(store: Store, worker: WorkerId, latest: Arc<Latest>, shutdown: CancellationToken) {
     let settings = latest.settings;
     let mut warned: HashMap<String, HorizonHolder> = HashMap::new();
     loop {
-        match store.observe(settings.top_topics, settings.interval).await {
+        match fetch(&store, settings.top_topics, settings.interval).await {
             Ok(Some(observation)) => {
                 watch_horizon(
                     &observation.snapshot,
@@ -273,14 +309,14 @@ fn watch_horizon(
         .collect();
     for (key, h) in &culprits {
         if !warned.contains_key(key) {
-            telemetry::horizon_held(h, threshold);
+            telemetry::horizon_held(h.as_culprit(), &h.advice(), threshold);
             warned.insert(key.clone(), (*h).clone());
         }
     }
     warned.retain(|key, h| {
         let still = culprits.contains_key(key);
         if !still {
-            telemetry::horizon_released(h);
+            telemetry::horizon_released(h.as_culprit());
         }
         still
     });

@@ -151,6 +151,16 @@ pub struct Repair {
     pub dead_lettered: i32,
 }
 
+/// A row of `outbox.observe`.
+#[derive(Clone, Debug)]
+pub struct ObservationRow {
+    pub observed_at: DateTime<Utc>,
+    /// Whether this call computed it (rather than reading another process's).
+    pub refreshed: bool,
+    /// The figures, shaped as documented on `outbox.observe`.
+    pub snapshot: serde_json::Value,
+}
+
 /// Sizes of the connection pool, for the pool gauges.
 #[derive(Clone, Copy, Debug)]
 pub struct PoolStatus {
@@ -519,11 +529,12 @@ impl Store {
 
     /// `outbox.observe`: the fleet's latest observation, refreshed first when it is older
     /// than `max_age` and no other process is refreshing it; `None` before the first one.
+    /// The snapshot comes back as the JSON the function returned; `observe` reads it.
     pub async fn observe(
         &self,
         top_topics: i32,
         max_age: Duration,
-    ) -> Result<Option<crate::observe::Observation>> {
+    ) -> Result<Option<ObservationRow>> {
         let client = self.client().await?;
         let row = client
             .query_one(
@@ -535,16 +546,10 @@ impl Store {
         let Some(observed_at) = row.get::<_, Option<DateTime<Utc>>>(0) else {
             return Ok(None);
         };
-        let snapshot: serde_json::Value = row.get(2);
-        let snapshot = serde_json::from_value(snapshot).map_err(|e| {
-            StoreError::Schema(format!(
-                "outbox.observe returned an unexpected snapshot: {e}"
-            ))
-        })?;
-        Ok(Some(crate::observe::Observation {
+        Ok(Some(ObservationRow {
             observed_at,
             refreshed: row.get(1),
-            snapshot,
+            snapshot: row.get(2),
         }))
     }
 

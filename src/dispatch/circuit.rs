@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::message::Outcome;
+use crate::telemetry;
 
 /// Circuit breaker thresholds, the same for every destination.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,17 +30,6 @@ pub enum State {
     Closed,
     Open,
     HalfOpen,
-}
-
-impl State {
-    /// The value of the `outbox_destination_circuit_state` gauge.
-    pub fn as_gauge(self) -> f64 {
-        match self {
-            State::Closed => 0.0,
-            State::Open => 1.0,
-            State::HalfOpen => 2.0,
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -74,7 +64,7 @@ pub struct Breaker {
 
 impl Breaker {
     pub fn new(destination: &str, settings: CircuitSettings) -> Self {
-        crate::telemetry::circuit_state(destination, State::Closed);
+        telemetry::circuit_started(destination);
         Self {
             destination: destination.to_owned(),
             settings,
@@ -109,7 +99,11 @@ impl Breaker {
         }
         guard.0 = next;
         if after != before {
-            crate::telemetry::circuit_changed(&self.destination, after);
+            match after {
+                State::Open => telemetry::circuit_opened(&self.destination),
+                State::HalfOpen => telemetry::circuit_half_open(&self.destination),
+                State::Closed => telemetry::circuit_closed(&self.destination),
+            }
         }
     }
 
