@@ -16,8 +16,9 @@ test: ## run every test against a real Postgres and brokers (started if down; se
 	$(WITH_PG) $(CARGO) test --all-targets
 	$(CARGO) test --doc
 
-lint: ## cargo fmt --check and clippy with warnings as errors
+lint: ## cargo fmt --check, clippy with warnings as errors, and no import cycle between modules
 	$(CARGO) fmt --all -- --check
+	$(CARGO) test --quiet --test layers
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --test chaos -- -D warnings
 
