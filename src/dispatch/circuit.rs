@@ -11,7 +11,11 @@
 //! a failure opens it again. Every change of state is logged.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, not the wall clock: the same as `std::time::Instant` in the relayer, and
+// paused and advanced by the tests (`start_paused`, `tokio::time::advance`).
+use tokio::time::Instant;
 
 use crate::message::Outcome;
 use crate::telemetry;
@@ -236,12 +240,15 @@ mod tests {
             .count()
     }
 
+    /// Long enough that a test which forgot to pause time would notice.
+    const COOLDOWN: Duration = Duration::from_secs(5);
+
     fn breaker(failures: u32) -> Breaker {
         Breaker::new(
             "test",
             CircuitSettings {
                 failures,
-                cooldown: Duration::from_millis(50),
+                cooldown: COOLDOWN,
             },
         )
     }
@@ -276,8 +283,8 @@ mod tests {
         assert_eq!(outcomes[1], retry(), "the first of the fresh messages");
     }
 
-    #[test]
-    fn opens_after_consecutive_failures_probes_one_message_and_closes_on_success() {
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_consecutive_failures_probes_one_message_and_closes_on_success() {
         let b = breaker(2);
         for _ in 0..2 {
             let t = b.start().unwrap();
@@ -287,15 +294,23 @@ mod tests {
         assert!(!b.admits());
         assert!(b.start().is_none(), "nothing is published while open");
 
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(COOLDOWN - Duration::from_millis(1)).await;
+        assert!(!b.admits(), "still cooling down");
+        assert_eq!(b.state(), State::Open);
+        tokio::time::advance(Duration::from_millis(1)).await;
         assert!(b.admits(), "cool-down over: a probe");
         let probe = b.start().unwrap();
         assert!(probe.probe);
         assert!(!b.admits() && b.start().is_none(), "one probe at a time");
         b.record(probe, &mut [retry()], &[]);
         assert_eq!(b.state(), State::Open, "a failed probe reopens");
+        tokio::time::advance(COOLDOWN / 2).await;
+        assert!(
+            b.start().is_none(),
+            "the cool-down starts again from the failed probe"
+        );
 
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(COOLDOWN / 2).await;
         let probe = b.start().unwrap();
         b.record(probe, &mut [Outcome::Delivered], &[]);
         assert_eq!(b.state(), State::Closed);
@@ -314,12 +329,12 @@ mod tests {
         assert_eq!(attempted(&late), 0);
     }
 
-    #[test]
-    fn a_probe_that_learnt_nothing_is_owed_again() {
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_learnt_nothing_is_owed_again() {
         let b = breaker(1);
         let t = b.start().unwrap();
         b.record(t, &mut [retry()], &[]);
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(COOLDOWN).await;
         let probe = b.start().unwrap();
         assert!(probe.probe && !b.admits());
         b.record(
