@@ -1,7 +1,11 @@
-//! Everything a user can tune, in one place. Values come from flags, then `OUTBOX_*`
+//! The top of the settings: one process's configuration, composed from the settings each
+//! layer owns (a destination's in its module, dispatch's routes and budgets, observe's
+//! intervals, retry's backoff, the log format). Values come from flags, then `OUTBOX_*`
 //! environment variables, then an optional TOML file (`--config`), then defaults; they are
 //! read into [`RawConfig`] (every field optional, unknown TOML keys refused) and validated
-//! once into [`Settings`], with errors that name the setting and its allowed range.
+//! once into [`Settings`], with errors that name the setting and its allowed range. A
+//! destination's own table (`[destinations.NAME]`) is parsed and validated by that
+//! destination's module, not here.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -2,8 +2,8 @@
 //! of the retry budget of everything waiting.
 //!
 //! A batch whose every message failed retryably is one failure of the destination: only
-//! its first message's attempt counts (the others were not deliverable, so they are given
-//! back without an attempt). After `failures` such batches in a row the circuit opens: the
+//! one message's attempt counts, the least tried (the others were not deliverable, so they
+//! are given back without an attempt). After `failures` such batches in a row the circuit opens: the
 //! relayer stops claiming the topics routed there, and batches that were already on their
 //! way when it opened are given back without an attempt too. After `cooldown` the circuit
 //! is half-open and one message goes through as the probe (one not tried before, when the
@@ -254,7 +254,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_batch_counts_once_and_only_its_first_message_is_attempted() {
+    fn a_failed_batch_counts_once_and_only_one_message_is_attempted() {
         let b = breaker(3);
         let t = b.start().unwrap();
         let mut outcomes = vec![retry(), retry(), retry()];
