@@ -26,12 +26,10 @@ use outbox_relay::destination::{Destination, DestinationConfig};
 use outbox_relay::dispatch::Dispatcher;
 use outbox_relay::message::{ClaimedMessage, Outcome};
 use outbox_relay::relay::Relay;
-use outbox_relay::store::{Store, StoreError, with_database};
+use outbox_relay::store::{Store, StoreError, fill_messages, with_database};
 
 mod fleet;
 mod hot_key;
-#[path = "../../tests/common/kit.rs"]
-mod kit;
 mod peers;
 mod sustained;
 
@@ -457,7 +455,7 @@ async fn drain(sql: &tokio_postgres::Client, recorder: &Recorder, n: u64) -> Res
 /// Inserts `n` messages: 256-byte JSON payloads, every tenth with one of 1,000 keys.
 async fn fill(sql: &tokio_postgres::Client, n: u64) -> Result<()> {
     progress(&format!("enqueueing {n} messages"));
-    kit::fill_messages(sql, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
+    fill_messages(sql, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
     Ok(())
 }
 

@@ -12,7 +12,8 @@
 //! - `lease.rs`: claim, complete, extend, release and repair, the leasing functions;
 //! - `dead_letters.rs`: listing, reading and replaying dead letters;
 //! - `observation.rs`: `outbox.observe` and the `outbox.status` view;
-//! - `listen.rs`: the `LISTEN` connection that wakes the claimer.
+//! - `listen.rs`: the `LISTEN` connection that wakes the claimer;
+//! - `fill.rs`: synthetic messages in bulk, for the bench and the tests.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,7 @@ use crate::secret::redact_url;
 
 mod dead_letters;
 mod enqueue;
+mod fill;
 mod lease;
 mod listen;
 mod migrate;
@@ -31,6 +33,7 @@ mod observation;
 
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
 pub use enqueue::enqueue;
+pub use fill::{fill_messages, fill_messages_returning_ids};
 pub use lease::{ClaimSizes, Repair};
 pub use listen::NOTIFY_CHANNEL;
 pub use observation::{ObservationRow, Status};
