@@ -20,8 +20,8 @@
 //!   its part is given back at once.
 //!
 //! Why one file of a little over 500 lines: about 380 are code and the rest its tests. The
-//! rules above act together on one part (a run's next message waits for the circuit, the
-//! budget and the deadline of the one before), so they are kept and tested side by side;
+//! rules above act together on one part (its budget, circuit ticket, deadline and runs are
+//! applied in one call to `publish`), so they are kept and tested side by side;
 //! the circuit, the routes and the settings, which stand alone, have files of their own.
 
 mod circuit;

@@ -1,8 +1,9 @@
 //! The `kafka` destination: an idempotent producer (librdkafka through `rdkafka`), so a
 //! broker retry never writes a record twice. A message becomes one record on the topic its
 //! template names (`{topic}` replaced), keyed by its `message_key` (every message of a key
-//! goes to one partition, in order; the claim holds back a key's next message until the
-//! head is settled) or, without a key, by its outbox_id. The message's own headers travel as
+//! goes to one partition, in order; a claim may hold a key's head with the run behind it,
+//! and dispatch hands this destination a key's next message only once the one before it
+//! was delivered) or, without a key, by its outbox_id. The message's own headers travel as
 //! record headers, with the outbox metadata (`outbox-id`, the consumer's dedupe id;
 //! `outbox-topic`, `outbox-key`, `outbox-attempt`) and `content-type` beside them.
 //!
