@@ -15,11 +15,12 @@ build: ## build the relayer (release)
 test: ## run every test against a real Postgres and brokers (started if down, stopped after; see scripts/test-services.sh)
 	scripts/with-test-services.sh sh -c '$(WITH_PG) $(CARGO) test --all-targets && $(CARGO) test --doc'
 
-lint: ## cargo fmt --check, clippy with warnings as errors, every migration pinned, workflows (actionlint)
+lint: ## cargo fmt --check, clippy with warnings as errors, no import cycle between modules, every migration pinned, workflows (actionlint)
 	@cd schema/migrations && for f in V*__*.sql; do grep -q "  $$f$$" ../migrations.sha256 || \
 		{ echo "schema/migrations/$$f is not pinned: run make pin-migrations and commit schema/migrations.sha256" >&2; exit 1; }; \
 	done
 	$(CARGO) fmt --all -- --check
+	$(CARGO) test --quiet --test layers
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --test chaos -- -D warnings
 	scripts/lint-workflows.sh

@@ -72,7 +72,8 @@ pub async fn serve(
 }
 
 async fn render_metrics(State(probe): State<Probe>) -> String {
-    crate::telemetry::pool(probe.store.pool_status());
+    let pool = probe.store.pool_status();
+    crate::telemetry::pool(pool.size, pool.available, pool.max_size);
     let mut text = probe.metrics.render();
     if let Some(observation) = probe.latest.get() {
         text += &crate::observe::render(&observation, probe.latest.settings.horizon_threshold);

@@ -1,6 +1,9 @@
-//! Periodic lease repair. Every process runs it; `repair_expired_leases` takes an advisory
-//! lock, so one pass runs at a time across the fleet and the others return at once. The
-//! interval is jittered so that a fleet started together does not repair in lockstep.
+//! Periodic lease repair, so that messages whose worker died (or froze past its lease) are
+//! requeued, or dead-lettered when that was their last attempt. Every process runs it;
+//! `repair_expired_leases` takes its turn by locking the `repair` row of `outbox.turns`
+//! (`FOR UPDATE SKIP LOCKED`), so one pass runs at a time across the fleet and the others
+//! return at once with nothing done. The interval is jittered so that a fleet started
+//! together does not repair in lockstep.
 
 use std::time::Duration;
 
@@ -28,7 +31,7 @@ pub async fn run(
         loop {
             match store.repair(limit).await {
                 Ok(repair) => {
-                    telemetry::repaired(&worker, repair);
+                    telemetry::repaired(&worker, repair.requeued, repair.dead_lettered);
                     if repair.requeued + repair.dead_lettered < limit {
                         break;
                     }

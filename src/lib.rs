@@ -3,12 +3,15 @@
 //! functions under `schema/`) and delivers them to a destination.
 //!
 //! # Layout
-//! - [`config`]: process settings from flags, `OUTBOX_*` variables and TOML, validated once.
+//! - [`error`]: the settings-validation error every layer that owns settings returns.
+//! - [`config`]: one process's settings from flags, `OUTBOX_*` variables and TOML, composed
+//!   from the settings each layer owns and validated once.
 //! - [`message`]: domain types: ids, a claimed message, a destination's outcome.
 //! - [`schema`]: the embedded SQL migrations.
 //! - [`secret`]: `${NAME}`/`${file:PATH}` secrets in the config, URLs redacted for logs.
 //! - [`connection`]: connection strings, libpq's sslmode over rustls, connection errors in words.
-//! - [`store`]: the only module that talks SQL: pool, SQL API calls, typed errors.
+//! - [`store`]: the only module that talks SQL: pool, SQL API calls by contract area, its own
+//!   row types, typed errors.
 //! - [`destination`]: one module per destination (settings, build, publish, classification)
 //!   behind one small trait.
 //! - [`dispatch`]: routes, circuit breakers, the claim filter, per-destination deadlines and
@@ -16,15 +19,22 @@
 //! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down.
 //! - [`retry`]: backoff with full jitter for retryable failures.
 //! - [`janitor`]: periodic repair of expired leases.
-//! - [`observe`]: fleet gauges and the MVCC watchdog from `outbox.observe`, with a diagnosis.
-//! - [`telemetry`]: metric names and one log-and-count function per event.
+//! - [`observe`]: reads `outbox.observe` into fleet gauges and the MVCC watchdog, with a
+//!   diagnosis.
+//! - [`telemetry`]: metric names and one log-and-count function per event, taking plain values.
 //! - [`http`]: the /metrics, /healthz, /readyz and /debug/health listener.
 //! - [`logging`]: human or JSON logs on stderr.
+//!
+//! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
+//! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
+//! `dispatch`, `observe`, `janitor`; `config`; `relay` and `http` on top. `tests/layers.rs`
+//! fails on an import cycle between them.
 
 pub mod config;
 pub mod connection;
 pub mod destination;
 pub mod dispatch;
+pub mod error;
 pub mod http;
 pub mod janitor;
 pub mod logging;

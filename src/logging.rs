@@ -8,7 +8,12 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// How log lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
 
 /// lapin warns with an unroutable message the broker returned, in full: payload bytes
 /// included. The AMQP destination reports the return itself, as the reason the message is

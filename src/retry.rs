@@ -5,7 +5,13 @@
 
 use std::time::Duration;
 
-use crate::config::RetrySettings;
+/// Exponential backoff with full jitter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetrySettings {
+    pub base: Duration,
+    pub cap: Duration,
+    pub multiplier: f64,
+}
 
 /// The delay before attempt `attempt_no + 1`, after attempt `attempt_no` failed.
 pub fn delay(settings: &RetrySettings, attempt_no: i32, hint: Option<Duration>) -> Duration {

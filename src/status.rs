@@ -62,8 +62,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
         let mut waited = Duration::ZERO;
         loop {
             // None only before the very first observation, while another process computes it.
-            if let Some(o) = store
-                .observe(args.top_topics, max_age)
+            if let Some(o) = observe::fetch(store, args.top_topics, max_age)
                 .await
                 .context("status")?
             {

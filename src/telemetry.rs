@@ -9,7 +9,6 @@ use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::message::{ClaimedMessage, WorkerId};
-use crate::store::{PoolStatus, Repair};
 
 pub const CLAIMED: &str = "outbox_messages_claimed_total";
 pub const DELIVERED: &str = "outbox_messages_delivered_total";
@@ -33,7 +32,7 @@ pub const DISPATCH_DEADLINES: &str = "outbox_dispatch_deadline_exceeded_total";
 pub const CLAIM_SECONDS_PER_MESSAGE: &str = "outbox_claim_seconds_per_message";
 pub const LEASE_LEFT_SECONDS: &str = "outbox_lease_left_at_completion_seconds";
 pub const BUILD_INFO: &str = "outbox_build_info";
-// Fleet gauges, rendered from the latest observation (crate::observe).
+// Fleet gauges, rendered from the latest observation (by `observe`).
 pub const OBSERVED_AT: &str = "outbox_observation_timestamp_seconds";
 pub const BACKLOG: &str = "outbox_backlog_messages";
 pub const DEAD_LETTERS: &str = "outbox_dead_letters";
@@ -395,11 +394,12 @@ pub fn stale_batch(worker: &WorkerId, batch: &[ClaimedMessage], claimed_ago: Dur
         "not publishing a batch whose leases may have expired (this process was paused or starved); giving it back");
 }
 
-pub fn repaired(worker: &WorkerId, repair: Repair) {
-    counter!(REPAIR_REQUEUED).increment(u64::from(repair.requeued.unsigned_abs()));
-    counter!(REPAIR_DEAD_LETTERED).increment(u64::from(repair.dead_lettered.unsigned_abs()));
-    if repair.requeued > 0 || repair.dead_lettered > 0 {
-        tracing::info!(worker_id = %worker, requeued = repair.requeued, dead_lettered = repair.dead_lettered,
+/// One repair pass: `requeued` expired leases given back, `dead_lettered` out of attempts.
+pub fn repaired(worker: &WorkerId, requeued: i32, dead_lettered: i32) {
+    counter!(REPAIR_REQUEUED).increment(u64::from(requeued.unsigned_abs()));
+    counter!(REPAIR_DEAD_LETTERED).increment(u64::from(dead_lettered.unsigned_abs()));
+    if requeued > 0 || dead_lettered > 0 {
+        tracing::info!(worker_id = %worker, requeued, dead_lettered,
             "repaired expired leases");
     }
 }
@@ -409,55 +409,77 @@ pub fn database_error(worker: &WorkerId, operation: &'static str, error: &dyn st
     tracing::warn!(worker_id = %worker, operation, error = %error, "database call failed");
 }
 
-pub fn pool(status: PoolStatus) {
+/// The database pool's connections: `open` now, `idle` among them, at most `max`.
+pub fn pool(open: usize, idle: usize, max: usize) {
     #[allow(clippy::cast_precision_loss)] // pool sizes are tiny
     {
-        gauge!(POOL_CONNECTIONS, "state" => "open").set(status.size as f64);
-        gauge!(POOL_CONNECTIONS, "state" => "idle").set(status.available as f64);
-        gauge!(POOL_CONNECTIONS, "state" => "max").set(status.max_size as f64);
+        gauge!(POOL_CONNECTIONS, "state" => "open").set(open as f64);
+        gauge!(POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
+        gauge!(POOL_CONNECTIONS, "state" => "max").set(max as f64);
     }
 }
 
-pub fn circuit_state(destination: &str, state: crate::dispatch::State) {
-    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(state.as_gauge());
+/// The `outbox_destination_circuit_state` gauge's values (its HELP text says the same).
+const CIRCUIT_CLOSED: f64 = 0.0;
+const CIRCUIT_OPEN: f64 = 1.0;
+const CIRCUIT_HALF_OPEN: f64 = 2.0;
+
+/// A destination's circuit starts closed.
+pub fn circuit_started(destination: &str) {
+    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(CIRCUIT_CLOSED);
 }
 
-pub fn circuit_changed(destination: &str, state: crate::dispatch::State) {
-    circuit_state(destination, state);
-    match state {
-        crate::dispatch::State::Open => tracing::warn!(
-            destination,
-            "circuit open: not claiming its topics until a probe succeeds"
-        ),
-        crate::dispatch::State::HalfOpen => {
-            tracing::info!(
-                destination,
-                "circuit half-open: the next message is a probe"
-            )
-        }
-        crate::dispatch::State::Closed => {
-            tracing::info!(destination, "circuit closed: destination is back")
-        }
-    }
+pub fn circuit_opened(destination: &str) {
+    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(CIRCUIT_OPEN);
+    tracing::warn!(
+        destination,
+        "circuit open: not claiming its topics until a probe succeeds"
+    );
 }
 
-pub fn horizon_held(h: &crate::observe::HorizonHolder, threshold: Duration) {
+pub fn circuit_half_open(destination: &str) {
+    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(CIRCUIT_HALF_OPEN);
+    tracing::info!(
+        destination,
+        "circuit half-open: the next message is a probe"
+    );
+}
+
+pub fn circuit_closed(destination: &str) {
+    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(CIRCUIT_CLOSED);
+    tracing::info!(destination, "circuit closed: destination is back");
+}
+
+/// Who holds back the MVCC horizon, as the watchdog reports it (plain values: the figures
+/// of one horizon holder of an observation, and the operator's advice about it).
+#[derive(Clone, Copy, Debug)]
+pub struct HorizonCulprit<'a> {
+    pub kind: &'a str,
+    pub pid: Option<i32>,
+    pub name: Option<&'a str>,
+    pub state: Option<&'a str>,
+    pub age_seconds: Option<f64>,
+    pub xid_age: Option<i64>,
+    pub query: Option<&'a str>,
+}
+
+pub fn horizon_held(h: HorizonCulprit<'_>, advice: &str, threshold: Duration) {
     tracing::warn!(
         kind = %h.kind,
         pid = h.pid,
-        name = h.name.as_deref().unwrap_or(""),
-        state = h.state.as_deref().unwrap_or(""),
+        name = h.name.unwrap_or(""),
+        state = h.state.unwrap_or(""),
         age_seconds = h.age_seconds,
         xid_age = h.xid_age,
-        query = h.query.as_deref().unwrap_or(""),
+        query = h.query.unwrap_or(""),
         threshold_secs = threshold.as_secs(),
-        advice = %h.advice(),
+        advice = %advice,
         "MVCC horizon held: dead rows of outbox.messages cannot be vacuumed and claims slow down"
     );
 }
 
-pub fn horizon_released(h: &crate::observe::HorizonHolder) {
-    tracing::info!(kind = %h.kind, pid = h.pid, name = h.name.as_deref().unwrap_or(""),
+pub fn horizon_released(h: HorizonCulprit<'_>) {
+    tracing::info!(kind = %h.kind, pid = h.pid, name = h.name.unwrap_or(""),
         "MVCC horizon no longer held by it");
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{Relayer, TestDb, eventually, free_port, text, verb};
 use outbox_relay::http::probe;
+use outbox_relay::observe::fetch;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -39,9 +40,7 @@ async fn fleet_gauges_count_each_state_per_topic_and_sum_the_rest_as_other() {
     .await
     .unwrap();
 
-    let o = db
-        .store()
-        .observe(2, Duration::ZERO)
+    let o = outbox_relay::observe::fetch(&db.store(), 2, Duration::ZERO)
         .await
         .unwrap()
         .expect("an observation");
@@ -91,9 +90,9 @@ async fn fleet_gauges_count_each_state_per_topic_and_sum_the_rest_as_other() {
 async fn one_caller_refreshes_per_interval_and_a_taken_turn_is_not_waited_for() {
     let db = TestDb::new().await;
     let store = db.store();
-    let first = store.observe(10, MINUTE).await.unwrap().unwrap();
+    let first = fetch(&store, 10, MINUTE).await.unwrap().unwrap();
     assert!(first.refreshed);
-    let second = store.observe(10, MINUTE).await.unwrap().unwrap();
+    let second = fetch(&store, 10, MINUTE).await.unwrap().unwrap();
     assert!(
         !second.refreshed,
         "a fresh snapshot is read, not recomputed"
@@ -110,7 +109,7 @@ async fn one_caller_refreshes_per_interval_and_a_taken_turn_is_not_waited_for() 
     )
     .await
     .unwrap();
-    let third = tokio::time::timeout(Duration::from_secs(5), store.observe(10, Duration::ZERO))
+    let third = tokio::time::timeout(Duration::from_secs(5), fetch(&store, 10, Duration::ZERO))
         .await
         .expect("observe does not wait for the turn")
         .unwrap()
@@ -119,8 +118,7 @@ async fn one_caller_refreshes_per_interval_and_a_taken_turn_is_not_waited_for() 
     assert_eq!(third.observed_at, first.observed_at);
     tx.rollback().await.unwrap();
     assert!(
-        store
-            .observe(10, Duration::ZERO)
+        fetch(&store, 10, Duration::ZERO)
             .await
             .unwrap()
             .unwrap()

@@ -16,9 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use outbox_relay::destination::Destination;
 use outbox_relay::message::{ClaimedMessage, Outcome};
+use outbox_relay::store::fill_messages;
 
 use super::{
-    Options, Recorder, kit, lock, median, per_sec, report, settle, shutdown_relays, start_relays,
+    Options, Recorder, lock, median, per_sec, report, settle, shutdown_relays, start_relays,
 };
 
 pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
@@ -26,7 +27,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     let mut ratios = Vec::new();
     let mut hot_rates = Vec::new();
     for round in 1..=o.rounds {
-        kit::fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
+        fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
         let alone = drain(url, o, sql, n).await?;
         report(
             &format!("round {round}: unkeyed alone"),
@@ -36,8 +37,8 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             o.workers,
         );
 
-        kit::fill_messages(sql, "bench", i64::try_from(n)?, Some(1), 1, 256).await?;
-        kit::fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
+        fill_messages(sql, "bench", i64::try_from(n)?, Some(1), 1, 256).await?;
+        fill_messages(sql, "bench", i64::try_from(n)?, None, 1, 256).await?;
         let beside = drain(url, o, sql, 2 * n).await?;
         report(
             &format!("round {round}: unkeyed beside the hot key"),

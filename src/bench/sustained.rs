@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use outbox_relay::store::fill_messages;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Options, Recorder, connect, drain, kit, per_sec, progress, report, shutdown_relays,
-    start_relays,
+    Options, Recorder, connect, drain, per_sec, progress, report, shutdown_relays, start_relays,
 };
 
 /// Length of a reported window.
@@ -183,7 +183,7 @@ async fn produce(
         let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
         while due > produced && !stop.is_cancelled() {
             let n = (due - produced).min(PRODUCE_CHUNK);
-            kit::fill_messages(&c, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
+            fill_messages(&c, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
             produced += n;
             enqueued.store(produced, Ordering::SeqCst);
         }

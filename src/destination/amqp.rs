@@ -7,6 +7,7 @@
 //! own: a broker that stops answering is cut off by the dispatch deadline.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use lapin::Confirmation;
@@ -15,7 +16,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 use super::{Destination, Setting, install_tls_provider, metadata, user_headers};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
 
@@ -33,7 +34,7 @@ pub struct AmqpConfig {
 
 impl AmqpConfig {
     /// Checks the URL with the client's own parser.
-    pub(super) fn build(&self, at: Setting<'_>) -> Result<Amqp, ConfigError> {
+    pub(super) fn build(&self, at: Setting<'_>, _deadline: Duration) -> Result<Amqp, ConfigError> {
         install_tls_provider();
         let url = self
             .url

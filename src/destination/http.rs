@@ -20,7 +20,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 
 use super::{Destination, Setting, install_tls_provider, metadata, user_headers};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
 

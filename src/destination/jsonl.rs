@@ -7,13 +7,14 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::{Destination, Setting};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 
 /// `type = "stdout"`: no settings.
@@ -22,11 +23,15 @@ use crate::message::{ClaimedMessage, Outcome};
 pub struct StdoutConfig {}
 
 impl StdoutConfig {
-    pub(super) fn build(&self) -> JsonLines {
-        JsonLines {
+    pub(super) fn build(
+        &self,
+        _at: Setting<'_>,
+        _deadline: Duration,
+    ) -> Result<JsonLines, ConfigError> {
+        Ok(JsonLines {
             name: "stdout",
             target: Arc::new(Target::Stdout),
-        }
+        })
     }
 }
 
@@ -40,7 +45,11 @@ pub struct FileConfig {
 }
 
 impl FileConfig {
-    pub(super) fn build(&self, at: Setting<'_>) -> Result<JsonLines, ConfigError> {
+    pub(super) fn build(
+        &self,
+        at: Setting<'_>,
+        _deadline: Duration,
+    ) -> Result<JsonLines, ConfigError> {
         let file = OpenOptions::new()
             .create(true)
             .append(true)

@@ -1,9 +1,9 @@
 //! Destinations. Each is one module that owns everything about it: its `[destinations.NAME]`
 //! settings (serde, unknown keys refused, defaults, validation naming
 //! `destinations.NAME.FIELD`), building it, publishing a batch, and classifying what the
-//! destination answered into delivered / retryable / permanent. [`DestinationConfig`] is the
-//! one place that lists them; adding a destination is a new module, one arm there and its
-//! conformance harness under `tests/destinations/`.
+//! destination answered into delivered / retryable / permanent. The `destinations!` list
+//! below is the one place that registers them; `docs/adding-a-destination.md` lists every
+//! place a new destination touches.
 //!
 //! A destination publishes a batch and answers one [`Outcome`] per message, in batch order,
 //! only after the destination acknowledged or refused it. It never answers
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 
 /// A destination, built from its [`DestinationConfig`].
@@ -40,19 +40,59 @@ pub trait Destination: Send + Sync + 'static {
     fn ready(&self) -> BoxFuture<'_, Result<(), String>>;
 }
 
-/// One `[destinations.NAME]` table's destination part, chosen by its `type`.
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum DestinationConfig {
-    Stdout(jsonl::StdoutConfig),
-    File(jsonl::FileConfig),
-    Null(null::NullConfig),
-    Http(http::HttpConfig),
-    Nats(nats::NatsConfig),
-    Amqp(amqp::AmqpConfig),
-    Redis(redis::RedisConfig),
+/// The one list of destinations: each line names a destination's variant of
+/// [`DestinationConfig`], its `type` as written in the config, and its settings type. The
+/// enum, [`DestinationConfig::kind`], [`DestinationConfig::KINDS`] and the factory
+/// ([`DestinationConfig::build`]) are generated from it, so a destination is registered
+/// here and nowhere else in the library. Every settings type has
+/// `build(&self, Setting, deadline) -> Result<impl Destination, ConfigError>`.
+macro_rules! destinations {
+    ($($(#[$attr:meta])* $variant:ident = $kind:literal => $config:ty,)*) => {
+        /// One `[destinations.NAME]` table's destination part, chosen by its `type`.
+        #[derive(Clone, Debug, serde::Deserialize)]
+        #[serde(tag = "type")]
+        pub enum DestinationConfig {
+            $($(#[$attr])* #[serde(rename = $kind)] $variant($config),)*
+        }
+
+        impl DestinationConfig {
+            /// Every `type`, in the order of the list.
+            pub const KINDS: &'static [&'static str] = &[$($kind),*];
+
+            /// The `type` as written in the config.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(Self::$variant(_) => $kind,)*
+                }
+            }
+
+            /// Validates the settings of destination `name` and builds it. `deadline` is the
+            /// dispatch deadline of a batch: clients that have timeouts of their own use it
+            /// too. Network destinations connect on first use, not here.
+            pub fn build(
+                &self,
+                name: &str,
+                deadline: Duration,
+            ) -> Result<Arc<dyn Destination>, ConfigError> {
+                let at = Setting(name);
+                Ok(match self {
+                    $(Self::$variant(c) => Arc::new(c.build(at, deadline)?),)*
+                })
+            }
+        }
+    };
+}
+
+destinations! {
+    Stdout = "stdout" => jsonl::StdoutConfig,
+    File = "file" => jsonl::FileConfig,
+    Null = "null" => null::NullConfig,
+    Http = "http" => http::HttpConfig,
+    Nats = "nats" => nats::NatsConfig,
+    Amqp = "amqp" => amqp::AmqpConfig,
+    Redis = "redis" => redis::RedisConfig,
     /// Boxed: its settings are several times the size of the others'.
-    Kafka(Box<kafka::KafkaConfig>),
+    Kafka = "kafka" => Box<kafka::KafkaConfig>,
 }
 
 impl DestinationConfig {
@@ -69,41 +109,6 @@ impl DestinationConfig {
     /// The `null` destination, acknowledging after `latency_ms`.
     pub fn null(latency_ms: Option<i64>) -> Self {
         Self::Null(null::NullConfig { latency_ms })
-    }
-
-    /// The `type` as written in the config.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Stdout(_) => "stdout",
-            Self::File(_) => "file",
-            Self::Null(_) => "null",
-            Self::Http(_) => "http",
-            Self::Nats(_) => "nats",
-            Self::Amqp(_) => "amqp",
-            Self::Redis(_) => "redis",
-            Self::Kafka(_) => "kafka",
-        }
-    }
-
-    /// Validates the settings of destination `name` and builds it. `deadline` is the
-    /// dispatch deadline of a batch: clients that have timeouts of their own use it too.
-    /// Network destinations connect on first use, not here.
-    pub fn build(
-        &self,
-        name: &str,
-        deadline: Duration,
-    ) -> Result<Arc<dyn Destination>, ConfigError> {
-        let at = Setting(name);
-        Ok(match self {
-            Self::Stdout(c) => Arc::new(c.build()),
-            Self::File(c) => Arc::new(c.build(at)?),
-            Self::Null(c) => Arc::new(c.build(at)?),
-            Self::Http(c) => Arc::new(c.build(at, deadline)?),
-            Self::Nats(c) => Arc::new(c.build(at, deadline)?),
-            Self::Amqp(c) => Arc::new(c.build(at)?),
-            Self::Redis(c) => Arc::new(c.build(at, deadline)?),
-            Self::Kafka(c) => Arc::new(c.build(at, deadline)?),
-        })
     }
 }
 

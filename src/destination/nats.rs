@@ -12,7 +12,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind};
 use futures_util::future::BoxFuture;
 
 use super::{Destination, Setting, metadata, user_headers};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use super::{Destination, Setting};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 
 /// `type = "null"`: `latency_ms` per batch, 0..=600000 [default: 0].
@@ -18,7 +18,7 @@ pub struct NullConfig {
 }
 
 impl NullConfig {
-    pub(super) fn build(&self, at: Setting<'_>) -> Result<Null, ConfigError> {
+    pub(super) fn build(&self, at: Setting<'_>, _deadline: Duration) -> Result<Null, ConfigError> {
         let ms = at.ranged("latency_ms", self.latency_ms, 0, 0, 600_000)?;
         Ok(Null {
             latency: Duration::from_millis(ms.unsigned_abs()),

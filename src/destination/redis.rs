@@ -11,7 +11,7 @@ use futures_util::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 
 use super::{Destination, Setting};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
 

@@ -2,8 +2,8 @@
 //! of the retry budget of everything waiting.
 //!
 //! A batch whose every message failed retryably is one failure of the destination: only
-//! its first message's attempt counts (the others were not deliverable, so they are given
-//! back without an attempt). After `failures` such batches in a row the circuit opens: the
+//! one message's attempt counts, the least tried (the others were not deliverable, so they
+//! are given back without an attempt). After `failures` such batches in a row the circuit opens: the
 //! relayer stops claiming the topics routed there, and batches that were already on their
 //! way when it opened are given back without an attempt too. After `cooldown` the circuit
 //! is half-open and one message goes through as the probe (one not tried before, when the
@@ -11,9 +11,14 @@
 //! a failure opens it again. Every change of state is logged.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, not the wall clock: the same as `std::time::Instant` in the relayer, and
+// paused and advanced by the tests (`start_paused`, `tokio::time::advance`).
+use tokio::time::Instant;
 
 use crate::message::Outcome;
+use crate::telemetry;
 
 /// Circuit breaker thresholds, the same for every destination.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,17 +34,6 @@ pub enum State {
     Closed,
     Open,
     HalfOpen,
-}
-
-impl State {
-    /// The value of the `outbox_destination_circuit_state` gauge.
-    pub fn as_gauge(self) -> f64 {
-        match self {
-            State::Closed => 0.0,
-            State::Open => 1.0,
-            State::HalfOpen => 2.0,
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -74,7 +68,7 @@ pub struct Breaker {
 
 impl Breaker {
     pub fn new(destination: &str, settings: CircuitSettings) -> Self {
-        crate::telemetry::circuit_state(destination, State::Closed);
+        telemetry::circuit_started(destination);
         Self {
             destination: destination.to_owned(),
             settings,
@@ -109,7 +103,11 @@ impl Breaker {
         }
         guard.0 = next;
         if after != before {
-            crate::telemetry::circuit_changed(&self.destination, after);
+            match after {
+                State::Open => telemetry::circuit_opened(&self.destination),
+                State::HalfOpen => telemetry::circuit_half_open(&self.destination),
+                State::Closed => telemetry::circuit_closed(&self.destination),
+            }
         }
     }
 
@@ -242,18 +240,21 @@ mod tests {
             .count()
     }
 
+    /// Long enough that a test which forgot to pause time would notice.
+    const COOLDOWN: Duration = Duration::from_secs(5);
+
     fn breaker(failures: u32) -> Breaker {
         Breaker::new(
             "test",
             CircuitSettings {
                 failures,
-                cooldown: Duration::from_millis(50),
+                cooldown: COOLDOWN,
             },
         )
     }
 
     #[test]
-    fn a_failed_batch_counts_once_and_only_its_first_message_is_attempted() {
+    fn a_failed_batch_counts_once_and_only_one_message_is_attempted() {
         let b = breaker(3);
         let t = b.start().unwrap();
         let mut outcomes = vec![retry(), retry(), retry()];
@@ -282,8 +283,8 @@ mod tests {
         assert_eq!(outcomes[1], retry(), "the first of the fresh messages");
     }
 
-    #[test]
-    fn opens_after_consecutive_failures_probes_one_message_and_closes_on_success() {
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_consecutive_failures_probes_one_message_and_closes_on_success() {
         let b = breaker(2);
         for _ in 0..2 {
             let t = b.start().unwrap();
@@ -293,15 +294,23 @@ mod tests {
         assert!(!b.admits());
         assert!(b.start().is_none(), "nothing is published while open");
 
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(COOLDOWN - Duration::from_millis(1)).await;
+        assert!(!b.admits(), "still cooling down");
+        assert_eq!(b.state(), State::Open);
+        tokio::time::advance(Duration::from_millis(1)).await;
         assert!(b.admits(), "cool-down over: a probe");
         let probe = b.start().unwrap();
         assert!(probe.probe);
         assert!(!b.admits() && b.start().is_none(), "one probe at a time");
         b.record(probe, &mut [retry()], &[]);
         assert_eq!(b.state(), State::Open, "a failed probe reopens");
+        tokio::time::advance(COOLDOWN / 2).await;
+        assert!(
+            b.start().is_none(),
+            "the cool-down starts again from the failed probe"
+        );
 
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(COOLDOWN / 2).await;
         let probe = b.start().unwrap();
         b.record(probe, &mut [Outcome::Delivered], &[]);
         assert_eq!(b.state(), State::Closed);
@@ -320,12 +329,12 @@ mod tests {
         assert_eq!(attempted(&late), 0);
     }
 
-    #[test]
-    fn a_probe_that_learnt_nothing_is_owed_again() {
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_learnt_nothing_is_owed_again() {
         let b = breaker(1);
         let t = b.start().unwrap();
         b.record(t, &mut [retry()], &[]);
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(COOLDOWN).await;
         let probe = b.start().unwrap();
         assert!(probe.probe && !b.admits());
         b.record(

@@ -3,7 +3,7 @@
 //! place that writes SQL `LIKE` patterns: the claim leaves unclaimed the topics of a
 //! destination that admits no work now.
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// One `[[routes]]` entry: `topic` is an exact topic, `prefix.*`, or `*` (everything).
 #[derive(Clone, Debug, serde::Deserialize)]

@@ -10,11 +10,17 @@
 //! (polling is the fallback), the lease keeper extends batches still in flight at a third
 //! of the lease, the janitor repairs expired leases, and shutdown stops claiming, lets
 //! in-flight deliveries finish until the deadline and releases what has no outcome.
+//!
+//! `leases.rs` keeps the book of leases in flight and the lease keeper; `complete.rs` is
+//! the completer.
 
-use std::collections::HashMap;
+mod complete;
+mod leases;
+
+use leases::LeaseBook;
+
 use std::ops::AddAssign;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -24,11 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::dispatch::{ClaimFilter, Dispatcher, Part};
-use crate::message::{
-    AttemptState, ClaimedMessage, Completion, LeaseToken, OutboxId, Outcome, WorkerId,
-};
+use crate::message::{ClaimedMessage, Outcome, WorkerId};
 use crate::store::{ClaimSizes, Store, StoreError};
-use crate::{janitor, retry, telemetry};
+use crate::{janitor, telemetry};
 
 /// What the relay did with the messages it claimed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -52,104 +56,6 @@ impl AddAssign for Summary {
         self.rejected += o.rejected;
         self.lease_lost += o.lease_lost;
         self.released += o.released;
-    }
-}
-
-/// A batch in flight, for the lease keeper and the stale-publish guard.
-struct Leases {
-    /// When it was claimed or last extended.
-    since: Instant,
-    /// Until when this process may still publish it, by its own monotonic clock.
-    publish_before: Instant,
-    /// Its dispatch deadline, once it is being published: the lease keeper does not extend
-    /// it past this (the destination did not answer; the batch is being given back).
-    dispatch_until: Option<Instant>,
-    leases: Vec<(OutboxId, LeaseToken)>,
-}
-
-/// Leases of the batches in flight.
-#[derive(Default)]
-struct LeaseBook {
-    next: AtomicU64,
-    batches: Mutex<HashMap<u64, Leases>>,
-}
-
-impl LeaseBook {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Leases>> {
-        self.batches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Books a batch whose claim was sent at `asked`; it may be published until
-    /// `asked + publish_window`.
-    fn insert(&self, batch: &[ClaimedMessage], asked: Instant, publish_window: Duration) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let leases = batch.iter().map(|m| (m.id, m.lease_token)).collect();
-        self.lock().insert(
-            id,
-            Leases {
-                since: asked,
-                publish_before: asked + publish_window,
-                dispatch_until: None,
-                leases,
-            },
-        );
-        id
-    }
-
-    fn remove(&self, id: u64) {
-        self.lock().remove(&id);
-    }
-
-    fn messages(&self) -> usize {
-        self.lock().values().map(|b| b.leases.len()).sum()
-    }
-
-    /// Whether batch `id` may still be published.
-    fn publishable(&self, id: u64) -> bool {
-        self.lock()
-            .get(&id)
-            .is_some_and(|b| Instant::now() < b.publish_before)
-    }
-
-    /// Batch `id` is being published and must be answered by `deadline`.
-    fn dispatching(&self, id: u64, deadline: Instant) {
-        if let Some(batch) = self.lock().get_mut(&id) {
-            batch.dispatch_until = Some(deadline);
-        }
-    }
-
-    /// Batches claimed (or last extended) at least `age` ago and not past their dispatch
-    /// deadline, with their leases; marks them extended.
-    fn due(&self, age: Duration) -> Vec<(u64, Vec<(OutboxId, LeaseToken)>)> {
-        let now = Instant::now();
-        let mut due = Vec::new();
-        for (id, batch) in self.lock().iter_mut() {
-            if batch.dispatch_until.is_some_and(|d| now >= d) {
-                continue;
-            }
-            if now.duration_since(batch.since) >= age {
-                batch.since = now;
-                due.push((*id, batch.leases.clone()));
-            }
-        }
-        due
-    }
-
-    /// Lease time batch `id` has left by this process's clock: its publish window ends a
-    /// `margin` before the lease does.
-    fn lease_left(&self, id: u64, margin: Duration) -> Duration {
-        self.lock().get(&id).map_or(Duration::ZERO, |b| {
-            (b.publish_before + margin).saturating_duration_since(Instant::now())
-        })
-    }
-
-    /// The leases of batch `id` were extended by a call sent at `asked`.
-    fn extended(&self, id: u64, asked: Instant, publish_window: Duration) {
-        if let Some(batch) = self.lock().get_mut(&id) {
-            batch.publish_before = asked + publish_window;
-        }
     }
 }
 
@@ -439,234 +345,5 @@ impl Relay {
         // its key claimable.
         self.wake.notify_one();
         summary
-    }
-
-    /// Reports a batch's outcomes; gives back without an attempt what was not attempted.
-    async fn complete(&self, batch: &[ClaimedMessage], outcomes: Vec<Outcome>) -> Summary {
-        if !outcomes
-            .iter()
-            .any(|o| matches!(o, Outcome::NotAttempted { .. }))
-        {
-            return self.report(batch, outcomes).await;
-        }
-        let mut given_back = Vec::new();
-        let mut attempted = (Vec::new(), Vec::new());
-        for (m, outcome) in batch.iter().zip(outcomes) {
-            match outcome {
-                Outcome::NotAttempted { .. } => given_back.push(m.clone()),
-                outcome => {
-                    attempted.0.push(m.clone());
-                    attempted.1.push(outcome);
-                }
-            }
-        }
-        let mut summary = self.release(&given_back).await;
-        if !attempted.0.is_empty() {
-            summary += self.report(&attempted.0, attempted.1).await;
-        }
-        summary
-    }
-
-    /// Records attempts for every outcome of a batch in one call. A failed call is retried
-    /// until the leases would have expired anyway (after that the janitor requeues them:
-    /// at-least-once).
-    async fn report(&self, batch: &[ClaimedMessage], outcomes: Vec<Outcome>) -> Summary {
-        debug_assert_eq!(
-            batch.len(),
-            outcomes.len(),
-            "dispatch answers one outcome per message"
-        );
-        let now = chrono::Utc::now();
-        let mut delays = vec![Duration::ZERO; batch.len()];
-        let completions: Vec<Completion> = batch
-            .iter()
-            .zip(&outcomes)
-            .zip(delays.iter_mut())
-            .map(|((m, outcome), delay)| {
-                let (state, error, retry_at) = match outcome {
-                    Outcome::Delivered => (AttemptState::Dispatched, None, None),
-                    Outcome::Retryable {
-                        reason,
-                        retry_after,
-                    } => {
-                        *delay = retry::delay(&self.settings.retry, m.attempt_no, *retry_after);
-                        let at = now + chrono::Duration::from_std(*delay).unwrap_or_default();
-                        (AttemptState::Retryable, Some(reason.clone()), Some(at))
-                    }
-                    Outcome::Permanent { reason } => {
-                        (AttemptState::Failed, Some(reason.clone()), None)
-                    }
-                    Outcome::NotAttempted { .. } => {
-                        unreachable!("complete() gives these back before reporting")
-                    }
-                };
-                Completion {
-                    id: m.id,
-                    lease_token: m.lease_token,
-                    state,
-                    error,
-                    retry_at,
-                }
-            })
-            .collect();
-
-        let expires = batch
-            .iter()
-            .map(|m| m.lease_expires_at)
-            .min()
-            .unwrap_or(now);
-        let mut backoff = Duration::from_millis(50);
-        let results = loop {
-            let started = Instant::now();
-            match self.store.complete(self.worker(), &completions).await {
-                Ok(results) => {
-                    telemetry::batch_completed(started.elapsed());
-                    break results;
-                }
-                Err(e) => {
-                    telemetry::database_error(self.worker(), "complete", &e);
-                    let retryable = !matches!(e, StoreError::InvalidArgument(_));
-                    if !retryable
-                        || chrono::Utc::now()
-                            + chrono::Duration::from_std(backoff).unwrap_or_default()
-                            >= expires
-                    {
-                        tracing::error!(worker_id = %self.worker(), messages = batch.len(), error = %e,
-                            "could not report outcomes before the leases expire; repair will requeue them");
-                        return Summary::default();
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-            }
-        };
-
-        let mut summary = Summary::default();
-        let mut delivered = Vec::with_capacity(batch.len());
-        for (((m, outcome), result), delay) in
-            batch.iter().zip(&outcomes).zip(&results).zip(&delays)
-        {
-            if result.lease_lost {
-                summary.lease_lost += 1;
-                telemetry::lease_lost(self.worker(), m);
-                continue;
-            }
-            match outcome {
-                Outcome::Delivered => {
-                    summary.delivered += 1;
-                    delivered.push(m);
-                }
-                Outcome::Retryable { reason, .. } if result.dead_lettered => {
-                    summary.rejected += 1;
-                    telemetry::retries_exhausted(self.worker(), m, reason);
-                }
-                Outcome::Retryable { reason, .. } => {
-                    summary.retried += 1;
-                    telemetry::retry_scheduled(self.worker(), m, reason, *delay);
-                }
-                Outcome::Permanent { reason } => {
-                    summary.rejected += 1;
-                    telemetry::rejected(self.worker(), m, reason);
-                }
-                Outcome::NotAttempted { .. } => {}
-            }
-        }
-        telemetry::delivered(self.worker(), delivered.into_iter());
-        summary
-    }
-
-    /// Gives a batch back without an attempt (shutdown deadline passed before delivery).
-    async fn release(&self, batch: &[ClaimedMessage]) -> Summary {
-        if batch.is_empty() {
-            return Summary::default();
-        }
-        let leases: Vec<(OutboxId, LeaseToken)> =
-            batch.iter().map(|m| (m.id, m.lease_token)).collect();
-        match self.store.release(self.worker(), &leases).await {
-            Ok(n) => {
-                telemetry::released(self.worker(), batch, n);
-                Summary {
-                    released: u64::from(n.unsigned_abs()),
-                    ..Summary::default()
-                }
-            }
-            Err(e) => {
-                telemetry::database_error(self.worker(), "release", &e);
-                Summary::default()
-            }
-        }
-    }
-
-    /// Extends the leases of batches still in flight, every third of the lease.
-    async fn keep_leases(self, stop: CancellationToken) {
-        let period = self.settings.lease() / 3;
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(period) => {}
-            }
-            let due = self.leases.due(period);
-            if due.is_empty() {
-                continue;
-            }
-            let leases: Vec<(OutboxId, LeaseToken)> =
-                due.iter().flat_map(|(_, l)| l.iter().copied()).collect();
-            let asked = Instant::now();
-            match self
-                .store
-                .extend(self.worker(), &leases, self.settings.lease_secs)
-                .await
-            {
-                Ok(held) => {
-                    if held.len() < leases.len() {
-                        tracing::info!(worker_id = %self.worker(), lost = leases.len() - held.len(),
-                            "some leases were lost before they could be extended");
-                    }
-                    let held: std::collections::HashSet<OutboxId> =
-                        held.into_iter().map(|(id, _)| id).collect();
-                    for (batch, leases) in &due {
-                        if leases.iter().all(|(id, _)| held.contains(id)) {
-                            self.leases.extended(*batch, asked, self.publish_window());
-                        }
-                    }
-                }
-                Err(e) => telemetry::database_error(self.worker(), "extend", &e),
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_lease_keeper_stops_extending_a_batch_past_its_dispatch_deadline() {
-        let book = LeaseBook::default();
-        let asked = Instant::now();
-        let waiting = book.insert(
-            &[ClaimedMessage::example(serde_json::Value::Null)],
-            asked,
-            Duration::from_secs(60),
-        );
-        let answering = book.insert(
-            &[ClaimedMessage::example(serde_json::Value::Null)],
-            asked,
-            Duration::from_secs(60),
-        );
-        let overdue = book.insert(
-            &[ClaimedMessage::example(serde_json::Value::Null)],
-            asked,
-            Duration::from_secs(60),
-        );
-        book.dispatching(answering, Instant::now() + Duration::from_secs(60));
-        book.dispatching(overdue, Instant::now());
-        let mut due: Vec<u64> = book
-            .due(Duration::ZERO)
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
-        due.sort_unstable();
-        assert_eq!(due, vec![waiting, answering]);
     }
 }

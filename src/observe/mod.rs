@@ -7,6 +7,8 @@
 //! stored snapshot), and this module turns a snapshot into Prometheus gauges, into a
 //! diagnosis with advice (`/debug/health`, `outbox-relay status`), and into one warning per
 //! culprit that holds the horizon longer than the threshold.
+//!
+//! `render.rs` writes the fleet gauges in the Prometheus text format.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -18,8 +20,12 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::message::WorkerId;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::telemetry;
+
+mod render;
+
+pub use render::render;
 
 /// One snapshot of `outbox.observe`.
 #[derive(Clone, Debug, Serialize)]
@@ -86,6 +92,19 @@ pub struct ObserveSettings {
 }
 
 impl HorizonHolder {
+    /// Its figures as the watchdog's events report them.
+    fn as_culprit(&self) -> telemetry::HorizonCulprit<'_> {
+        telemetry::HorizonCulprit {
+            kind: &self.kind,
+            pid: self.pid,
+            name: self.name.as_deref(),
+            state: self.state.as_deref(),
+            age_seconds: self.age_seconds,
+            xid_age: self.xid_age,
+            query: self.query.as_deref(),
+        }
+    }
+
     /// Whether it is a problem: held longer than `threshold`, or (a replication slot, whose
     /// age is not known) no standby is using it.
     pub fn is_culprit(&self, threshold: Duration) -> bool {
@@ -223,13 +242,36 @@ impl Latest {
     }
 }
 
+/// `outbox.observe` read into an [`Observation`]: the fleet's latest snapshot, refreshed
+/// first when it is older than `max_age` and no other process is refreshing it; `None`
+/// before the first one. A snapshot of an unexpected shape is a schema error.
+pub async fn fetch(
+    store: &Store,
+    top_topics: i32,
+    max_age: Duration,
+) -> Result<Option<Observation>, StoreError> {
+    let Some(row) = store.observe(top_topics, max_age).await? else {
+        return Ok(None);
+    };
+    let snapshot = serde_json::from_value(row.snapshot).map_err(|e| {
+        StoreError::Schema(format!(
+            "outbox.observe returned an unexpected snapshot: {e}"
+        ))
+    })?;
+    Ok(Some(Observation {
+        observed_at: row.observed_at,
+        refreshed: row.refreshed,
+        snapshot,
+    }))
+}
+
 /// Observes every `interval` (±10%) until `shutdown`: keeps `latest` current and warns
 /// once per culprit that holds the horizon past the threshold (and says when it is gone).
 pub async fn run(store: Store, worker: WorkerId, latest: Arc<Latest>, shutdown: CancellationToken) {
     let settings = latest.settings;
     let mut warned: HashMap<String, HorizonHolder> = HashMap::new();
     loop {
-        match store.observe(settings.top_topics, settings.interval).await {
+        match fetch(&store, settings.top_topics, settings.interval).await {
             Ok(Some(observation)) => {
                 watch_horizon(
                     &observation.snapshot,
@@ -273,154 +315,17 @@ fn watch_horizon(
         .collect();
     for (key, h) in &culprits {
         if !warned.contains_key(key) {
-            telemetry::horizon_held(h, threshold);
+            telemetry::horizon_held(h.as_culprit(), &h.advice(), threshold);
             warned.insert(key.clone(), (*h).clone());
         }
     }
     warned.retain(|key, h| {
         let still = culprits.contains_key(key);
         if !still {
-            telemetry::horizon_released(h);
+            telemetry::horizon_released(h.as_culprit());
         }
         still
     });
-}
-
-/// The fleet gauges of `observation` in the Prometheus text format, appended to what the
-/// recorder renders. Rendered here rather than through the recorder so that a topic that
-/// leaves the largest ones stops being exported instead of keeping its last value.
-pub fn render(observation: &Observation, threshold: Duration) -> String {
-    let s = &observation.snapshot;
-    let mut out = String::new();
-    let mut family = |name: &str, samples: Vec<(Vec<(&str, &str)>, f64)>| {
-        let help = telemetry::help(name);
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for (labels, value) in samples {
-            let labels: Vec<String> = labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                .collect();
-            if labels.is_empty() {
-                let _ = writeln!(out, "{name} {value}");
-            } else {
-                let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
-            }
-        }
-    };
-    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
-    let f = |n: i64| n as f64;
-
-    family(
-        telemetry::OBSERVED_AT,
-        vec![(
-            vec![],
-            observation.observed_at.timestamp_millis() as f64 / 1000.0,
-        )],
-    );
-    let mut backlog = Vec::new();
-    for t in &s.topics {
-        for (state, n) in [
-            ("ready", t.ready),
-            ("delayed", t.delayed),
-            ("in_flight", t.in_flight),
-            ("expired_lease", t.expired_leases),
-        ] {
-            backlog.push((vec![("topic", t.topic.as_str()), ("state", state)], f(n)));
-        }
-    }
-    family(telemetry::BACKLOG, backlog);
-    family(
-        telemetry::DEAD_LETTERS,
-        s.topics
-            .iter()
-            .map(|t| (vec![("topic", t.topic.as_str())], f(t.dead_letters)))
-            .collect(),
-    );
-    family(
-        telemetry::OLDEST_READY_AGE,
-        s.topics
-            .iter()
-            .map(|t| {
-                let age = t.oldest_ready_age_seconds.unwrap_or(0.0);
-                (vec![("topic", t.topic.as_str())], age)
-            })
-            .collect(),
-    );
-    family(
-        telemetry::ATTEMPTS_LAST_MINUTE,
-        ["DISPATCHED", "RETRYABLE", "FAILED", "ZOMBIE_REQUEUE"]
-            .into_iter()
-            .map(|state| {
-                let n = s.attempts_last_minute.get(state).copied().unwrap_or(0);
-                (vec![("state", state)], f(n))
-            })
-            .collect(),
-    );
-    let oldest = s
-        .horizon_holders
-        .iter()
-        .filter_map(|h| h.age_seconds)
-        .fold(0.0_f64, f64::max);
-    family(telemetry::HORIZON_AGE, vec![(vec![], oldest)]);
-    let xid_age = s
-        .horizon_holders
-        .iter()
-        .filter_map(|h| h.xid_age)
-        .max()
-        .unwrap_or(0);
-    family(telemetry::HORIZON_XID_AGE, vec![(vec![], f(xid_age))]);
-    let culprits: Vec<&HorizonHolder> = s
-        .horizon_holders
-        .iter()
-        .filter(|h| h.is_culprit(threshold))
-        .take(5)
-        .collect();
-    let pids: Vec<String> = culprits
-        .iter()
-        .map(|h| h.pid.map(|p| p.to_string()).unwrap_or_default())
-        .collect();
-    family(
-        telemetry::HORIZON_CULPRIT,
-        culprits
-            .iter()
-            .zip(&pids)
-            .map(|(h, pid)| {
-                (
-                    vec![
-                        ("kind", h.kind.as_str()),
-                        ("pid", pid.as_str()),
-                        ("name", h.name.as_deref().unwrap_or("")),
-                        ("state", h.state.as_deref().unwrap_or("")),
-                    ],
-                    h.age_seconds.unwrap_or(0.0),
-                )
-            })
-            .collect(),
-    );
-    if let Some(table) = &s.messages_table {
-        family(
-            telemetry::TABLE_TUPLES,
-            vec![
-                (vec![("kind", "live")], f(table.live_tuples)),
-                (vec![("kind", "dead")], f(table.dead_tuples)),
-            ],
-        );
-        if let Some(at) = table.last_autovacuum {
-            family(
-                telemetry::LAST_AUTOVACUUM,
-                vec![(vec![], at.timestamp_millis() as f64 / 1000.0)],
-            );
-        }
-    }
-    out
-}
-
-/// A label value in the text format: backslash, double quote and newline escaped.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -1,0 +1,314 @@
+//! The `kafka` destination: an idempotent producer (librdkafka through `rdkafka`), so a
+//! broker retry never writes a record twice. A message becomes one record on the topic its
+//! template names (`{topic}` replaced), keyed by its `message_key` (every message of a key
+//! goes to one partition, in order; a claim may hold a key's head with the run behind it,
+//! and dispatch hands this destination a key's next message only once the one before it
+//! was delivered) or, without a key, by its outbox_id. The message's own headers travel as
+//! record headers, with the outbox metadata (`outbox-id`, the consumer's dedupe id;
+//! `outbox-topic`, `outbox-key`, `outbox-attempt`) and `content-type` beside them.
+//!
+//! A message is delivered only when its delivery report confirms it; each report settles
+//! its own message. A refusal the broker or the client will repeat (unknown topic or
+//! partition, record too large, invalid record, authorization failed) is permanent with the
+//! reason; everything else (broker unreachable, leader not available, timed out, queue
+//! full) is retryable. The producer gives a message up at 90 % of the dispatch deadline, so
+//! its own reason is the one recorded. A producer the broker fenced, or whose id or
+//! sequence state it refused, is replaced by a new one (a new producer id), which is given
+//! the records the old one could not write.
+//!
+//! Its settings and their validation are in `config.rs`; this file is the publisher.
+
+mod config;
+
+use std::sync::RwLock;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+pub use config::KafkaConfig;
+use config::topic_char;
+
+use super::{Destination, metadata, user_headers};
+use crate::message::{ClaimedMessage, Outcome};
+
+fn create(config: &ClientConfig) -> Result<FutureProducer, KafkaError> {
+    config.create()
+}
+
+pub struct Kafka {
+    config: ClientConfig,
+    /// Replaced when the client reports a fatal error (an idempotent producer that lost
+    /// its sequence state cannot go on); the config is the one that built it.
+    producer: RwLock<FutureProducer>,
+    topic: String,
+    brokers: String,
+    readiness_timeout: Duration,
+}
+
+impl Kafka {
+    fn producer(&self) -> FutureProducer {
+        self.producer
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// After a fatal error, or an error that leaves the producer's id or sequence state
+    /// unusable (fenced, epoch or sequence refused), a new producer with a new producer id
+    /// takes over; records the old one had not confirmed were reported retryable.
+    /// Returns the producer that took over.
+    fn replace(&self, failed: &FutureProducer) -> FutureProducer {
+        let mut slot = self
+            .producer
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.client().native_ptr() != failed.client().native_ptr() {
+            return slot.clone(); // another batch replaced it already
+        }
+        match create(&self.config) {
+            Ok(producer) => {
+                let fatal = failed
+                    .client()
+                    .fatal_error()
+                    .map(|(code, reason)| format!("{code}: {reason}"));
+                tracing::warn!(
+                    fatal_error = fatal,
+                    "kafka producer cannot go on; replaced it with a new one"
+                );
+                *slot = producer;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "kafka producer cannot go on and could not be replaced")
+            }
+        }
+        slot.clone()
+    }
+}
+
+/// Errors after which the producer cannot deliver anything more.
+fn producer_unusable(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::Fatal
+            | C::ProducerFenced
+            | C::InvalidProducerEpoch
+            | C::InvalidProducerIdMapping
+            | C::UnknownProducerId
+            | C::OutOfOrderSequenceNumber
+    )
+}
+
+/// What the client answered about one record, as the message's outcome.
+fn classify(topic: &str, e: &KafkaError) -> Outcome {
+    use RDKafkaErrorCode as C;
+    let permanent = matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::UnknownPartition
+                | C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidMessage
+                | C::InvalidRecord
+                | C::InvalidTopic
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::PolicyViolation
+                | C::UnsupportedForMessageFormat
+        )
+    );
+    let reason = match e.rdkafka_error_code() {
+        Some(code) => format!("produce to kafka topic {topic}: {code}"),
+        None => format!("produce to kafka topic {topic}: {e}"),
+    };
+    if permanent {
+        Outcome::Permanent { reason }
+    } else {
+        Outcome::Retryable {
+            reason,
+            retry_after: None,
+        }
+    }
+}
+
+/// The record headers of `m`: its own, then `content-type` and the outbox metadata.
+fn headers(m: &ClaimedMessage) -> Result<OwnedHeaders, String> {
+    let own = user_headers(m)?;
+    let outbox = metadata(m);
+    let all = own
+        .iter()
+        .map(|(n, v)| (*n, v.as_str()))
+        .chain([("content-type", m.content_type.as_str())])
+        .chain(outbox.iter().map(|(n, v)| (*n, v.as_str())));
+    Ok(all.fold(OwnedHeaders::new(), |headers, (key, value)| {
+        headers.insert(Header {
+            key,
+            value: Some(value),
+        })
+    }))
+}
+
+impl Kafka {
+    /// Produces `batch` with `producer` and waits for each record's report: one outcome
+    /// per message, and whether its error left the producer unusable.
+    async fn produce(
+        &self,
+        producer: &FutureProducer,
+        batch: &[&ClaimedMessage],
+    ) -> Vec<(Outcome, bool)> {
+        // Hand every record to the client first, then wait for the reports: the client
+        // batches them into requests.
+        let mut pending = Vec::with_capacity(batch.len());
+        for m in batch {
+            let topic = self.topic.replace("{topic}", &m.topic);
+            if topic.is_empty() || topic.len() > 249 || !topic.chars().all(topic_char) {
+                let reason = format!(
+                    "{topic:?} is not a valid Kafka topic name (1 to 249 letters, digits, '.', '_', '-')"
+                );
+                pending.push((topic, Err(Outcome::Permanent { reason })));
+                continue;
+            }
+            let headers = match headers(m) {
+                Ok(h) => h,
+                Err(reason) => {
+                    pending.push((topic, Err(Outcome::Permanent { reason })));
+                    continue;
+                }
+            };
+            let id = m.id.to_string();
+            let key = m.key.as_deref().unwrap_or(&id);
+            let record = FutureRecord::to(&topic)
+                .key(key)
+                .payload(&m.payload)
+                .headers(headers);
+            let sent = producer
+                .send_result(record)
+                .map_err(|(e, _)| classify(&topic, &e));
+            pending.push((topic, sent));
+        }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (topic, sent) in pending {
+            outcomes.push(match sent {
+                Err(refused) => (refused, false),
+                Ok(report) => match report.await {
+                    Ok(Ok(_delivery)) => (Outcome::Delivered, false),
+                    Ok(Err((e, _))) => (
+                        classify(&topic, &e),
+                        e.rdkafka_error_code().is_some_and(producer_unusable),
+                    ),
+                    Err(_canceled) => (
+                        Outcome::Retryable {
+                            reason: format!(
+                                "produce to kafka topic {topic}: the producer closed before it reported"
+                            ),
+                            retry_after: None,
+                        },
+                        false,
+                    ),
+                },
+            });
+        }
+        outcomes
+    }
+}
+
+impl Destination for Kafka {
+    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let producer = self.producer();
+            let all: Vec<&ClaimedMessage> = batch.iter().collect();
+            let mut outcomes = self.produce(&producer, &all).await;
+            let again: Vec<usize> = (0..outcomes.len()).filter(|&i| outcomes[i].1).collect();
+            if !again.is_empty() {
+                // The producer cannot go on (fenced, its id or sequence refused): the
+                // records it could not write are given once to its replacement, so that
+                // the message does not pay an attempt for the producer's state.
+                let fresh = self.replace(&producer);
+                // The last handle of a replaced producer purges and flushes it (up to half a
+                // second) and joins its thread: not on the runtime's threads.
+                tokio::task::spawn_blocking(move || drop(producer));
+                let retry: Vec<&ClaimedMessage> = again.iter().map(|&i| &batch[i]).collect();
+                for (i, outcome) in again.into_iter().zip(self.produce(&fresh, &retry).await) {
+                    outcomes[i] = outcome;
+                }
+            }
+            outcomes.into_iter().map(|(outcome, _)| outcome).collect()
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let producer = self.producer();
+            let timeout = self.readiness_timeout;
+            let brokers = self.brokers.clone();
+            // A metadata request (blocking in the client) shows a broker answers.
+            tokio::task::spawn_blocking(move || {
+                producer
+                    .client()
+                    .fetch_metadata(None, timeout)
+                    .map(|_| ())
+                    .map_err(|e| format!("kafka brokers {brokers}: {e}"))
+            })
+            .await
+            .map_err(|e| format!("kafka readiness check: {e}"))?
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn refusals_the_broker_repeats_are_permanent() {
+        let produce = |code| KafkaError::MessageProduction(code);
+        for code in [
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::InvalidRecord,
+        ] {
+            assert!(
+                matches!(classify("t", &produce(code)), Outcome::Permanent { .. }),
+                "{code:?}"
+            );
+        }
+        for code in [
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::LeaderNotAvailable,
+            RDKafkaErrorCode::RequestTimedOut,
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::QueueFull,
+        ] {
+            assert!(
+                matches!(classify("t", &produce(code)), Outcome::Retryable { .. }),
+                "{code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn headers_carry_the_outbox_metadata_beside_the_message_own() {
+        use rdkafka::message::Headers;
+        let m = ClaimedMessage::example(serde_json::json!({"traceparent": "00-a-b-01"}));
+        let h = headers(&m).unwrap();
+        let all: BTreeMap<&str, &[u8]> = h
+            .iter()
+            .map(|h| (h.key, h.value.unwrap_or_default()))
+            .collect();
+        assert_eq!(all["traceparent"], b"00-a-b-01");
+        assert_eq!(all["outbox-id"], m.id.to_string().as_bytes());
+        assert_eq!(all["content-type"], b"application/json");
+        assert_eq!(all["outbox-attempt"], b"1");
+    }
+}

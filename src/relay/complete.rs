@@ -1,0 +1,173 @@
+//! The completer: a batch's outcomes go back to the database in one
+//! `complete_outbox_batch` call, with the retry time of each retryable one (backoff with
+//! full jitter); what was not attempted is released without an attempt. Each outcome is
+//! counted and logged as it is recorded.
+
+use std::time::{Duration, Instant};
+
+use super::{Relay, Summary};
+use crate::message::{AttemptState, ClaimedMessage, Completion, LeaseToken, OutboxId, Outcome};
+use crate::store::StoreError;
+use crate::{retry, telemetry};
+
+impl Relay {
+    /// Reports a batch's outcomes; gives back without an attempt what was not attempted.
+    pub(super) async fn complete(
+        &self,
+        batch: &[ClaimedMessage],
+        outcomes: Vec<Outcome>,
+    ) -> Summary {
+        if !outcomes
+            .iter()
+            .any(|o| matches!(o, Outcome::NotAttempted { .. }))
+        {
+            return self.report(batch, outcomes).await;
+        }
+        let mut given_back = Vec::new();
+        let mut attempted = (Vec::new(), Vec::new());
+        for (m, outcome) in batch.iter().zip(outcomes) {
+            match outcome {
+                Outcome::NotAttempted { .. } => given_back.push(m.clone()),
+                outcome => {
+                    attempted.0.push(m.clone());
+                    attempted.1.push(outcome);
+                }
+            }
+        }
+        let mut summary = self.release(&given_back).await;
+        if !attempted.0.is_empty() {
+            summary += self.report(&attempted.0, attempted.1).await;
+        }
+        summary
+    }
+
+    /// Records attempts for every outcome of a batch in one call. A failed call is retried
+    /// until the leases would have expired anyway (after that the janitor requeues them:
+    /// at-least-once).
+    pub(super) async fn report(&self, batch: &[ClaimedMessage], outcomes: Vec<Outcome>) -> Summary {
+        debug_assert_eq!(
+            batch.len(),
+            outcomes.len(),
+            "dispatch answers one outcome per message"
+        );
+        let now = chrono::Utc::now();
+        let mut delays = vec![Duration::ZERO; batch.len()];
+        let completions: Vec<Completion> = batch
+            .iter()
+            .zip(&outcomes)
+            .zip(delays.iter_mut())
+            .map(|((m, outcome), delay)| {
+                let (state, error, retry_at) = match outcome {
+                    Outcome::Delivered => (AttemptState::Dispatched, None, None),
+                    Outcome::Retryable {
+                        reason,
+                        retry_after,
+                    } => {
+                        *delay = retry::delay(&self.settings.retry, m.attempt_no, *retry_after);
+                        let at = now + chrono::Duration::from_std(*delay).unwrap_or_default();
+                        (AttemptState::Retryable, Some(reason.clone()), Some(at))
+                    }
+                    Outcome::Permanent { reason } => {
+                        (AttemptState::Failed, Some(reason.clone()), None)
+                    }
+                    Outcome::NotAttempted { .. } => {
+                        unreachable!("complete() gives these back before reporting")
+                    }
+                };
+                Completion {
+                    id: m.id,
+                    lease_token: m.lease_token,
+                    state,
+                    error,
+                    retry_at,
+                }
+            })
+            .collect();
+
+        let expires = batch
+            .iter()
+            .map(|m| m.lease_expires_at)
+            .min()
+            .unwrap_or(now);
+        let mut backoff = Duration::from_millis(50);
+        let results = loop {
+            let started = Instant::now();
+            match self.store.complete(self.worker(), &completions).await {
+                Ok(results) => {
+                    telemetry::batch_completed(started.elapsed());
+                    break results;
+                }
+                Err(e) => {
+                    telemetry::database_error(self.worker(), "complete", &e);
+                    let retryable = !matches!(e, StoreError::InvalidArgument(_));
+                    if !retryable
+                        || chrono::Utc::now()
+                            + chrono::Duration::from_std(backoff).unwrap_or_default()
+                            >= expires
+                    {
+                        tracing::error!(worker_id = %self.worker(), messages = batch.len(), error = %e,
+                            "could not report outcomes before the leases expire; repair will requeue them");
+                        return Summary::default();
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
+
+        let mut summary = Summary::default();
+        let mut delivered = Vec::with_capacity(batch.len());
+        for (((m, outcome), result), delay) in
+            batch.iter().zip(&outcomes).zip(&results).zip(&delays)
+        {
+            if result.lease_lost {
+                summary.lease_lost += 1;
+                telemetry::lease_lost(self.worker(), m);
+                continue;
+            }
+            match outcome {
+                Outcome::Delivered => {
+                    summary.delivered += 1;
+                    delivered.push(m);
+                }
+                Outcome::Retryable { reason, .. } if result.dead_lettered => {
+                    summary.rejected += 1;
+                    telemetry::retries_exhausted(self.worker(), m, reason);
+                }
+                Outcome::Retryable { reason, .. } => {
+                    summary.retried += 1;
+                    telemetry::retry_scheduled(self.worker(), m, reason, *delay);
+                }
+                Outcome::Permanent { reason } => {
+                    summary.rejected += 1;
+                    telemetry::rejected(self.worker(), m, reason);
+                }
+                Outcome::NotAttempted { .. } => {}
+            }
+        }
+        telemetry::delivered(self.worker(), delivered.into_iter());
+        summary
+    }
+
+    /// Gives a batch back without an attempt (shutdown deadline passed before delivery).
+    pub(super) async fn release(&self, batch: &[ClaimedMessage]) -> Summary {
+        if batch.is_empty() {
+            return Summary::default();
+        }
+        let leases: Vec<(OutboxId, LeaseToken)> =
+            batch.iter().map(|m| (m.id, m.lease_token)).collect();
+        match self.store.release(self.worker(), &leases).await {
+            Ok(n) => {
+                telemetry::released(self.worker(), batch, n);
+                Summary {
+                    released: u64::from(n.unsigned_abs()),
+                    ..Summary::default()
+                }
+            }
+            Err(e) => {
+                telemetry::database_error(self.worker(), "release", &e);
+                Summary::default()
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The leases of the batches in flight: when each was claimed or last extended and until
+//! when its dispatch may run, so that the lease keeper extends only batches still being
+//! worked on and a batch whose leases may have run out is not published (the stale-publish
+//! guard).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::Relay;
+use crate::message::{ClaimedMessage, LeaseToken, OutboxId};
+use crate::telemetry;
+
+/// A batch in flight, for the lease keeper and the stale-publish guard.
+pub(super) struct Leases {
+    /// When it was claimed or last extended.
+    since: Instant,
+    /// Until when this process may still publish it, by its own monotonic clock.
+    publish_before: Instant,
+    /// Its dispatch deadline, once it is being published: the lease keeper does not extend
+    /// it past this (the destination did not answer; the batch is being given back).
+    dispatch_until: Option<Instant>,
+    leases: Vec<(OutboxId, LeaseToken)>,
+}
+
+/// Leases of the batches in flight.
+#[derive(Default)]
+pub(super) struct LeaseBook {
+    next: AtomicU64,
+    batches: Mutex<HashMap<u64, Leases>>,
+}
+
+impl LeaseBook {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Leases>> {
+        self.batches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Books a batch whose claim was sent at `asked`; it may be published until
+    /// `asked + publish_window`.
+    pub(super) fn insert(
+        &self,
+        batch: &[ClaimedMessage],
+        asked: Instant,
+        publish_window: Duration,
+    ) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let leases = batch.iter().map(|m| (m.id, m.lease_token)).collect();
+        self.lock().insert(
+            id,
+            Leases {
+                since: asked,
+                publish_before: asked + publish_window,
+                dispatch_until: None,
+                leases,
+            },
+        );
+        id
+    }
+
+    pub(super) fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    pub(super) fn messages(&self) -> usize {
+        self.lock().values().map(|b| b.leases.len()).sum()
+    }
+
+    /// Whether batch `id` may still be published.
+    pub(super) fn publishable(&self, id: u64) -> bool {
+        self.lock()
+            .get(&id)
+            .is_some_and(|b| Instant::now() < b.publish_before)
+    }
+
+    /// Batch `id` is being published and must be answered by `deadline`.
+    pub(super) fn dispatching(&self, id: u64, deadline: Instant) {
+        if let Some(batch) = self.lock().get_mut(&id) {
+            batch.dispatch_until = Some(deadline);
+        }
+    }
+
+    /// Batches claimed (or last extended) at least `age` ago and not past their dispatch
+    /// deadline, with their leases; marks them extended.
+    pub(super) fn due(&self, age: Duration) -> Vec<(u64, Vec<(OutboxId, LeaseToken)>)> {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (id, batch) in self.lock().iter_mut() {
+            if batch.dispatch_until.is_some_and(|d| now >= d) {
+                continue;
+            }
+            if now.duration_since(batch.since) >= age {
+                batch.since = now;
+                due.push((*id, batch.leases.clone()));
+            }
+        }
+        due
+    }
+
+    /// Lease time batch `id` has left by this process's clock: its publish window ends a
+    /// `margin` before the lease does.
+    pub(super) fn lease_left(&self, id: u64, margin: Duration) -> Duration {
+        self.lock().get(&id).map_or(Duration::ZERO, |b| {
+            (b.publish_before + margin).saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// The leases of batch `id` were extended by a call sent at `asked`.
+    pub(super) fn extended(&self, id: u64, asked: Instant, publish_window: Duration) {
+        if let Some(batch) = self.lock().get_mut(&id) {
+            batch.publish_before = asked + publish_window;
+        }
+    }
+}
+
+impl Relay {
+    /// Extends the leases of batches still in flight, every third of the lease.
+    pub(super) async fn keep_leases(self, stop: CancellationToken) {
+        let period = self.settings.lease() / 3;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            let due = self.leases.due(period);
+            if due.is_empty() {
+                continue;
+            }
+            let leases: Vec<(OutboxId, LeaseToken)> =
+                due.iter().flat_map(|(_, l)| l.iter().copied()).collect();
+            let asked = Instant::now();
+            match self
+                .store
+                .extend(self.worker(), &leases, self.settings.lease_secs)
+                .await
+            {
+                Ok(held) => {
+                    if held.len() < leases.len() {
+                        tracing::info!(worker_id = %self.worker(), lost = leases.len() - held.len(),
+                            "some leases were lost before they could be extended");
+                    }
+                    let held: std::collections::HashSet<OutboxId> =
+                        held.into_iter().map(|(id, _)| id).collect();
+                    for (batch, leases) in &due {
+                        if leases.iter().all(|(id, _)| held.contains(id)) {
+                            self.leases.extended(*batch, asked, self.publish_window());
+                        }
+                    }
+                }
+                Err(e) => telemetry::database_error(self.worker(), "extend", &e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_keeper_stops_extending_a_batch_past_its_dispatch_deadline() {
+        let book = LeaseBook::default();
+        let asked = Instant::now();
+        let waiting = book.insert(
+            &[ClaimedMessage::example(serde_json::Value::Null)],
+            asked,
+            Duration::from_secs(60),
+        );
+        let answering = book.insert(
+            &[ClaimedMessage::example(serde_json::Value::Null)],
+            asked,
+            Duration::from_secs(60),
+        );
+        let overdue = book.insert(
+            &[ClaimedMessage::example(serde_json::Value::Null)],
+            asked,
+            Duration::from_secs(60),
+        );
+        book.dispatching(answering, Instant::now() + Duration::from_secs(60));
+        book.dispatching(overdue, Instant::now());
+        let mut due: Vec<u64> = book
+            .due(Duration::ZERO)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        due.sort_unstable();
+        assert_eq!(due, vec![waiting, answering]);
+    }
+}

@@ -1,0 +1,189 @@
+//! Dead letters for the operator verbs (`dead-letters list|show`, `replay`): one filter,
+//! defined once in SQL (`outbox.dead_letters_matching`), to list, count and replay them.
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::{Result, Store};
+use crate::message::OutboxId;
+
+/// Which dead letters an operator verb looks at; `None` matches everything.
+#[derive(Clone, Debug, Default)]
+pub struct DeadLetterFilter {
+    /// These dead letters only.
+    pub ids: Option<Vec<Uuid>>,
+    pub topic: Option<String>,
+    /// Dead-lettered at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// The last error contains this text (any case).
+    pub error_contains: Option<String>,
+}
+
+/// A row of `outbox.dead_letters`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeadLetter {
+    pub outbox_id: Uuid,
+    pub topic: String,
+    pub message_key: Option<String>,
+    pub content_type: String,
+    pub headers: serde_json::Value,
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+    pub payload_bytes: i64,
+    pub created_at: DateTime<Utc>,
+    pub dead_lettered_at: DateTime<Utc>,
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    pub last_error: Option<String>,
+}
+
+/// A row of `outbox.attempts`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AttemptRecord {
+    pub attempt_no: i32,
+    pub state: String,
+    pub worker_id: String,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Store {
+    /// `outbox.start_replay`: records a replay of what `filter` selects (with `reason`) and
+    /// returns its id; nothing moves until [`Store::replay_step`].
+    pub async fn start_replay(
+        &self,
+        filter: &DeadLetterFilter,
+        reason: Option<&str>,
+    ) -> Result<i64> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT outbox.start_replay($1, $2, $3, $4, $5)",
+                &[
+                    &filter.ids,
+                    &filter.topic,
+                    &filter.since,
+                    &filter.error_contains,
+                    &reason,
+                ],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// `outbox.replay_step`: moves up to `limit` more dead letters of replay `replay_id`;
+    /// returns how many (0: done).
+    pub async fn replay_step(&self, replay_id: i64, limit: i32) -> Result<i32> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT outbox.replay_step($1, $2)", &[&replay_id, &limit])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Dead letters matching `filter`, newest first, at most `limit` (payloads not loaded).
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {DEAD_LETTER_COLUMNS}, ''::bytea FROM {DEAD_LETTERS_MATCHING} \
+                     ORDER BY dead_lettered_at DESC, outbox_id LIMIT $5"
+                ),
+                &[
+                    &filter.ids,
+                    &filter.topic,
+                    &filter.since,
+                    &filter.error_contains,
+                    &limit,
+                ],
+            )
+            .await?;
+        Ok(rows.iter().map(dead_letter).collect())
+    }
+
+    /// How many dead letters match `filter`.
+    pub async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<i64> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                &format!("SELECT count(*) FROM {DEAD_LETTERS_MATCHING}"),
+                &[
+                    &filter.ids,
+                    &filter.topic,
+                    &filter.since,
+                    &filter.error_contains,
+                ],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// One dead letter with its payload and every attempt, oldest first.
+    pub async fn dead_letter(
+        &self,
+        id: OutboxId,
+    ) -> Result<Option<(DeadLetter, Vec<AttemptRecord>)>> {
+        let client = self.client().await?;
+        let Some(row) = client
+            .query_opt(
+                &format!(
+                    "SELECT {DEAD_LETTER_COLUMNS}, payload FROM outbox.dead_letters \
+                     WHERE outbox_id = $1"
+                ),
+                &[&id.0],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempts = client
+            .query(
+                "SELECT attempt_no, state::text, worker_id, error, created_at \
+                 FROM outbox.attempts WHERE outbox_id = $1 ORDER BY attempt_no",
+                &[&id.0],
+            )
+            .await?
+            .iter()
+            .map(|r| AttemptRecord {
+                attempt_no: r.get(0),
+                state: r.get(1),
+                worker_id: r.get(2),
+                error: r.get(3),
+                created_at: r.get(4),
+            })
+            .collect();
+        Ok(Some((dead_letter(&row), attempts)))
+    }
+}
+
+const DEAD_LETTER_COLUMNS: &str = "outbox_id, topic, message_key, content_type, headers, \
+     octet_length(payload)::bigint, created_at, dead_lettered_at, attempt_count, max_attempts, \
+     last_error";
+
+/// The dead letters a [`DeadLetterFilter`] selects (`$1` ids, `$2` topic, `$3` since,
+/// `$4` error text): the filter is defined once, in SQL, for listing and replaying alike.
+const DEAD_LETTERS_MATCHING: &str =
+    "outbox.dead_letters_matching($1::uuid[], $2::text, $3::timestamptz, $4::text) AS d";
+
+fn dead_letter(r: &Row) -> DeadLetter {
+    DeadLetter {
+        outbox_id: r.get(0),
+        topic: r.get(1),
+        message_key: r.get(2),
+        content_type: r.get(3),
+        headers: r.get(4),
+        payload_bytes: r.get(5),
+        created_at: r.get(6),
+        dead_lettered_at: r.get(7),
+        attempt_count: r.get(8),
+        max_attempts: r.get(9),
+        last_error: r.get(10),
+        payload: r.get(11),
+    }
+}

@@ -1,0 +1,73 @@
+//! `outbox.enqueue`: how producers (and `outbox-relay enqueue`) add a message, on a
+//! connection of the pool or on the caller's own transaction.
+
+use super::{Result, Store};
+use crate::message::{NewMessage, OutboxId, Payload};
+
+impl Store {
+    /// `outbox.enqueue` on a connection of the pool, in a transaction of its own.
+    pub async fn enqueue(&self, message: &NewMessage) -> Result<OutboxId> {
+        let client = self.client().await?;
+        Ok(enqueue(&**client, message).await?)
+    }
+}
+
+/// `outbox.enqueue` on the caller's own connection or transaction, so the message commits
+/// (and wakes the relayers) with the caller's other writes, or not at all. Takes a
+/// `tokio_postgres::Transaction` or `Client`; from a `deadpool_postgres` pool, pass
+/// `&*transaction` or `&**client`. The login needs the `outbox_producer` role.
+///
+/// ```no_run
+/// # async fn order_placed(pool: deadpool_postgres::Pool) -> anyhow::Result<()> {
+/// use outbox_relay::message::NewMessage;
+///
+/// let mut client = pool.get().await?;
+/// let tx = client.transaction().await?;
+/// tx.execute("UPDATE orders SET state = 'placed' WHERE id = $1", &[&42_i64]).await?;
+/// let id = outbox_relay::store::enqueue(
+///     &*tx,
+///     &NewMessage {
+///         topic: "orders.placed".into(),
+///         key: Some("order-42".into()),
+///         payload: serde_json::json!({"order_id": 42}).into(),
+///         headers: Some(serde_json::json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})),
+///         ..NewMessage::default()
+///     },
+/// )
+/// .await?;
+/// tx.commit().await?; // the order and its message, together
+/// println!("enqueued {id}");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn enqueue(
+    client: &impl tokio_postgres::GenericClient,
+    message: &NewMessage,
+) -> std::result::Result<OutboxId, tokio_postgres::Error> {
+    let common: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+        &message.topic,
+        &message.key,
+        &message.headers,
+        &message.available_at,
+        &message.id.map(|id| id.0),
+        &message.max_attempts,
+    ];
+    let row =
+        match &message.payload {
+            Payload::Json(json) => client
+                .query_one(
+                    "SELECT outbox.enqueue($1, $7::jsonb, $2, coalesce($3::jsonb, '{}'), $4, $5, \
+                     coalesce($6, 10))",
+                    &[&common[..], &[json]].concat(),
+                )
+                .await?,
+            Payload::Bytes { data, content_type } => client
+                .query_one(
+                    "SELECT outbox.enqueue($1, $7::bytea, $2, coalesce($3::jsonb, '{}'), $4, $5, \
+                     coalesce($6, 10), $8)",
+                    &[&common[..], &[data, content_type]].concat(),
+                )
+                .await?,
+        };
+    Ok(OutboxId(row.get(0)))
+}

@@ -1,0 +1,46 @@
+//! Synthetic messages for `outbox-relay bench` and the tests: many rows in one `INSERT`
+//! straight into `outbox.messages` (not through `outbox.enqueue`, so a million cost seconds,
+//! not minutes). It needs the schema owner's rights; producers use [`super::enqueue`].
+
+use tokio_postgres::Client;
+
+/// Inserts $2 messages on topic $1 in one statement. The payload is `{"n": i}`, padded
+/// with a `pad` field to about $5 bytes when that is larger; with $3 = k, every k-th message
+/// gets one of $4 keys.
+const FILL: &str = "INSERT INTO outbox.messages (topic, message_key, payload) \
+     SELECT $1, CASE WHEN i % $3::bigint = 0 THEN 'k' || (i % $4::bigint) END, \
+            convert_to(CASE WHEN $5::int > 0 \
+                            THEN json_build_object('n', i, 'pad', repeat('x', greatest($5::int - 20 - length(i::text), 0))) \
+                            ELSE json_build_object('n', i) END::text, 'UTF8') \
+       FROM generate_series(1, $2::bigint) AS i";
+
+/// Inserts `n` messages on `topic` (see [`FILL`] for the payload and the keys).
+pub async fn fill_messages(
+    c: &Client,
+    topic: &str,
+    n: i64,
+    keyed_every: Option<i64>,
+    keys: i64,
+    payload_bytes: i32,
+) -> Result<u64, tokio_postgres::Error> {
+    c.execute(FILL, &[&topic, &n, &keyed_every, &keys, &payload_bytes])
+        .await
+}
+
+/// [`fill_messages`], returning the ids in enqueue order.
+pub async fn fill_messages_returning_ids(
+    c: &Client,
+    topic: &str,
+    n: i64,
+    keyed_every: Option<i64>,
+    keys: i64,
+    payload_bytes: i32,
+) -> Result<Vec<uuid::Uuid>, tokio_postgres::Error> {
+    let rows = c
+        .query(
+            &format!("{FILL} RETURNING outbox_id"),
+            &[&topic, &n, &keyed_every, &keys, &payload_bytes],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}

@@ -1,0 +1,228 @@
+//! The one module that talks SQL, so that nothing else sees `tokio_postgres` or knows how
+//! the SQL API is called. It owns the connection pool, calls the `outbox.*` functions with
+//! one statement each, converts rows into its own types and the domain's, and turns the
+//! SQLSTATEs of the SQL API (`P7002` lease lost, `P7001` invalid argument) into typed errors.
+//! Lease checks are never made here: the database makes them.
+//!
+//! One file per contract area, like the SQL API's:
+//! - this file: the pool and its connections, [`StoreError`], `ping`;
+//! - [`migrate`](Store::migrate) and [`check_schema`](Store::check_schema) (`migrate.rs`):
+//!   the embedded migrations and the schema version this build needs;
+//! - `enqueue.rs`: `outbox.enqueue`, on the pool or on the caller's own transaction;
+//! - `lease.rs`: claim, complete, extend, release and repair, the leasing functions;
+//! - `dead_letters.rs`: listing, reading and replaying dead letters;
+//! - `observation.rs`: `outbox.observe` and the `outbox.status` view;
+//! - `listen.rs`: the `LISTEN` connection that wakes the claimer;
+//! - `fill.rs`: synthetic messages in bulk, for the bench and the tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+
+use crate::connection::{Target, describe_chain};
+use crate::secret::redact_url;
+
+mod dead_letters;
+mod enqueue;
+mod fill;
+mod lease;
+mod listen;
+mod migrate;
+mod observation;
+
+pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
+pub use enqueue::enqueue;
+pub use fill::{fill_messages, fill_messages_returning_ids};
+pub use lease::{ClaimSizes, Repair};
+pub use listen::NOTIFY_CHANNEL;
+pub use observation::{ObservationRow, Status};
+
+/// Errors of the storage layer, split by what the caller should do about them.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLSTATE P7002: the lease is not held any more; someone else owns the outcome.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+    /// SQLSTATE P7001: an argument the SQL API refused; the message names it.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The connection string (or its TLS settings) could not be used.
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
+    /// No connection could be made or had from the pool; `reason` says why in words
+    /// (Postgres' message and SQLSTATE, refused connection, TLS problem).
+    #[error("cannot connect to {target}: {reason}")]
+    Unavailable {
+        target: String,
+        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Any other database error (retry the operation later).
+    #[error("database error: {message}")]
+    Database {
+        message: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The schema is missing, older than this build, or not readable by this login.
+    #[error("{0}")]
+    Schema(String),
+    #[error("migration failed: {0}")]
+    Migration(String),
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        match e.as_db_error() {
+            Some(db) if db.code().code() == "P7002" => StoreError::LeaseLost(db.message().into()),
+            Some(db) if db.code().code() == "P7001" => {
+                StoreError::InvalidArgument(db.message().into())
+            }
+            Some(db) => StoreError::Database {
+                message: format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+                source: e,
+            },
+            None => StoreError::Database {
+                message: describe_chain(&e),
+                source: e,
+            },
+        }
+    }
+}
+
+impl StoreError {
+    /// A connection to `target` could not be made: `e` explained in words (see
+    /// [`Target::explain`]), kept as the source.
+    pub fn connect_failed(target: &Target, e: tokio_postgres::Error) -> Self {
+        StoreError::Unavailable {
+            target: target.describe(),
+            reason: target.explain(&e),
+            source: Box::new(e),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Sizes of the connection pool, for the pool gauges.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub available: usize,
+    pub max_size: usize,
+}
+
+/// Handle to the outbox database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    target: Arc<Target>,
+}
+
+impl Store {
+    /// Builds a pool of at most `max_connections` to `url` (TLS as its `sslmode` and the
+    /// `PG*` variables say; see [`crate::connection`]). Connections are opened lazily, so this
+    /// fails only on a malformed URL; use [`Store::ping`] to check reachability.
+    pub fn connect(url: &str, max_connections: usize) -> Result<Self> {
+        let mut target = Target::parse(url)
+            .map_err(|e| StoreError::InvalidUrl(format!("{e} (in {})", redact_url(url))))?;
+        let config = &mut target.config;
+        if config.get_application_name().is_none() {
+            config.application_name("outbox-relay");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        let manager = Manager::from_config(
+            target.config.clone(),
+            target.tls.clone(),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(max_connections)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+        Ok(Self {
+            pool,
+            target: Arc::new(target),
+        })
+    }
+
+    /// Where and how this store connects.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(|e| self.unavailable(e))
+    }
+
+    fn unavailable(&self, e: deadpool_postgres::PoolError) -> StoreError {
+        let reason = match e {
+            deadpool_postgres::PoolError::Backend(e) => {
+                return StoreError::connect_failed(&self.target, e);
+            }
+            deadpool_postgres::PoolError::Timeout(_) => {
+                "no connection became free in time (pool exhausted or the server is not \
+                 answering)"
+                    .to_owned()
+            }
+            ref other => other.to_string(),
+        };
+        StoreError::Unavailable {
+            target: self.target.describe(),
+            reason,
+            source: Box::new(e),
+        }
+    }
+
+    /// `SELECT 1`: is the database reachable?
+    pub async fn ping(&self) -> Result<()> {
+        self.client().await?.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    pub fn pool_status(&self) -> PoolStatus {
+        let s = self.pool.status();
+        PoolStatus {
+            size: s.size,
+            available: s.available,
+            max_size: s.max_size,
+        }
+    }
+}
+
+/// `url` (a `postgres://` URL) with its database name replaced by `db`.
+pub fn with_database(url: &str, db: &str) -> String {
+    let (main, query) = url
+        .split_once('?')
+        .map_or((url, None), |(m, q)| (m, Some(q)));
+    let scheme_end = main.find("://").map_or(0, |i| i + 3);
+    let base = main[scheme_end..]
+        .find('/')
+        .map_or(main, |i| &main[..scheme_end + i]);
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn swaps_the_database_name_and_keeps_the_query() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/postgres?sslmode=require", "x"),
+            "postgres://u@h:5432/x?sslmode=require"
+        );
+        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+    }
+}
