@@ -164,7 +164,7 @@ GRANT EXECUTE ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, 
 -- Raises:     what enqueue(bytea) raises: P7001, 23505.
 -- Crash:      nothing of its own (the caller's transaction).
 -- Shape:      a SQL function with no SECURITY DEFINER and no SET clause, which Postgres
---             inlines into the caller's statement (tests/sql_api.rs checks it with EXPLAIN
+--             inlines into the caller's statement (tests/sql_api/enqueue.rs checks it with EXPLAIN
 --             VERBOSE): the statement then makes the one definer call of enqueue(bytea).
 --             It runs with the caller's rights and search_path, which decide nothing but the
 --             conversion of the caller's own payload (every name in it is qualified).
