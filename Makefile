@@ -26,7 +26,9 @@ lint: ## cargo fmt --check, clippy with warnings as errors, no import cycle betw
 	scripts/lint-workflows.sh
 
 package-check: ## cargo publish --dry-run: the crate packages and builds from what it ships
-	$(CARGO) publish --dry-run --locked --allow-dirty
+	# A target directory of its own: the verification build would otherwise overwrite
+	# target/debug/outbox-relay, which the tests run, with the packaged copy's.
+	$(CARGO) publish --dry-run --locked --allow-dirty --target-dir target/package-check
 
 check-deploy: ## validate deploy/kubernetes and the Dockerfile offline (kubernetes-validate)
 	scripts/check-deploy.sh

@@ -81,9 +81,9 @@ pub async fn run(store: &Store, verb: &Verb) -> Result<()> {
                 .context("list dead letters")?;
             for d in &rows {
                 if *json {
-                    println!("{}", serde_json::to_string(d)?);
+                    outln!("{}", serde_json::to_string(d)?);
                 } else {
-                    println!(
+                    outln!(
                         "{}  {}  {}  {}/{} attempts  {}",
                         d.outbox_id,
                         d.dead_lettered_at.format("%Y-%m-%d %H:%M:%S"),
@@ -101,7 +101,7 @@ pub async fn run(store: &Store, verb: &Verb) -> Result<()> {
                 .dead_letter_count(&filter.store_filter())
                 .await
                 .context("count dead letters")?;
-            println!("{n}");
+            outln!("{n}");
             Ok(())
         }
         Verb::Show { id, json } => {
@@ -116,9 +116,9 @@ pub async fn run(store: &Store, verb: &Verb) -> Result<()> {
                 let mut value = serde_json::to_value(&d)?;
                 value["payload"] = payload_json(&d);
                 value["attempts"] = serde_json::to_value(&attempts)?;
-                println!("{}", serde_json::to_string_pretty(&value)?);
+                outln!("{}", serde_json::to_string_pretty(&value)?);
             } else {
-                print!("{}", render(&d, &attempts));
+                out!("{}", render(&d, &attempts));
             }
             Ok(())
         }

@@ -9,6 +9,9 @@ use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+#[macro_use]
+mod output;
+
 mod bench;
 mod dead_letters;
 mod enqueue;
@@ -176,10 +179,10 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 .await
                 .context("migrate")?;
             if applied.is_empty() {
-                println!("schema is up to date");
+                outln!("schema is up to date");
             }
             for name in applied {
-                println!("applied {name}");
+                outln!("applied {name}");
             }
             Ok(())
         }
@@ -190,20 +193,22 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 .enqueue(&message)
                 .await
                 .context("enqueue")?;
-            println!("{id}");
+            outln!("{id}");
             Ok(())
         }
         Command::DeadLetters(verb) => dead_letters::run(&quick_store(&cli).await?, verb).await,
         Command::Completions { shell } => {
-            clap_complete::generate(
-                *shell,
-                &mut Cli::command(),
-                "outbox-relay",
-                &mut std::io::stdout(),
-            );
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "outbox-relay", &mut script);
+            out!("{}", String::from_utf8_lossy(&script));
             Ok(())
         }
-        Command::Man => Ok(clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?),
+        Command::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            out!("{}", String::from_utf8_lossy(&page));
+            Ok(())
+        }
         Command::Status(args) => status::run(&quick_store(&cli).await?, args).await,
         Command::Repair { limit } => {
             let r = quick_store(&cli)
@@ -211,7 +216,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 .repair(*limit)
                 .await
                 .context("repair")?;
-            println!("requeued {} dead_lettered {}", r.requeued, r.dead_lettered);
+            outln!("requeued {} dead_lettered {}", r.requeued, r.dead_lettered);
             Ok(())
         }
         Command::Replay(args) => replay::run(&quick_store(&cli).await?, args).await,
@@ -223,7 +228,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
             let addr = addr.as_deref().unwrap_or("127.0.0.1:9187");
             let path = if *ready { "/readyz" } else { "/healthz" };
             let (status, body) = http::probe(addr, path).await?;
-            print!("{body}");
+            out!("{body}");
             if status != 200 {
                 bail!("{path} on {addr} answered HTTP {status}");
             }

@@ -55,13 +55,13 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
         .await
         .context("count dead letters")?;
     if args.dry_run {
-        println!("would replay {matching}");
+        outln!("would replay {matching}");
         for d in store
             .dead_letters(&filter, DRY_RUN_SHOWN)
             .await
             .context("list dead letters")?
         {
-            println!(
+            outln!(
                 "{}  {}  {}  {}",
                 d.outbox_id,
                 d.dead_lettered_at.format("%Y-%m-%d %H:%M:%S"),
@@ -70,7 +70,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             );
         }
         if matching > DRY_RUN_SHOWN {
-            println!("… and {} more", matching - DRY_RUN_SHOWN);
+            outln!("… and {} more", matching - DRY_RUN_SHOWN);
         }
         return Ok(());
     }
@@ -98,6 +98,6 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     if progress {
         eprintln!();
     }
-    println!("replayed {replayed} (replay {replay_id}, see outbox.replay_log)");
+    outln!("replayed {replayed} (replay {replay_id}, see outbox.replay_log)");
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! (plain blocks of lines when stdout is not a terminal).
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write as _};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -93,9 +93,9 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             value["horizon_holders"] = serde_json::to_value(&o.snapshot.horizon_holders)?;
             value["messages_table"] = serde_json::to_value(&o.snapshot.messages_table)?;
             value["problems"] = serde_json::to_value(problems)?;
-            println!("{}", serde_json::to_string(&value)?);
+            outln!("{}", serde_json::to_string(&value)?);
         } else {
-            print!("{}", render(args, &o, None, horizon_threshold));
+            out!("{}", render(args, &o, None, horizon_threshold));
         }
         return Ok(());
     }
@@ -112,15 +112,12 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             (secs > 0.0).then(|| (pending(&shown) - pending(before)) as f64 / secs)
         });
         let screen = render(args, &o, change, horizon_threshold);
-        let mut out = std::io::stdout().lock();
         if terminal {
             // Home the cursor and clear the screen, then draw: `top`'s way.
-            write!(out, "\x1b[H\x1b[2J{screen}")?;
+            out!("\x1b[H\x1b[2J{screen}");
         } else {
-            writeln!(out, "{screen}")?;
+            outln!("{screen}");
         }
-        out.flush()?;
-        drop(out);
         previous = Some((now, shown));
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

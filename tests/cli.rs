@@ -1,7 +1,7 @@
 //! The operator verbs as processes: `enqueue` from a file or standard input with headers,
 //! content type, delay and id; its errors; `completions` and `man`, generated from the same
 //! definitions as the parser; `replay` with filters, a dry run and its audit row; the
-//! hot-key shape of `bench`, round by round.
+//! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`).
 
 mod common;
 
@@ -528,4 +528,41 @@ async fn the_hot_key_shape_drains_every_round_and_prints_the_medians() {
         printed.contains("hot key, median of 2 rounds: unkeyed beside the hot key / alone = "),
         "{printed}"
     );
+}
+
+/// Runs a verb whose standard output is a pipe that its reader closed before the verb wrote
+/// (`outbox-relay … | head -c0`); returns its status and standard error.
+fn with_reader_gone(db: &TestDb, args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), common::text(&out.stderr))
+}
+
+/// `status --json | head -1` and the other verbs: a reader that goes away ends the verb
+/// quietly with status 141, as `cat` killed by SIGPIPE does, instead of a panic (101).
+#[tokio::test]
+async fn a_verb_whose_reader_goes_away_ends_quietly() {
+    let db = TestDb::new().await;
+    for args in [
+        &["status", "--json"][..],
+        &["status"],
+        &["dead-letters", "count"],
+        &["completions", "bash"],
+        &["man"],
+    ] {
+        let (code, stderr) = with_reader_gone(&db, args);
+        assert_eq!(code, Some(141), "outbox-relay {args:?}: stderr {stderr}");
+        assert!(
+            !stderr.contains("panicked"),
+            "outbox-relay {args:?} panicked: {stderr}"
+        );
+    }
+    db.finish().await;
 }

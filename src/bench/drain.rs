@@ -109,7 +109,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             t_big,
             o.workers,
         );
-        println!(
+        outln!(
             "  flatness: throughput at {} backlog / at {} backlog = {:.2}",
             o.big_backlog,
             small,
@@ -130,7 +130,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     }
 
     // 5. Memory.
-    println!(
+    outln!(
         "peak RSS of this process (relays + bench harness): {:.1} MiB",
         peak_rss_mib()
     );
@@ -229,7 +229,7 @@ async fn latency(url: &str, recorder: &Arc<Recorder>, o: &Options) -> Result<()>
         let rank = (p * l.len() as f64).ceil() as usize;
         l.get(rank.saturating_sub(1)).copied().unwrap_or(f64::NAN)
     };
-    println!(
+    outln!(
         "latency, commit to destination ack, at {} msg/s for {} s ({} messages, backlog ~0, {} workers, batch {}): \
          p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms (enqueue rate achieved: {:.0} msg/s)",
         o.rate,

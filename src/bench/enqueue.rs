@@ -74,7 +74,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             .zip(&rates)
             .map(|((what, _), rate)| format!("{what} {rate:.0}/s ({:.2}x)", rate / plain))
             .collect();
-        println!(
+        outln!(
             "enqueue, {connections} connections, one message per transaction, against the plain \
              INSERT: {}",
             figures.join(", ")

@@ -39,7 +39,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             took,
             workers,
         );
-        println!("  {waits}");
+        outln!("  {waits}");
     }
     Ok(())
 }

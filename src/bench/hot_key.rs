@@ -55,12 +55,12 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             o.workers,
         );
         let ratio = per_sec(n, beside.unkeyed) / per_sec(n, alone.unkeyed);
-        println!("  unkeyed rate beside the hot key / alone = {ratio:.2}");
+        outln!("  unkeyed rate beside the hot key / alone = {ratio:.2}");
         // The hot key's deliveries use the same database: its share while the unkeyed
         // drained, and what all deliveries added up to meanwhile, against the rate alone.
         #[allow(clippy::cast_precision_loss)] // message counts are far below 2^52
         let share = beside.keyed_beside as f64 / (beside.keyed_beside + n) as f64;
-        println!(
+        outln!(
             "  meanwhile the hot key delivered {} ({:.0} % of the deliveries); all deliveries / unkeyed alone = {:.2}",
             beside.keyed_beside,
             share * 100.0,
@@ -69,7 +69,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         ratios.push(ratio);
         hot_rates.push(per_sec(n, beside.keyed));
     }
-    println!(
+    outln!(
         "hot key, median of {} rounds: unkeyed beside the hot key / alone = {:.2} (rounds: {}); the hot key {:.0} msg/s",
         o.rounds,
         median(ratios.iter().copied().map(Some)).unwrap_or_default(),

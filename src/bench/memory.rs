@@ -14,21 +14,21 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     let relays = start_relays(url, o, &recorder, &shutdown)?;
     let round = o.memory_messages.div_ceil(10);
     let mut delivered = 0;
-    println!("memory: RSS {:.1} MiB before delivering", rss_mib("VmRSS:"));
+    outln!("memory: RSS {:.1} MiB before delivering", rss_mib("VmRSS:"));
     for _ in 0..10 {
         let t = drain(sql, &recorder, round).await?;
         delivered += round;
         // What autovacuum does to a drained queue: the table's statistics now say empty.
         sql.batch_execute("VACUUM outbox.messages").await?;
         progress("");
-        println!(
+        outln!(
             "memory: RSS {:.1} MiB after {delivered} delivered ({:.0} msg/s this round)",
             rss_mib("VmRSS:"),
             per_sec(round, t)
         );
     }
     shutdown_relays(&shutdown, relays).await;
-    println!("memory: peak RSS {:.1} MiB", peak_rss_mib());
+    outln!("memory: peak RSS {:.1} MiB", peak_rss_mib());
     Ok(())
 }
 

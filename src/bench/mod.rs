@@ -143,7 +143,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     let store = Store::connect(url, 4)?;
     store.migrate().await?;
     let sql = connect(url).await?;
-    println!(
+    outln!(
         "outbox-relay bench: {} messages per drain, {} workers, batch {}, 256-byte JSON payloads, 10% keyed, Postgres {}",
         o.messages,
         o.workers,
@@ -266,7 +266,7 @@ fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 
 fn report(what: &str, backlog: u64, n: u64, t: Duration, workers: u32) {
     progress("");
-    println!(
+    outln!(
         "{what}: {n} messages in {:.2} s = {:.0} msg/s (backlog {backlog}, {workers} workers)",
         t.as_secs_f64(),
         per_sec(n, t)

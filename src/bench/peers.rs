@@ -121,7 +121,7 @@ pub(super) async fn run(database_url: &str, dir: &Path, o: &Options) -> Result<(
     if pgmq.is_file() {
         contenders.extend([Contender::Pgmq, Contender::PgmqSmallBatch]);
     } else {
-        println!(
+        outln!(
             "pgmq: skipped ({} is missing; scripts/bench-peers.sh takes it from the pgmq wheel on PyPI)",
             pgmq.display()
         );
@@ -139,7 +139,7 @@ pub(super) async fn run(database_url: &str, dir: &Path, o: &Options) -> Result<(
         .iter()
         .map(|r| r.get(0))
         .collect();
-    println!(
+    outln!(
         "peers: {} messages of 256-byte JSON, no-op handlers, {} rounds, batch {}; Postgres: {}",
         o.messages,
         o.rounds,
@@ -165,7 +165,7 @@ pub(super) async fn run(database_url: &str, dir: &Path, o: &Options) -> Result<(
                         rate: per_sec(o.messages, took),
                         wal_per_message: wal as f64 / o.messages as f64,
                     };
-                    println!(
+                    outln!(
                         "round {round}: {}: {} messages in {:.2} s = {:.0} msg/s, {:.0} WAL bytes per message",
                         c.name(),
                         o.messages,
@@ -176,7 +176,7 @@ pub(super) async fn run(database_url: &str, dir: &Path, o: &Options) -> Result<(
                     Some(drained)
                 }
                 Err(e) => {
-                    println!("round {round}: {}: did not finish: {e:#}", c.name());
+                    outln!("round {round}: {}: did not finish: {e:#}", c.name());
                     None
                 }
             };
@@ -200,11 +200,11 @@ fn table(contenders: &[Contender], rates: &[Vec<Option<Drained>>], o: &Options) 
         .map(|r| median(r.iter().map(|d| d.map(|d| d.rate))))
         .collect();
     let relayer = medians[0];
-    println!();
-    println!(
+    outln!();
+    outln!(
         "| contender | workers | rounds (msg/s) | median msg/s | outbox-relay / this | same round, median | WAL bytes per message (median) |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    outln!("| --- | --- | --- | --- | --- | --- | --- |");
     for (i, &c) in contenders.iter().enumerate() {
         let workers = match c {
             Contender::Relayer => format!("{} relays x {} in flight", o.workers, o.in_flight),
@@ -230,7 +230,7 @@ fn table(contenders: &[Contender], rates: &[Vec<Option<Drained>>], o: &Options) 
         }))
         .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}x"));
         let shown = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
-        println!(
+        outln!(
             "| {} | {workers} | {} | {} | {ratio} | {paired} | {} |",
             c.name(),
             rounds.join(" / "),

@@ -49,7 +49,7 @@ const PRODUCE_CHUNK: u64 = 1_000;
 pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
     let autovacuum: String = sql.query_one("SHOW autovacuum", &[]).await?.get(0);
     if autovacuum != "on" {
-        println!(
+        outln!(
             "sustained: autovacuum is {autovacuum} on this server: dead tuples will pile up \
              whatever the relayer does (run it against a server with autovacuum on)"
         );
@@ -75,7 +75,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             PRUNE_EVERY.as_secs()
         )
     };
-    println!(
+    outln!(
         "sustained: a producer at {rate} msg/s ({:.0} % of that) for {} s, {pruning}",
         100.0 * rate as f64 / drained,
         o.sustained_secs,
@@ -125,7 +125,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         lsn = wal;
         most_dead = most_dead.max(dead);
         progress("");
-        println!(
+        outln!(
             "  window {w:>2} ({:>3}-{:>3} s): {r:>7.0} msg/s delivered, {produced:.0} enqueued, \
              backlog {backlog}, \
              n_dead_tup {dead} (autovacuums so far {vacuums}), attempt log {attempts} rows, \
@@ -147,13 +147,13 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     let (low, high) = rates
         .iter()
         .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
-    println!(
+    outln!(
         "sustained: {produced} produced; per-window throughput {low:.0}-{high:.0} msg/s, mean \
          {mean:.0}, spread (max-min)/mean {:.1} %; most dead tuples in outbox.messages {most_dead}",
         100.0 * (high - low) / mean
     );
     let slowest = prunes.iter().map(|p| p.1).max().unwrap_or_default();
-    println!(
+    outln!(
         "sustained: {} prune_attempts passes deleted {} attempts, the slowest took {:.2} s",
         prunes.len(),
         prunes.iter().map(|p| p.0).sum::<i64>(),
@@ -231,7 +231,7 @@ async fn prune(
         }
         let took = began.elapsed();
         if took >= Duration::from_secs(1) {
-            println!(
+            outln!(
                 "  prune_attempts at {:>3} s: {deleted} attempts deleted in {:.2} s",
                 began.duration_since(started).as_secs(),
                 took.as_secs_f64()
