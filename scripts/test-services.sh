@@ -94,7 +94,7 @@ if ! answers 9092 && [ -x "$TANSU" ]; then
     (cd "$scratch" && exec nohup "$TANSU" broker --storage-engine memory://tansu/ \
         --listener-url tcp://127.0.0.1:9092 --advertised-listener-url tcp://127.0.0.1:9092 \
         >"$scratch/tansu.log" 2>&1) &
-    echo "tansu $!" >>"$started"
+    echo "tansu $! $scratch" >>"$started"
 fi
 
 # The README's producer snippets run with the languages' own drivers (tests/producers.rs),
@@ -118,7 +118,7 @@ command -v redis-server >/dev/null 2>&1 || missing+=("redis-server (apt-get inst
 [ -x /usr/sbin/nats-server ] || missing+=("/usr/sbin/nats-server (apt-get install nats-server)")
 command -v promtool >/dev/null 2>&1 || missing+=("promtool (apt-get install prometheus)")
 command -v kcat >/dev/null 2>&1 || missing+=("kcat (apt-get install kcat)")
-[ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore)")
+[ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore --root target/tools)")
 answers 9092 || missing+=("a Kafka-protocol broker on 127.0.0.1:9092 (tansu broker, see above)")
 command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")
 [ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] \

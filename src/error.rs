@@ -1,6 +1,6 @@
 //! The settings-validation error, at the bottom of the crate so that every layer that owns
-//! settings (destinations, dispatch, observe, the relay's own) can refuse a value without
-//! importing the layer that composes them ([`crate::config`]).
+//! settings (destinations, dispatch) can refuse a value without importing the layer that
+//! composes them ([`crate::config`]).
 
 /// A setting that could not be accepted; the message names it.
 #[derive(Debug, thiserror::Error)]

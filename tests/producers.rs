@@ -3,7 +3,7 @@
 //! must enqueue the order message inside its transaction and print its outbox_id; the
 //! README must show each file as it is. A toolchain or driver that is missing fails its
 //! test, naming what is missing and what installs it: `make test` (scripts/test-services.sh)
-//! installs Go with apt-get, psycopg into the virtual environment `target/venv` and pg into
+//! installs psycopg into the virtual environment `target/venv`, pg into
 //! `target/node_modules`, and Go and pgx v4 from Debian's packages (golang-go and
 //! golang-github-jackc-pgx-v4-dev); the Go test builds in GOPATH mode against those
 //! sources, fetching nothing (the Go module proxy is not reachable from every machine), with

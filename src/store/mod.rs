@@ -1,5 +1,5 @@
-//! The one module that talks SQL, so that nothing else sees `tokio_postgres` or knows how
-//! the SQL API is called. It owns the connection pool, calls the `outbox.*` functions with
+//! The one module that talks SQL, so that nothing else knows how the SQL API is called or
+//! sees its errors (`connection` only opens sessions). It owns the connection pool, calls the `outbox.*` functions with
 //! one statement each, converts rows into its own types and the domain's, and turns the
 //! SQLSTATEs of the SQL API (`P7002` lease lost, `P7001` invalid argument) into typed errors.
 //! Lease checks are never made here: the database makes them.
