@@ -17,7 +17,7 @@ done
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "build-deps: installing ${need[*]}" >&2
+    echo "build-deps: installing ${need[*]} with apt-get (the Kafka destination compiles the bundled librdkafka with them; about a minute)" >&2
     apt-get update -qq || true
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 else

@@ -40,7 +40,7 @@ fi
 
 bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
 if [ -z "$bindir" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "with-postgres: installing PostgreSQL with apt-get" >&2
+    echo "with-postgres: installing PostgreSQL with apt-get (no Postgres answers and none is installed: the throwaway cluster needs its binaries; about a minute)" >&2
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
     bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)

@@ -2,10 +2,33 @@
 # Runs a command with the servers the tests need (scripts/test-services.sh starts what is
 # down and installs what is missing), then stops the servers it started, whether the
 # command passed, failed or was interrupted; servers that were already running stay up.
+# The cluster-wide roles the migrations create (outbox_relay, outbox_producer,
+# outbox_reader) are dropped afterwards when the run created them and no database still
+# uses them (a failed test's kept database does, and keeps them).
 # Usage: scripts/with-test-services.sh COMMAND [ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-trap 'scripts/stop-test-services.sh' EXIT
+
+server=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+roles_before=
+if command -v psql >/dev/null 2>&1 && psql "$server" -XAtqc 'SELECT 1' >/dev/null 2>&1; then
+    roles_before=$(psql "$server" -XAtqc "SELECT string_agg(rolname, ' ') FROM pg_roles
+        WHERE rolname IN ('outbox_relay', 'outbox_producer', 'outbox_reader')")
+    roles_before=${roles_before:-none}
+fi
+finish() {
+    scripts/stop-test-services.sh
+    [ -n "$roles_before" ] || return 0
+    for role in outbox_relay outbox_producer outbox_reader; do
+        case " $roles_before " in *" $role "*) continue ;; esac
+        if psql "$server" -Xq -v ON_ERROR_STOP=1 -c "DROP ROLE IF EXISTS $role" 2>/dev/null; then
+            :
+        else
+            echo "with-test-services: kept role $role, created by this run: a database still uses it" >&2
+        fi
+    done
+}
+trap finish EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 scripts/test-services.sh

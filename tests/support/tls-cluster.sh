@@ -12,7 +12,7 @@ dir=$1 port=$2 owner=$3
 bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
 [ -n "$bindir" ] || { echo "tls-cluster: no Postgres binaries under /usr/lib/postgresql" >&2; exit 1; }
 if ! command -v openssl >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "tls-cluster: installing openssl with apt-get" >&2
+    echo "tls-cluster: installing openssl with apt-get (it makes the test CA and certificates; seconds)" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
 fi
 command -v openssl >/dev/null || { echo "tls-cluster: openssl is not installed" >&2; exit 1; }
