@@ -16,9 +16,7 @@ test: ## run every test against a real Postgres and brokers (started if down, st
 	scripts/with-test-services.sh sh -c '$(WITH_PG) $(CARGO) test --all-targets && $(CARGO) test --doc'
 
 lint: ## cargo fmt --check, clippy with warnings as errors, no import cycle between modules, every migration pinned, workflows (actionlint)
-	@cd schema/migrations && for f in V*__*.sql; do grep -q "  $$f$$" ../migrations.sha256 || \
-		{ echo "schema/migrations/$$f is not pinned: run make pin-migrations and commit schema/migrations.sha256" >&2; exit 1; }; \
-	done
+	scripts/pin-migrations.sh --check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) test --quiet --test layers
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -40,9 +38,7 @@ sql-api-doc: ## regenerate docs/sql-api.md from the catalogue of a freshly migra
 	$(WITH_PG) env UPDATE_SQL_API_DOC=1 $(CARGO) test --test schema_contract -- sql_api_reference
 
 pin-migrations: ## pin the SHA-256 of migrations not pinned yet in schema/migrations.sha256 (do it as they land)
-	@cd schema/migrations && for f in $$(ls V*__*.sql | sort -V); do \
-		grep -q "  $$f$$" ../migrations.sha256 || { sha256sum "$$f" >> ../migrations.sha256; echo "pinned $$f"; }; \
-	done
+	scripts/pin-migrations.sh
 
 fmt: ## format the code
 	$(CARGO) fmt --all

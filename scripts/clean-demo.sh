@@ -11,12 +11,4 @@ esac
 server_url=${DATABASE_URL:?DATABASE_URL is not set: run through scripts/with-postgres.sh}
 psql "$server_url" -Xqc "DROP DATABASE IF EXISTS $demo WITH (FORCE)"
 echo "clean-demo: dropped database $demo (if it existed)" >&2
-for role in outbox_relay outbox_producer outbox_reader; do
-    exists=$(psql "$server_url" -XAtqc "SELECT 1 FROM pg_roles WHERE rolname = '$role'")
-    [ "$exists" = 1 ] || continue
-    if psql "$server_url" -Xq -v ON_ERROR_STOP=1 -c "DROP ROLE $role" 2>/dev/null; then
-        echo "clean-demo: dropped role $role" >&2
-    else
-        echo "clean-demo: kept role $role: another database of this server still grants it rights" >&2
-    fi
-done
+"$(dirname "$0")/drop-outbox-roles.sh" "$server_url" outbox_relay outbox_producer outbox_reader

@@ -19,14 +19,11 @@ fi
 finish() {
     scripts/stop-test-services.sh
     [ -n "$roles_before" ] || return 0
+    local created=()
     for role in outbox_relay outbox_producer outbox_reader; do
-        case " $roles_before " in *" $role "*) continue ;; esac
-        if psql "$server" -Xq -v ON_ERROR_STOP=1 -c "DROP ROLE IF EXISTS $role" 2>/dev/null; then
-            :
-        else
-            echo "with-test-services: kept role $role, created by this run: a database still uses it" >&2
-        fi
+        case " $roles_before " in *" $role "*) ;; *) created+=("$role") ;; esac
     done
+    [ ${#created[@]} -eq 0 ] || scripts/drop-outbox-roles.sh "$server" "${created[@]}"
 }
 trap finish EXIT
 trap 'exit 130' INT

@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::TestDb;
+use common::{TestDb, sql};
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
@@ -172,8 +172,8 @@ fn rand_tag() -> u64 {
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
-/// Every row of every table of schema `outbox`, table by table, in a stable order.
-async fn seed_rows(c: &Client) -> String {
+/// Every row of every table of schema `outbox` as text, by table, in a stable order.
+async fn rows_by_table(c: &Client) -> BTreeMap<String, Vec<String>> {
     let tables: Vec<String> = c
         .query(
             "SELECT c.oid::regclass::text FROM pg_class AS c
@@ -186,15 +186,24 @@ async fn seed_rows(c: &Client) -> String {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let mut out = String::new();
+    let mut out = BTreeMap::new();
     for table in tables {
-        let rows: Vec<String> = c
+        let rows = c
             .query(&format!("SELECT t::text FROM {table} AS t ORDER BY 1"), &[])
             .await
             .unwrap()
             .iter()
             .map(|r| r.get(0))
             .collect();
+        out.insert(table, rows);
+    }
+    out
+}
+
+/// [`rows_by_table`] as text a diff can show.
+async fn seed_rows(c: &Client) -> String {
+    let mut out = String::new();
+    for (table, rows) in rows_by_table(c).await {
         let _ = writeln!(out, "{table}: {} rows", rows.len());
         for row in rows {
             let _ = writeln!(out, "  {row}");
@@ -560,24 +569,35 @@ fn calls(body: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The area file that defines `outbox.<name>`, with the kind of object it is.
-fn defined_in(kind: &str, name: &str) -> String {
-    let needle = format!("{kind} outbox.{name}");
+/// Where each object is defined: (`FUNCTION`, `TABLE` or `VIEW`, name) → the area file,
+/// read from the files' `CREATE … outbox.<name>` lines.
+fn definitions() -> BTreeMap<(String, String), String> {
+    let mut out = BTreeMap::new();
     for file in area_files() {
+        let shown = format!("schema/{}", file.file_name().unwrap().to_string_lossy());
         let text = std::fs::read_to_string(&file).unwrap();
-        let defines = text.lines().filter(|l| l.starts_with("CREATE")).any(|l| {
-            l.match_indices(&needle).any(|(at, _)| {
-                l[at + needle.len()..]
-                    .chars()
-                    .next()
-                    .is_none_or(|c| c == '(' || c == ' ')
-            })
-        });
-        if defines {
-            return format!("schema/{}", file.file_name().unwrap().to_string_lossy());
+        for line in text.lines().filter(|l| l.starts_with("CREATE")) {
+            for kind in ["FUNCTION", "TABLE", "VIEW"] {
+                let prefix = format!("{kind} outbox.");
+                if let Some(at) = line.find(&prefix) {
+                    let name = line[at + prefix.len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    out.insert((kind.to_owned(), name), shown.clone());
+                }
+            }
         }
     }
-    panic!("no area file defines {kind} outbox.{name}")
+    out
+}
+
+/// The area file that defines `outbox.<name>`.
+fn defined_in(definitions: &BTreeMap<(String, String), String>, kind: &str, name: &str) -> String {
+    definitions
+        .get(&(kind.to_owned(), name.to_owned()))
+        .unwrap_or_else(|| panic!("no area file defines {kind} outbox.{name}"))
+        .clone()
 }
 
 async fn functions(c: &Client) -> Vec<Function> {
@@ -686,10 +706,11 @@ async fn reference(c: &Client) -> String {
         .await
         .expect("read relations");
 
+    let definitions = definitions();
     let mut by_area: BTreeMap<String, Vec<&Function>> = BTreeMap::new();
     for f in &functions {
         by_area
-            .entry(defined_in("FUNCTION", &f.name))
+            .entry(defined_in(&definitions, "FUNCTION", &f.name))
             .or_default()
             .push(f);
     }
@@ -768,7 +789,7 @@ async fn reference(c: &Client) -> String {
             out,
             "| `outbox.{name}` ({}) | `{}` | {} | {} |",
             kind.to_lowercase(),
-            defined_in(kind, &name),
+            defined_in(&definitions, kind, &name),
             if readers.is_empty() {
                 "owner only".to_owned()
             } else {
@@ -821,30 +842,6 @@ async fn the_sql_api_reference_is_generated_from_the_catalogue() {
 /// The previous release's schema version.
 const PREVIOUS_RELEASE: i32 = 23;
 
-/// A digest of every row the relayer keeps, in a stable order.
-async fn contents(c: &Client) -> Vec<(String, i64, String)> {
-    let mut out = Vec::new();
-    for (table, order) in [
-        ("messages", "outbox_id"),
-        ("attempts", "outbox_id, attempt_no"),
-        ("dead_letters", "outbox_id"),
-        ("replays", "replay_id"),
-    ] {
-        let row = c
-            .query_one(
-                &format!(
-                    "SELECT count(*), coalesce(md5(string_agg(t::text, E'\\n' ORDER BY {order})), '') \
-                       FROM outbox.{table} AS t"
-                ),
-                &[],
-            )
-            .await
-            .unwrap();
-        out.push((table.to_owned(), row.get(0), row.get(1)));
-    }
-    out
-}
-
 #[tokio::test]
 async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
     let db = TestDb::at_version(PREVIOUS_RELEASE).await;
@@ -859,35 +856,19 @@ async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
     )
     .await
     .unwrap();
-    let claimed = c
-        .query(
-            "SELECT outbox_id, lease_token FROM outbox.claim_outbox_batch(30, 'w1', 60)",
-            &[],
-        )
-        .await
-        .unwrap();
+    let claimed = sql::claim(&c, 30, "w1", 60).await;
     assert!(claimed.len() >= 20, "claimed {}", claimed.len());
-    let ids: Vec<uuid::Uuid> = claimed.iter().map(|r| r.get(0)).collect();
-    let tokens: Vec<uuid::Uuid> = claimed.iter().map(|r| r.get(1)).collect();
-    let (done, rest) = (10, ids.len() - 15);
-    let states: Vec<String> = (0..ids.len() - 5)
+    // All but the last 5 are reported: 10 delivered, then retried and failed half and half.
+    let (reported, still_leased) = claimed.split_at(claimed.len() - 5);
+    let rest = reported.len() - 10;
+    let states: Vec<&str> = (0..reported.len())
         .map(|i| match i {
-            i if i < done => "DISPATCHED",
-            i if i < done + rest / 2 => "RETRYABLE",
+            i if i < 10 => "DISPATCHED",
+            i if i < 10 + rest / 2 => "RETRYABLE",
             _ => "FAILED",
         })
-        .map(str::to_owned)
         .collect();
-    c.execute(
-        "SELECT * FROM outbox.complete_outbox_batch('w1', $1::uuid[], $2::uuid[], $3::text[]::outbox.attempt_state[],
-                    ARRAY(SELECT CASE WHEN s <> 'DISPATCHED' THEN 'broken' END
-                            FROM unnest($3::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i),
-                    ARRAY(SELECT CASE WHEN s = 'RETRYABLE' THEN now() + interval '1 hour' END
-                            FROM unnest($3::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i))",
-        &[&&ids[..states.len()], &&tokens[..states.len()], &states],
-    )
-    .await
-    .unwrap();
+    assert_eq!(sql::complete_batch(&c, "w1", reported, &states).await, 0);
     let dead: i64 = c
         .query_one("SELECT count(*) FROM outbox.dead_letters", &[])
         .await
@@ -905,11 +886,13 @@ async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
     )
     .await
     .unwrap();
-    let before = contents(&c).await;
-    assert!(
-        before.iter().all(|(_, n, _)| *n > 0),
-        "every table holds rows: {before:?}"
-    );
+    let before = rows_by_table(&c).await;
+    for table in ["messages", "attempts", "dead_letters", "replays"] {
+        assert!(
+            !before[&format!("outbox.{table}")].is_empty(),
+            "outbox.{table} holds rows before the upgrade"
+        );
+    }
 
     let applied = outbox_relay::store::Store::connect(&db.url, 2)
         .unwrap()
@@ -920,7 +903,7 @@ async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
         !applied.is_empty(),
         "the upgrade applied the new migrations"
     );
-    let after = contents(&c).await;
+    let after = rows_by_table(&c).await;
     assert_eq!(
         before, after,
         "the upgrade changed no row of the outbox tables"
@@ -934,48 +917,20 @@ async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
 
     // The upgraded database goes on working: the leased messages complete with their old
     // tokens, and everything pending drains.
-    let rest_ids = &ids[states.len()..];
-    let rest_tokens = &tokens[states.len()..];
-    let lost: i64 = c
-        .query_one(
-            "SELECT count(*) FILTER (WHERE lease_lost) FROM outbox.complete_outbox_batch('w1', $1::uuid[], $2::uuid[],
-                    array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[cardinality($1::uuid[])]),
-                    array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]),
-                    array_fill(NULL::timestamptz, ARRAY[cardinality($1::uuid[])]))",
-            &[&rest_ids, &rest_tokens],
-        )
-        .await
-        .unwrap()
-        .get(0);
     assert_eq!(
-        lost, 0,
+        sql::complete_batch(&c, "w1", still_leased, &["DISPATCHED"; 5]).await,
+        0,
         "leases taken before the upgrade are still held after it"
     );
     c.batch_execute("UPDATE outbox.messages SET available_at = now()")
         .await
         .unwrap();
     for _ in 0..100 {
-        let batch = c
-            .query(
-                "SELECT outbox_id, lease_token FROM outbox.claim_outbox_batch(100, 'w2', 60)",
-                &[],
-            )
-            .await
-            .unwrap();
+        let batch = sql::claim(&c, 100, "w2", 60).await;
         if batch.is_empty() {
             break;
         }
-        let ids: Vec<uuid::Uuid> = batch.iter().map(|r| r.get(0)).collect();
-        let tokens: Vec<uuid::Uuid> = batch.iter().map(|r| r.get(1)).collect();
-        c.execute(
-            "SELECT * FROM outbox.complete_outbox_batch('w2', $1::uuid[], $2::uuid[],
-                    array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[cardinality($1::uuid[])]),
-                    array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]),
-                    array_fill(NULL::timestamptz, ARRAY[cardinality($1::uuid[])]))",
-            &[&ids, &tokens],
-        )
-        .await
-        .unwrap();
+        sql::complete_batch(&c, "w2", &batch, &vec!["DISPATCHED"; batch.len()]).await;
     }
     let pending: i64 = c
         .query_one("SELECT count(*) FROM outbox.messages", &[])

@@ -69,6 +69,27 @@ pub async fn complete(
     .map(|r| r.get(0))
 }
 
+/// Reports one state per claimed message in one `complete_outbox_batch` call (an error text
+/// for every state but DISPATCHED, a retry in an hour for RETRYABLE); returns how many
+/// leases were reported lost.
+pub async fn complete_batch(c: &Client, worker: &str, claimed: &[Claimed], states: &[&str]) -> i64 {
+    let ids: Vec<Uuid> = claimed.iter().map(|m| m.id).collect();
+    let tokens: Vec<Uuid> = claimed.iter().map(|m| m.token).collect();
+    let states: Vec<String> = states.iter().map(|s| (*s).to_owned()).collect();
+    c.query_one(
+        "SELECT count(*) FILTER (WHERE lease_lost) FROM outbox.complete_outbox_batch($1, $2, $3, \
+                $4::text[]::outbox.attempt_state[], \
+                ARRAY(SELECT CASE WHEN s <> 'DISPATCHED' THEN 'failed' END \
+                        FROM unnest($4::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i), \
+                ARRAY(SELECT CASE WHEN s = 'RETRYABLE' THEN now() + interval '1 hour' END \
+                        FROM unnest($4::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i))",
+        &[&worker, &ids, &tokens, &states],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 pub async fn retry_at(c: &Client, m: &Claimed, worker: &str, delay_secs: f64) -> i32 {
     c.query_one(
         "SELECT outbox.complete_outbox_attempt($1, $2, $3, 'RETRYABLE', 'try later', \
