@@ -15,8 +15,9 @@ build: ## build the relayer (release)
 test: ## run every test against a real Postgres and brokers (started if down, stopped after; see scripts/test-services.sh)
 	scripts/with-test-services.sh sh -c '$(WITH_PG) $(CARGO) test --all-targets && $(CARGO) test --doc'
 
-lint: ## cargo fmt --check, clippy with warnings as errors, no import cycle between modules, every migration pinned, workflows (actionlint)
+lint: ## cargo fmt --check, clippy with warnings as errors, no import cycle between modules, every migration pinned, workflows (actionlint), links of README.md and docs/
 	scripts/pin-migrations.sh --check
+	scripts/check-doc-links.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) test --quiet --test layers
 	$(CARGO) clippy --all-targets -- -D warnings
