@@ -35,6 +35,9 @@ fn read(path: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // The binary's help
 
+/// A verb, as the words that name it (`["dead-letters", "list"]`), with its options.
+type VerbFlags = (Vec<String>, Vec<Flag>);
+
 /// One option of a verb as its `--help` describes it.
 #[derive(Debug)]
 struct Flag {
@@ -116,10 +119,7 @@ fn commands(help: &str) -> Vec<String> {
 /// Every verb as the words that name it (`["dead-letters", "list"]`), with its help.
 fn verbs() -> Vec<(Vec<String>, String)> {
     let mut verbs = Vec::new();
-    let mut todo: Vec<Vec<String>> = commands(&help(&[]))
-        .into_iter()
-        .map(|c| vec![c])
-        .collect();
+    let mut todo: Vec<Vec<String>> = commands(&help(&[])).into_iter().map(|c| vec![c]).collect();
     while let Some(path) = todo.pop() {
         let args: Vec<&str> = path.iter().map(String::as_str).collect();
         let text = help(&args);
@@ -143,7 +143,7 @@ fn verbs() -> Vec<(Vec<String>, String)> {
 
 /// The text under the heading whose title (after the `#`s) satisfies `pick`, up to the
 /// next heading of the same or a higher level.
-fn section<'a>(doc: &'a str, pick: impl Fn(&str) -> bool) -> Option<&'a str> {
+fn section(doc: &str, pick: impl Fn(&str) -> bool) -> Option<&str> {
     let mut start = None;
     let mut level = 0;
     let mut offset = 0;
@@ -213,7 +213,7 @@ fn heading_names(title: &str, verb: &str) -> bool {
 /// Flags of every verb against the reference: one row each in the verb's section (globals
 /// in "Global flags"), environment variable and default as the help gives them, and no row
 /// for a flag the verb does not have.
-fn flag_problems(doc: &str, globals: &[Flag], verbs: &[(Vec<String>, Vec<Flag>)]) -> Vec<String> {
+fn flag_problems(doc: &str, globals: &[Flag], verbs: &[VerbFlags]) -> Vec<String> {
     let mut problems = Vec::new();
     let mut check = |title: &str, text: Option<&str>, flags: &[&Flag]| {
         let Some(text) = text else {
@@ -224,7 +224,10 @@ fn flag_problems(doc: &str, globals: &[Flag], verbs: &[(Vec<String>, Vec<Flag>)]
         for flag in flags {
             let matching: Vec<_> = rows
                 .iter()
-                .filter(|r| r.get("flag").is_some_and(|c| code_spans(c) == [flag.long.as_str()]))
+                .filter(|r| {
+                    r.get("flag")
+                        .is_some_and(|c| code_spans(c) == [flag.long.as_str()])
+                })
                 .collect();
             let [row] = matching[..] else {
                 problems.push(format!(
@@ -236,9 +239,12 @@ fn flag_problems(doc: &str, globals: &[Flag], verbs: &[(Vec<String>, Vec<Flag>)]
             };
             let env_cell = row.get("environment").map(String::as_str).unwrap_or("");
             match &flag.env {
-                Some(env) if !code_spans(env_cell).contains(&env.as_str()) => problems.push(
-                    format!("{title}: {}: environment variable {env} is not in its row", flag.long),
-                ),
+                Some(env) if !code_spans(env_cell).contains(&env.as_str()) => {
+                    problems.push(format!(
+                        "{title}: {}: environment variable {env} is not in its row",
+                        flag.long
+                    ))
+                }
                 None if !code_spans(env_cell).is_empty() => problems.push(format!(
                     "{title}: {}: its row names a variable ({env_cell}) the flag does not read",
                     flag.long
@@ -265,7 +271,9 @@ fn flag_problems(doc: &str, globals: &[Flag], verbs: &[(Vec<String>, Vec<Flag>)]
             if let Some(cell) = row.get("flag") {
                 for long in code_spans(cell) {
                     if !flags.iter().any(|f| f.long == long) {
-                        problems.push(format!("{title}: {long} is in the reference, not in --help"));
+                        problems.push(format!(
+                            "{title}: {long} is in the reference, not in --help"
+                        ));
                     }
                 }
             }
@@ -319,7 +327,8 @@ fn key_problems(doc: &str, keys: &[String]) -> Vec<String> {
                         .any(|c| r.get(*c).is_some_and(|cell| code_spans(cell) == [key]))
                 })
                 .count();
-            (n != 1).then(|| format!("config key {key} has {n} rows in {CONFIGURATION}, expected 1"))
+            (n != 1)
+                .then(|| format!("config key {key} has {n} rows in {CONFIGURATION}, expected 1"))
         })
         .collect()
 }
@@ -376,7 +385,9 @@ fn default_problems(doc: &str) -> Vec<String> {
         }
     }
     if checked < 20 {
-        problems.push(format!("only {checked} defaults could be checked against the code"));
+        problems.push(format!(
+            "only {checked} defaults could be checked against the code"
+        ));
     }
     problems
 }
@@ -384,7 +395,7 @@ fn default_problems(doc: &str) -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 // The tests
 
-fn reference_flags() -> (Vec<Flag>, Vec<(Vec<String>, Vec<Flag>)>) {
+fn reference_flags() -> (Vec<Flag>, Vec<VerbFlags>) {
     let globals = flags(&help(&[]));
     let verbs = verbs()
         .into_iter()
@@ -418,7 +429,9 @@ fn a_flag_removed_from_the_reference_is_reported() {
         assert!(without != doc, "{flag} has a row to remove");
         let problems = flag_problems(&without, &globals, &verbs);
         assert!(
-            problems.iter().any(|p| p.contains(&format!("{flag} has 0 rows"))),
+            problems
+                .iter()
+                .any(|p| p.contains(&format!("{flag} has 0 rows"))),
             "removing {flag} is not reported: {problems:?}"
         );
     }
@@ -426,7 +439,9 @@ fn a_flag_removed_from_the_reference_is_reported() {
     let stale = doc.replace("| `--repair-limit` |", "| `--repair-limits` |");
     let problems = flag_problems(&stale, &globals, &verbs);
     assert!(
-        problems.iter().any(|p| p.contains("--repair-limits is in the reference")),
+        problems
+            .iter()
+            .any(|p| p.contains("--repair-limits is in the reference")),
         "{problems:?}"
     );
 }
@@ -463,10 +478,7 @@ fn the_defaults_in_the_reference_are_the_codes() {
     let problems = default_problems(&read(CONFIGURATION));
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     // And a wrong one is caught.
-    let wrong = read(CONFIGURATION).replace(
-        "| `batch_size` | `500` |",
-        "| `batch_size` | `400` |",
-    );
+    let wrong = read(CONFIGURATION).replace("| `batch_size` | `500` |", "| `batch_size` | `400` |");
     assert!(
         default_problems(&wrong)
             .iter()
@@ -496,11 +508,14 @@ fn every_destination_key_is_in_its_section_of_the_destinations_page() {
         for key in keys {
             let table = format!("[destinations.NAME.{key}]");
             let found = rows.iter().any(|r| {
-                r.get("key")
-                    .is_some_and(|c| code_spans(c).contains(&key.as_str()) || code_spans(c).contains(&table.as_str()))
+                r.get("key").is_some_and(|c| {
+                    code_spans(c).contains(&key.as_str()) || code_spans(c).contains(&table.as_str())
+                })
             });
             if !found {
-                problems.push(format!("{kind}: key {key} is not in its table in {DESTINATIONS}"));
+                problems.push(format!(
+                    "{kind}: key {key} is not in its table in {DESTINATIONS}"
+                ));
             }
         }
     }
@@ -524,7 +539,9 @@ fn every_destination_key_is_in_its_section_of_the_destinations_page() {
     let routing = section(&doc, |t| t == "Routing").unwrap_or("");
     for key in serde_keys::<RouteConfig>("topic = \"a\"\ndestination = \"b\"\nzz = 1") {
         if !routing.contains(&format!("`{key}`")) {
-            problems.push(format!("[[routes]] key {key} is not under Routing in {DESTINATIONS}"));
+            problems.push(format!(
+                "[[routes]] key {key} is not under Routing in {DESTINATIONS}"
+            ));
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
