@@ -95,6 +95,9 @@ async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
         Ok(version) => format!("database: ok (schema version {version})\n"),
         Err(e) => format!("database: {e}\n"),
     };
+    // Reported, never failing readiness: without wake-ups the relayer still delivers, by
+    // polling.
+    body += &format!("wake-ups: {}\n", probe.store.listener_health().describe());
     for (name, circuit, ready) in probe.dispatcher.readiness().await {
         ok &= ready.is_ok();
         match ready {

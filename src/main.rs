@@ -242,7 +242,11 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
 
-    let store = Store::connect(&settings.database_url, settings.pool_size)?;
+    let mut store = Store::connect(&settings.database_url, settings.pool_size)?
+        .with_statements(settings.statements);
+    if let Some(url) = &settings.listen_url {
+        store = store.with_listen_url(url)?;
+    }
     let destinations: Vec<&str> = settings
         .dispatch
         .destinations
@@ -307,14 +311,21 @@ async fn wait_for_database(
                     tracing::info!(migration = %name, "applied");
                 }
             }
-            store.check_schema().await
+            let version = store.check_schema().await?;
+            Ok((version, store.detect_pooling().await?))
         };
         match checked.await {
-            Ok(version) => {
-                tracing::info!(schema_version = version, "database ready");
+            Ok((version, pooling)) => {
+                tracing::info!(
+                    schema_version = version,
+                    ?pooling,
+                    unnamed_statements = store.unnamed_statements(),
+                    "database ready"
+                );
                 return Ok(());
             }
             Err(e @ StoreError::Migration(_)) => return Err(e).context("migrate"),
+            Err(e @ StoreError::Pooler(_)) => return Err(e.into()),
             Err(e) => tracing::warn!(error = %e, retry_in_ms = telemetry::millis(backoff),
                 "database not ready yet"),
         }

@@ -32,6 +32,8 @@ pub const DISPATCH_DEADLINES: &str = "outbox_dispatch_deadline_exceeded_total";
 pub const CLAIM_SECONDS_PER_MESSAGE: &str = "outbox_claim_seconds_per_message";
 pub const LEASE_LEFT_SECONDS: &str = "outbox_lease_left_at_completion_seconds";
 pub const BUILD_INFO: &str = "outbox_build_info";
+pub const LISTENER_HEALTHY: &str = "outbox_listener_healthy";
+pub const UNNAMED_STATEMENTS: &str = "outbox_unnamed_statements";
 // Fleet gauges, rendered from the latest observation (by `observe`).
 pub const OBSERVED_AT: &str = "outbox_observation_timestamp_seconds";
 pub const BACKLOG: &str = "outbox_backlog_messages";
@@ -141,6 +143,17 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         BUILD_INFO,
         Kind::Gauge,
         "Always 1, labelled with the version of this build.",
+    ),
+    (
+        LISTENER_HEALTHY,
+        Kind::Gauge,
+        "1 when the notification listener heard its own test notification at its last check; \
+         0 when it did not (deaf: a transaction pooler; set listen_url) or is disconnected.",
+    ),
+    (
+        UNNAMED_STATEMENTS,
+        Kind::Gauge,
+        "1 when the leasing calls are sent as unnamed statements (for a transaction pooler).",
     ),
     (
         CLAIM_SECONDS_PER_MESSAGE,
@@ -484,6 +497,16 @@ pub fn horizon_released(h: HorizonCulprit<'_>) {
 }
 
 /// A duration in whole milliseconds as a log field: a number (u64), never a Debug string.
+/// Whether the notification listener hears its own test notification.
+pub fn listener_healthy(healthy: bool) {
+    gauge!(LISTENER_HEALTHY).set(if healthy { 1.0 } else { 0.0 });
+}
+
+/// Whether the leasing calls are sent unnamed.
+pub fn unnamed_statements(unnamed: bool) {
+    gauge!(UNNAMED_STATEMENTS).set(if unnamed { 1.0 } else { 0.0 });
+}
+
 pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

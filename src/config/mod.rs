@@ -23,6 +23,7 @@ pub use crate::logging::LogFormat;
 use crate::message::WorkerId;
 use crate::observe::ObserveSettings;
 pub use crate::retry::RetrySettings;
+pub use crate::store::Statements;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -38,6 +39,10 @@ pub use raw::RawConfig;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub database_url: String,
+    /// Where the notification listener connects instead of `database_url`.
+    pub listen_url: Option<String>,
+    /// How the leasing calls send their statements.
+    pub statements: Statements,
     pub worker_id: WorkerId,
     /// Destinations, routes and circuit thresholds.
     pub dispatch: DispatchSettings,
@@ -159,10 +164,21 @@ impl Settings {
                 ));
             }
         };
+        let statements = match raw.statements.as_deref() {
+            None => Statements::Auto,
+            Some(s) => s.parse().map_err(|e: String| invalid("statements", e))?,
+        };
+        if let Some(url) = &raw.listen_url
+            && url.trim().is_empty()
+        {
+            return Err(invalid("listen_url", "must not be empty"));
+        }
         Ok(Settings {
             database_url: raw
                 .database_url
                 .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            listen_url: raw.listen_url,
+            statements,
             worker_id,
             dispatch,
             topics: raw.topics,

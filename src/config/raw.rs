@@ -102,6 +102,14 @@ pub struct RawConfig {
         allow_negative_numbers = true
     )]
     pub shutdown_timeout_ms: Option<i64>,
+    /// Direct Postgres URL used only for LISTEN, when the database URL goes through a
+    /// transaction pooler (which makes LISTEN hear nothing) [default: the database URL].
+    #[arg(long, env = "OUTBOX_LISTEN_URL", hide_env_values = true)]
+    pub listen_url: Option<String>,
+    /// How the leasing calls send statements: auto, named or unnamed (for transaction
+    /// poolers; auto turns unnamed when it finds one) [default: auto].
+    #[arg(long, env = "OUTBOX_STATEMENTS")]
+    pub statements: Option<String>,
     /// Database connections, 2..=256 [default: 8].
     #[arg(long, env = "OUTBOX_POOL_SIZE", allow_negative_numbers = true)]
     pub pool_size: Option<i64>,
@@ -179,6 +187,8 @@ impl RawConfig {
             observe_top_topics: self.observe_top_topics.or(fallback.observe_top_topics),
             horizon_warn_secs: self.horizon_warn_secs.or(fallback.horizon_warn_secs),
             shutdown_timeout_ms: self.shutdown_timeout_ms.or(fallback.shutdown_timeout_ms),
+            listen_url: self.listen_url.or(fallback.listen_url),
+            statements: self.statements.or(fallback.statements),
             pool_size: self.pool_size.or(fallback.pool_size),
             telemetry_addr: self.telemetry_addr.or(fallback.telemetry_addr),
             no_telemetry: self.no_telemetry.or(fallback.no_telemetry),

@@ -187,7 +187,7 @@ impl Relay {
                         rechecks -= 1;
                         RECHECKS_AFTER_WAKE[RECHECKS_AFTER_WAKE.len() - 1 - rechecks]
                     } else {
-                        self.settings.poll_interval
+                        self.store.idle_wait(self.settings.poll_interval)
                     };
                     tokio::select! {
                         () = shutdown.cancelled() => break,

@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::Row;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::{Result, Store};
@@ -58,14 +59,14 @@ impl Store {
     ) -> Result<i64> {
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .query_typed_one(
                 "SELECT outbox.start_replay($1, $2, $3, $4, $5)",
                 &[
-                    &filter.ids,
-                    &filter.topic,
-                    &filter.since,
-                    &filter.error_contains,
-                    &reason,
+                    (&filter.ids, Type::UUID_ARRAY),
+                    (&filter.topic, Type::TEXT),
+                    (&filter.since, Type::TIMESTAMPTZ),
+                    (&filter.error_contains, Type::TEXT),
+                    (&reason, Type::TEXT),
                 ],
             )
             .await?;
@@ -77,7 +78,10 @@ impl Store {
     pub async fn replay_step(&self, replay_id: i64, limit: i32) -> Result<i32> {
         let client = self.client().await?;
         let row = client
-            .query_one("SELECT outbox.replay_step($1, $2)", &[&replay_id, &limit])
+            .query_typed_one(
+                "SELECT outbox.replay_step($1, $2)",
+                &[(&replay_id, Type::INT8), (&limit, Type::INT4)],
+            )
             .await?;
         Ok(row.get(0))
     }
@@ -90,17 +94,17 @@ impl Store {
     ) -> Result<Vec<DeadLetter>> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .query_typed(
                 &format!(
                     "SELECT {DEAD_LETTER_COLUMNS}, ''::bytea FROM {DEAD_LETTERS_MATCHING} \
                      ORDER BY dead_lettered_at DESC, outbox_id LIMIT $5"
                 ),
                 &[
-                    &filter.ids,
-                    &filter.topic,
-                    &filter.since,
-                    &filter.error_contains,
-                    &limit,
+                    (&filter.ids, Type::UUID_ARRAY),
+                    (&filter.topic, Type::TEXT),
+                    (&filter.since, Type::TIMESTAMPTZ),
+                    (&filter.error_contains, Type::TEXT),
+                    (&limit, Type::INT8),
                 ],
             )
             .await?;
@@ -111,13 +115,13 @@ impl Store {
     pub async fn dead_letter_count(&self, filter: &DeadLetterFilter) -> Result<i64> {
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .query_typed_one(
                 &format!("SELECT count(*) FROM {DEAD_LETTERS_MATCHING}"),
                 &[
-                    &filter.ids,
-                    &filter.topic,
-                    &filter.since,
-                    &filter.error_contains,
+                    (&filter.ids, Type::UUID_ARRAY),
+                    (&filter.topic, Type::TEXT),
+                    (&filter.since, Type::TIMESTAMPTZ),
+                    (&filter.error_contains, Type::TEXT),
                 ],
             )
             .await?;
@@ -131,22 +135,22 @@ impl Store {
     ) -> Result<Option<(DeadLetter, Vec<AttemptRecord>)>> {
         let client = self.client().await?;
         let Some(row) = client
-            .query_opt(
+            .query_typed_opt(
                 &format!(
                     "SELECT {DEAD_LETTER_COLUMNS}, payload FROM outbox.dead_letters \
                      WHERE outbox_id = $1"
                 ),
-                &[&id.0],
+                &[(&id.0, Type::UUID)],
             )
             .await?
         else {
             return Ok(None);
         };
         let attempts = client
-            .query(
+            .query_typed(
                 "SELECT attempt_no, state::text, worker_id, error, created_at \
                  FROM outbox.attempts WHERE outbox_id = $1 ORDER BY attempt_no",
-                &[&id.0],
+                &[(&id.0, Type::UUID)],
             )
             .await?
             .iter()

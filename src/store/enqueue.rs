@@ -1,6 +1,8 @@
 //! `outbox.enqueue`: how producers (and `outbox-relay enqueue`) add a message, on a
 //! connection of the pool or on the caller's own transaction.
 
+use tokio_postgres::types::{ToSql, Type};
+
 use super::{Result, Store};
 use crate::message::{NewMessage, OutboxId, Payload};
 
@@ -44,28 +46,34 @@ pub async fn enqueue(
     client: &impl tokio_postgres::GenericClient,
     message: &NewMessage,
 ) -> std::result::Result<OutboxId, tokio_postgres::Error> {
-    let common: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
-        &message.topic,
-        &message.key,
-        &message.headers,
-        &message.available_at,
-        &message.id.map(|id| id.0),
-        &message.max_attempts,
+    let common: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&message.topic, Type::TEXT),
+        (&message.key, Type::TEXT),
+        (&message.headers, Type::JSONB),
+        (&message.available_at, Type::TIMESTAMPTZ),
+        (&message.id.map(|id| id.0), Type::UUID),
+        (&message.max_attempts, Type::INT4),
     ];
+    // Unnamed, with the parameter types given: one round trip, and nothing left on the
+    // server connection, so it works through a transaction pooler.
     let row =
         match &message.payload {
             Payload::Json(json) => client
-                .query_one(
+                .query_typed_one(
                     "SELECT outbox.enqueue($1, $7::jsonb, $2, coalesce($3::jsonb, '{}'), $4, $5, \
                      coalesce($6, 10))",
-                    &[&common[..], &[json]].concat(),
+                    &[&common[..], &[(json, Type::JSONB)]].concat(),
                 )
                 .await?,
             Payload::Bytes { data, content_type } => client
-                .query_one(
+                .query_typed_one(
                     "SELECT outbox.enqueue($1, $7::bytea, $2, coalesce($3::jsonb, '{}'), $4, $5, \
                      coalesce($6, 10), $8)",
-                    &[&common[..], &[data, content_type]].concat(),
+                    &[
+                        &common[..],
+                        &[(data, Type::BYTEA), (content_type, Type::TEXT)],
+                    ]
+                    .concat(),
                 )
                 .await?,
         };

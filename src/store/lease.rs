@@ -5,6 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::Row;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::{Result, Store};
@@ -42,21 +43,17 @@ impl Store {
         exclude: Option<&[String]>,
         sizes: ClaimSizes,
     ) -> Result<Vec<ClaimedMessage>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("SELECT * FROM outbox.claim_outbox_batch($1, $2, $3, $4, $5, $6, $7)")
-            .await?;
-        let rows = client
-            .query(
-                &stmt,
+        let rows = self
+            .leasing_query(
+                "SELECT * FROM outbox.claim_outbox_batch($1, $2, $3, $4, $5, $6, $7)",
                 &[
-                    &batch_size,
-                    &worker.as_str(),
-                    &lease_secs,
-                    &topics,
-                    &exclude,
-                    &sizes.max_batch_bytes,
-                    &sizes.max_message_bytes,
+                    (&batch_size, Type::INT4),
+                    (&worker.as_str(), Type::TEXT),
+                    (&lease_secs, Type::INT4),
+                    (&topics, Type::TEXT_ARRAY),
+                    (&exclude, Type::TEXT_ARRAY),
+                    (&sizes.max_batch_bytes, Type::INT8),
+                    (&sizes.max_message_bytes, Type::INT8),
                 ],
             )
             .await?;
@@ -76,23 +73,17 @@ impl Store {
         let errors: Vec<Option<&str>> = completions.iter().map(|c| c.error.as_deref()).collect();
         let retry_ats: Vec<Option<DateTime<Utc>>> =
             completions.iter().map(|c| c.retry_at).collect();
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
+        let rows = self
+            .leasing_query(
                 "SELECT * FROM outbox.complete_outbox_batch(\
                  $1, $2, $3, $4::text[]::outbox.attempt_state[], $5, $6)",
-            )
-            .await?;
-        let rows = client
-            .query(
-                &stmt,
                 &[
-                    &worker.as_str(),
-                    &ids,
-                    &tokens,
-                    &states,
-                    &errors,
-                    &retry_ats,
+                    (&worker.as_str(), Type::TEXT),
+                    (&ids, Type::UUID_ARRAY),
+                    (&tokens, Type::UUID_ARRAY),
+                    (&states, Type::TEXT_ARRAY),
+                    (&errors, Type::TEXT_ARRAY),
+                    (&retry_ats, Type::TIMESTAMPTZ_ARRAY),
                 ],
             )
             .await?;
@@ -115,12 +106,16 @@ impl Store {
         lease_secs: i32,
     ) -> Result<Vec<(OutboxId, DateTime<Utc>)>> {
         let (ids, tokens) = split_leases(leases);
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("SELECT * FROM outbox.extend_outbox_leases($1, $2, $3, $4)")
-            .await?;
-        let rows = client
-            .query(&stmt, &[&worker.as_str(), &ids, &tokens, &lease_secs])
+        let rows = self
+            .leasing_query(
+                "SELECT * FROM outbox.extend_outbox_leases($1, $2, $3, $4)",
+                &[
+                    (&worker.as_str(), Type::TEXT),
+                    (&ids, Type::UUID_ARRAY),
+                    (&tokens, Type::UUID_ARRAY),
+                    (&lease_secs, Type::INT4),
+                ],
+            )
             .await?;
         Ok(rows
             .iter()
@@ -135,21 +130,28 @@ impl Store {
         leases: &[(OutboxId, LeaseToken)],
     ) -> Result<i32> {
         let (ids, tokens) = split_leases(leases);
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("SELECT outbox.release_outbox_leases($1, $2, $3)")
+        let rows = self
+            .leasing_query(
+                "SELECT outbox.release_outbox_leases($1, $2, $3)",
+                &[
+                    (&worker.as_str(), Type::TEXT),
+                    (&ids, Type::UUID_ARRAY),
+                    (&tokens, Type::UUID_ARRAY),
+                ],
+            )
             .await?;
-        let row = client
-            .query_one(&stmt, &[&worker.as_str(), &ids, &tokens])
-            .await?;
-        Ok(row.get(0))
+        Ok(rows.first().map_or(0, |r| r.get(0)))
     }
 
     /// `outbox.repair_expired_leases`: one pass over expired leases.
     pub async fn repair(&self, limit: i32) -> Result<Repair> {
-        let client = self.client().await?;
-        let row = client
-            .query_one("SELECT * FROM outbox.repair_expired_leases($1)", &[&limit])
+        let row = self
+            .client()
+            .await?
+            .query_typed_one(
+                "SELECT * FROM outbox.repair_expired_leases($1)",
+                &[(&limit, Type::INT4)],
+            )
             .await?;
         Ok(Repair {
             requeued: row.get(0),

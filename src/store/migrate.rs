@@ -1,17 +1,32 @@
 //! The schema this build embeds: applying its migrations, and checking that a database is
 //! at the version this build needs before the relayer uses it.
+//!
+//! refinery's runner is driven through [`Locked`], one open transaction that holds the
+//! migration lock: the history it reads, the migrations it applies and the history rows it
+//! writes all commit together or not at all. Only the simple query protocol is used, so a
+//! migrate works through a transaction pooler (no named statements).
+
+use refinery::Migration;
+use refinery_core::traits::r#async::{AsyncQuery, AsyncTransaction};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use tokio_postgres::SimpleQueryMessage;
 
 use super::{Result, Store, StoreError};
 
 impl Store {
     /// Applies the embedded migrations that are not applied yet; returns their names.
-    /// A session advisory lock makes processes that start together migrate one at a time.
+    /// Everything happens in one transaction that first takes a transaction-scoped advisory
+    /// lock: processes that start together migrate one at a time (the later ones wait, then
+    /// read the history the first committed and find nothing to do), and nothing survives
+    /// the transaction, so a migrate cancelled half-way through a transaction pooler leaves
+    /// no lock on the pooled server connection.
     /// A login that cannot own the schema (such as one holding only `outbox_relay`) is
     /// refused before anything runs, with a message that says which role to use.
     pub async fn migrate(&self) -> Result<Vec<String>> {
         let mut client = self.client().await?;
         let row = client
-            .query_one(
+            .query_typed_one(
                 "SELECT current_user::text, \
                         CASE WHEN n.oid IS NULL \
                              THEN has_database_privilege(current_database(), 'CREATE') \
@@ -37,14 +52,36 @@ impl Store {
                 ),
             }));
         }
-        client
-            .execute("SELECT pg_advisory_lock(hashtext('outbox.migrate'))", &[])
-            .await?;
-        let report = crate::schema::runner().run_async(&mut **client).await;
-        client
-            .execute("SELECT pg_advisory_unlock(hashtext('outbox.migrate'))", &[])
-            .await?;
-        let report = report.map_err(|e| StoreError::Migration(e.to_string()))?;
+        let tx = (**client)
+            .transaction()
+            .await
+            .map_err(refused_transaction)?;
+        // Transaction-scoped: released by the commit, the rollback or the end of the
+        // connection, so a migrate killed half-way strands nothing, even on a pooled server
+        // connection that outlives its client.
+        let free = simple_value(
+            &tx,
+            "SELECT pg_try_advisory_xact_lock(hashtext('outbox.migrate'))",
+        )
+        .await?
+            == "t";
+        if !free {
+            tracing::info!("another migrate holds the migration lock; waiting for it to finish");
+            tx.batch_execute("SELECT pg_advisory_xact_lock(hashtext('outbox.migrate'))")
+                .await?;
+        }
+        // refinery's history table is not schema-qualified: a session without a schema to
+        // create it in (an empty search_path) gets the default one, `public`, for this
+        // transaction only.
+        if simple_value(&tx, "SELECT current_schema() IS NULL").await? == "t" {
+            tx.batch_execute("SET LOCAL search_path = public").await?;
+        }
+        let mut locked = Locked(tx);
+        let report = crate::schema::runner()
+            .run_async(&mut locked)
+            .await
+            .map_err(|e| StoreError::Migration(e.to_string()))?;
+        locked.0.commit().await?;
         Ok(report
             .applied_migrations()
             .iter()
@@ -59,7 +96,7 @@ impl Store {
         let needed = crate::schema::version();
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .query_typed_one(
                 "SELECT to_regnamespace('outbox') IS NOT NULL, \
                         to_regprocedure('outbox.schema_version()') IS NOT NULL, \
                         current_database()::text, current_user::text",
@@ -77,7 +114,7 @@ impl Store {
         }
         let found = if function {
             match client
-                .query_one("SELECT outbox.schema_version()", &[])
+                .query_typed_one("SELECT outbox.schema_version()", &[])
                 .await
             {
                 Ok(row) => row.get::<_, Option<i32>>(0),
@@ -92,7 +129,7 @@ impl Store {
         } else {
             // Before version 5 there was no schema_version(); the history table says which.
             client
-                .query_opt(
+                .query_typed_opt(
                     "SELECT max(version) FROM refinery_schema_history \
                       WHERE has_table_privilege('refinery_schema_history', 'SELECT')",
                     &[],
@@ -112,4 +149,70 @@ impl Store {
             ))),
         }
     }
+}
+
+/// A statement a pooler in statement mode refuses (`BEGIN`) is explained as such: nothing
+/// that needs a transaction, the producers' included, can work through it.
+fn refused_transaction(e: tokio_postgres::Error) -> StoreError {
+    if super::pooler::statement_pooling(&e) {
+        return StoreError::Migration(super::STATEMENT_POOLING.to_owned());
+    }
+    e.into()
+}
+
+/// refinery's runner inside one open transaction: `execute` runs its statements in the
+/// transaction without committing, `query` reads the history in it. The caller commits.
+struct Locked<'a>(tokio_postgres::Transaction<'a>);
+
+impl AsyncTransaction for Locked<'_> {
+    type Error = tokio_postgres::Error;
+
+    async fn execute<'a, T: Iterator<Item = &'a str> + Send + 'a>(
+        &mut self,
+        queries: T,
+    ) -> std::result::Result<usize, Self::Error> {
+        let mut count = 0;
+        for query in queries {
+            self.0.batch_execute(query).await?;
+            count += 1;
+        }
+        Ok(count)
+    }
+}
+
+impl AsyncQuery<Vec<Migration>> for Locked<'_> {
+    async fn query(&mut self, query: &str) -> std::result::Result<Vec<Migration>, Self::Error> {
+        let mut applied = Vec::new();
+        for message in self.0.simple_query(query).await? {
+            let SimpleQueryMessage::Row(row) = message else {
+                continue;
+            };
+            let field = |i: usize| row.get(i).unwrap_or_default();
+            // refinery wrote these columns itself: version and checksum as decimal text,
+            // applied_on in RFC 3339. A row that does not parse is not a migration refinery
+            // applied; it is reported as diverging from every embedded one.
+            applied.push(Migration::applied(
+                field(0).parse().unwrap_or(-1),
+                field(1).to_owned(),
+                OffsetDateTime::parse(field(2), &Rfc3339).unwrap_or(OffsetDateTime::UNIX_EPOCH),
+                field(3).parse().unwrap_or(0),
+            ));
+        }
+        Ok(applied)
+    }
+}
+
+impl refinery::AsyncMigrate for Locked<'_> {}
+
+/// The first column of the first row `sql` returns, as text (simple query protocol).
+async fn simple_value(
+    client: &impl tokio_postgres::GenericClient,
+    sql: &str,
+) -> std::result::Result<String, tokio_postgres::Error> {
+    for message in client.simple_query(sql).await? {
+        if let SimpleQueryMessage::Row(row) = message {
+            return Ok(row.get(0).unwrap_or_default().to_owned());
+        }
+    }
+    Ok(String::new())
 }

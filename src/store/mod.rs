@@ -12,8 +12,17 @@
 //! - `lease.rs`: claim, complete, extend, release and repair, the leasing functions;
 //! - `dead_letters.rs`: listing, reading and replaying dead letters;
 //! - `observation.rs`: `outbox.observe` and the `outbox.status` view;
-//! - `listen.rs`: the `LISTEN` connection that wakes the claimer;
+//! - `listen.rs`: the `LISTEN` connection that wakes the claimer, and its self-test;
+//! - `statements.rs`: how the leasing calls send their statements (named and cached, or
+//!   unnamed for transaction poolers), and the fallback from one to the other;
+//! - `pooler.rs`: what sits between the relayer and Postgres (a transaction or statement
+//!   pooler), found out at start;
 //! - `fill.rs`: synthetic messages in bulk, for the bench and the tests.
+//!
+//! Every statement names its schema (`outbox.…`) and nothing sets session state, so a
+//! statement means the same on whichever server connection a pooler gives it. Outside the
+//! leasing calls, statements are sent unnamed with their parameter types (one round trip,
+//! nothing left on the server).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,13 +39,17 @@ mod lease;
 mod listen;
 mod migrate;
 mod observation;
+mod pooler;
+mod statements;
 
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
 pub use enqueue::enqueue;
 pub use fill::{fill_messages, fill_messages_returning_ids};
 pub use lease::{ClaimSizes, Repair};
-pub use listen::NOTIFY_CHANNEL;
+pub use listen::{ListenerHealth, NOTIFY_CHANNEL};
 pub use observation::{ObservationRow, Status};
+pub use pooler::{Pooling, STATEMENT_POOLING};
+pub use statements::Statements;
 
 /// Errors of the storage layer, split by what the caller should do about them.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +84,9 @@ pub enum StoreError {
     Schema(String),
     #[error("migration failed: {0}")]
     Migration(String),
+    /// The database URL reaches a pooler that cannot serve the relayer (statement mode).
+    #[error("{0}")]
+    Pooler(String),
 }
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -119,6 +135,10 @@ pub struct PoolStatus {
 pub struct Store {
     pool: Pool,
     target: Arc<Target>,
+    /// Where the notification listener connects: `target` unless a `listen_url` was given.
+    listen_target: Arc<Target>,
+    statements: Arc<statements::Mode>,
+    listener: Arc<listen::State>,
 }
 
 impl Store {
@@ -148,10 +168,36 @@ impl Store {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+        let target = Arc::new(target);
         Ok(Self {
             pool,
-            target: Arc::new(target),
+            listen_target: target.clone(),
+            target,
+            statements: Arc::new(statements::Mode::new(Statements::Auto)),
+            listener: Arc::new(listen::State::default()),
         })
+    }
+
+    /// The same store, sending its leasing statements as `statements` says.
+    pub fn with_statements(mut self, statements: Statements) -> Self {
+        self.statements = Arc::new(statements::Mode::new(statements));
+        self
+    }
+
+    /// The same store, listening for notifications on a connection to `url` (a direct
+    /// connection when `url` of [`Store::connect`] goes through a transaction pooler).
+    pub fn with_listen_url(mut self, url: &str) -> Result<Self> {
+        let mut target = Target::parse(url).map_err(|e| {
+            StoreError::InvalidUrl(format!("{e} (in listen_url {})", redact_url(url)))
+        })?;
+        if target.config.get_application_name().is_none() {
+            target.config.application_name("outbox-relay listener");
+        }
+        if target.config.get_connect_timeout().is_none() {
+            target.config.connect_timeout(Duration::from_secs(10));
+        }
+        self.listen_target = Arc::new(target);
+        Ok(self)
     }
 
     /// Where and how this store connects.

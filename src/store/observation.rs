@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio_postgres::types::Type;
 
 use super::{Result, Store};
 
@@ -41,10 +42,13 @@ impl Store {
     ) -> Result<Option<ObservationRow>> {
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .query_typed_one(
                 "SELECT observed_at, refreshed, snapshot \
                  FROM outbox.observe($1, make_interval(secs => $2))",
-                &[&top_topics, &max_age.as_secs_f64()],
+                &[
+                    (&top_topics, Type::INT4),
+                    (&max_age.as_secs_f64(), Type::FLOAT8),
+                ],
             )
             .await?;
         let Some(observed_at) = row.get::<_, Option<DateTime<Utc>>>(0) else {
@@ -61,7 +65,7 @@ impl Store {
     pub async fn status(&self) -> Result<Status> {
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .query_typed_one(
                 "SELECT ready, delayed, in_flight, expired_leases, dead_letters, \
                  extract(epoch FROM oldest_ready_age)::float8 FROM outbox.status",
                 &[],

@@ -281,7 +281,11 @@ impl Relayer {
             .args(["--worker-id", worker_id])
             .args(args)
             .env("DATABASE_URL", url)
-            .env("RUST_LOG", "info")
+            // TEST_RUST_LOG=outbox_relay=debug (say) gives the relayers' logs more detail.
+            .env(
+                "RUST_LOG",
+                std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
