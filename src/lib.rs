@@ -27,7 +27,7 @@
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
-//! `dispatch`, `observe`, `janitor`; `config`; `relay` and `http` on top. `tests/layers.rs`
+//! `dispatch`, `observe`, `janitor`; `relay` and `http`; `config` on top. `tests/layers.rs`
 //! fails on an import cycle between them.
 
 pub mod config;

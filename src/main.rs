@@ -253,9 +253,9 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
         .iter()
         .map(|d| d.name.as_str())
         .collect();
-    tracing::info!(worker_id = %settings.worker_id, database = %redact_url(&settings.database_url),
+    tracing::info!(worker_id = %settings.relay.worker_id, database = %redact_url(&settings.database_url),
         sslmode = store.target().mode.as_str(), destinations = destinations.join(","),
-        batch_size = settings.batch_size, lease_secs = settings.lease_secs, "starting");
+        batch_size = settings.relay.batch_size, lease_secs = settings.relay.lease_secs, "starting");
     if let Some(weakness) = store.target().weakness() {
         tracing::warn!("{weakness}");
     }
@@ -282,11 +282,13 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     if !shutdown.is_cancelled() {
         let observer = tokio::spawn(observe::run(
             store.clone(),
-            settings.worker_id.clone(),
+            settings.relay.worker_id.clone(),
             latest,
             shutdown.clone(),
         ));
-        Relay::new(settings, store, dispatcher).run(shutdown).await;
+        Relay::new(settings.relay, store, dispatcher)
+            .run(shutdown)
+            .await;
         observer.abort();
     }
     if let Some(listener) = listener {

@@ -149,9 +149,9 @@ async fn a_worker_killed_with_leases_loses_nothing() {
     let victim_args = with(&file_args(&victim_out), &lease);
     let victim_args = with(&victim_args, &["--database-url", &victim_url]);
     let mut victim = start(&db, "victim", &victim_args);
-    // Kill it while it holds leases: freeze it, let whatever it already sent finish in its
-    // backends, and kill it only if leases remain (it may have been between batches; then
-    // let it run a little and try again).
+    // Kill it while it holds leases: once it holds some, freeze it, let whatever it already
+    // sent finish in its backends, and kill it only if leases remain (it may have completed
+    // its batches meanwhile; then let it run until it holds leases again and try again).
     let busy_sessions = || async {
         c.query_one(
             "SELECT count(*) FROM pg_stat_activity \
@@ -162,11 +162,11 @@ async fn a_worker_killed_with_leases_loses_nothing() {
         .unwrap()
         .get::<_, i64>(0)
     };
-    eventually(MINUTE, "the victim to hold leases", || async {
-        !leases_of(&c, "victim").await.is_empty()
-    })
-    .await;
     loop {
+        eventually(MINUTE, "the victim to hold leases", || async {
+            !leases_of(&c, "victim").await.is_empty()
+        })
+        .await;
         victim.signal("STOP");
         eventually(MINUTE, "the frozen victim's queries to finish", || async {
             busy_sessions().await == 0
@@ -176,7 +176,6 @@ async fn a_worker_killed_with_leases_loses_nothing() {
             break;
         }
         victim.signal("CONT");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     victim.signal("KILL");
     assert_eq!(victim.exit_code(MINUTE).await, None, "killed by a signal");
@@ -924,15 +923,36 @@ async fn a_database_password_never_reaches_the_logs() {
     let _ = std::fs::remove_file(&log);
 }
 
+/// Whether a claim of the worker named by `application_name` that started after `since`
+/// (a time of the database's clock) has finished: the worker has looked at the outbox since
+/// then, and what was not committed when it looked was not there for it.
+async fn looked_since(c: &Client, application_name: &str, since: std::time::SystemTime) -> bool {
+    c.query_one(
+        "SELECT EXISTS (SELECT FROM pg_stat_activity \
+                         WHERE datname = current_database() AND application_name = $1 \
+                           AND query LIKE '%outbox.claim_outbox_batch%' \
+                           AND state = 'idle' AND query_start > $2)",
+        &[&application_name, &since],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_producer_that_shared_a_wake_up_is_picked_up_without_waiting_for_the_poll() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let out = db.scratch_dir().join("recheck.jsonl");
+    // Its own application_name, to tell its claims in pg_stat_activity.
+    let url = format!("{}?application_name=recheck", db.url);
     let mut w = start(
         &db,
         "recheck",
-        &with(&file_args(&out), &["--poll-interval-ms", "60000"]),
+        &with(
+            &file_args(&out),
+            &["--poll-interval-ms", "60000", "--database-url", &url],
+        ),
     );
     eventually(MINUTE, "the worker to listen", || async {
         let listening: i64 = c
@@ -947,9 +967,6 @@ async fn a_producer_that_shared_a_wake_up_is_picked_up_without_waiting_for_the_p
         listening == 1
     })
     .await;
-    // Let the start-up claims pass: from here the worker waits for a notification, or for
-    // its 60 s poll.
-    tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Every wake-up window of the next 4 s is taken, as by producers that notify: this
     // producer does not, and commits just after the notification of the window's winner
@@ -970,10 +987,24 @@ async fn a_producer_that_shared_a_wake_up_is_picked_up_without_waiting_for_the_p
         .execute("SELECT outbox.enqueue('late', '{}'::jsonb)", &[])
         .await
         .unwrap();
-    c.execute("SELECT pg_notify('outbox_new', '')", &[])
+    // The notification is sent when this statement commits, after the time it reads.
+    let notified: std::time::SystemTime = c
+        .query_one("SELECT clock_timestamp(), pg_notify('outbox_new', '')", &[])
         .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(10)).await;
+        .unwrap()
+        .get(0);
+    // Whatever the worker was doing (its start-up looks included), the notification makes
+    // it look at once and then recheck for a while: commit as soon as one look has ended,
+    // so that only a recheck can find the message before the 60 s poll. The worker's
+    // rechecks span about half a second, hence the short polling step.
+    let deadline = std::time::Instant::now() + MINUTE;
+    while !looked_since(&c, "recheck", notified).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for the worker to look after the notification"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     producer.batch_execute("COMMIT").await.unwrap();
     let committed = std::time::Instant::now();
     eventually(MINUTE, "the late producer's message", || async {
@@ -1025,15 +1056,19 @@ async fn a_hot_key_keeps_its_order_through_four_workers_and_kills() {
     )
     .await
     .unwrap();
-    let mut workers: Vec<Relayer> = (0..4)
-        .map(|i| start(&db, &format!("hot-{i}"), &args))
-        .collect();
+    let mut names: Vec<String> = (0..4).map(|i| format!("hot-{i}")).collect();
+    let mut workers: Vec<Relayer> = names.iter().map(|name| start(&db, name, &args)).collect();
     for round in 0..6 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Each kill hits a worker while it holds leases (unless the outbox drained first).
         let victim = round % 4;
+        eventually(MINUTE, "the next victim to hold leases", || async {
+            !leases_of(&c, &names[victim]).await.is_empty() || pending(&c).await == 0
+        })
+        .await;
         workers[victim].signal("KILL");
         assert_eq!(workers[victim].exit_code(MINUTE).await, None);
-        workers[victim] = start(&db, &format!("hot-{victim}-{round}"), &args);
+        names[victim] = format!("hot-{victim}-{round}");
+        workers[victim] = start(&db, &names[victim], &args);
     }
     eventually(3 * MINUTE, "6000 messages to drain", || async {
         pending(&c).await == 0

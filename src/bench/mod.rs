@@ -196,9 +196,9 @@ fn start_relays(
             sink.clone(),
             settings.dispatch.circuit,
             BENCH_DEADLINE,
-            settings.max_batches_in_flight,
+            settings.relay.max_batches_in_flight,
         );
-        let relay = Relay::new(settings, store, Arc::new(dispatcher));
+        let relay = Relay::new(settings.relay, store, Arc::new(dispatcher));
         relays.push(tokio::spawn(relay.run(shutdown.clone())));
     }
     Ok(relays)

@@ -1,11 +1,11 @@
 //! The top of the settings: one process's configuration, composed from the settings each
-//! layer owns (a destination's in its module, dispatch's routes and budgets, observe's
-//! intervals, retry's backoff, the log format). Values come from flags, then `OUTBOX_*`
-//! environment variables, then an optional TOML file (`--config`), then defaults; they are
-//! read into [`RawConfig`] (every field optional, unknown TOML keys refused) and validated
-//! once into [`Settings`], with errors that name the setting and its allowed range. A
-//! destination's own table (`[destinations.NAME]`) is parsed and validated by that
-//! destination's module, not here.
+//! layer owns (a destination's in its module, dispatch's routes and budgets, the relay's
+//! claims, leases and timings, observe's intervals, retry's backoff, the log format).
+//! Values come from flags, then `OUTBOX_*` environment variables, then an optional TOML
+//! file (`--config`), then defaults; they are read into [`RawConfig`] (every field
+//! optional, unknown TOML keys refused) and validated once into [`Settings`], with errors
+//! that name the setting and its allowed range. A destination's own table
+//! (`[destinations.NAME]`) is parsed and validated by that destination's module, not here.
 //!
 //! `raw.rs` holds [`RawConfig`], the settings as given; this file validates them.
 
@@ -22,6 +22,7 @@ use crate::dispatch::{
 pub use crate::logging::LogFormat;
 use crate::message::WorkerId;
 use crate::observe::ObserveSettings;
+use crate::relay::RelaySettings;
 pub use crate::retry::RetrySettings;
 pub use crate::store::Statements;
 
@@ -43,21 +44,11 @@ pub struct Settings {
     pub listen_url: Option<String>,
     /// How the leasing calls send their statements.
     pub statements: Statements,
-    pub worker_id: WorkerId,
     /// Destinations, routes and circuit thresholds.
     pub dispatch: DispatchSettings,
-    pub topics: Option<Vec<String>>,
-    pub batch_size: i32,
-    pub max_batch_bytes: i64,
-    pub max_message_bytes: i64,
-    pub max_batches_in_flight: usize,
-    pub lease_secs: i32,
-    pub poll_interval: Duration,
-    pub retry: RetrySettings,
-    pub repair_interval: Duration,
-    pub repair_limit: i32,
+    /// The worker id, claims, leases, retries, repair and shutdown.
+    pub relay: RelaySettings,
     pub observe: ObserveSettings,
-    pub shutdown_timeout: Duration,
     pub pool_size: usize,
     pub telemetry_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
@@ -179,47 +170,55 @@ impl Settings {
                 .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
             listen_url: raw.listen_url,
             statements,
-            worker_id,
             dispatch,
-            topics: raw.topics,
-            batch_size: ranged("batch_size", raw.batch_size.unwrap_or(500), 1, 10_000)?,
-            max_batch_bytes: ranged(
-                "max_batch_bytes",
-                raw.max_batch_bytes.unwrap_or(16 << 20),
-                1024,
-                1 << 30,
-            )?,
-            max_message_bytes: ranged(
-                "max_message_bytes",
-                raw.max_message_bytes.unwrap_or(16 << 20),
-                1,
-                1 << 30,
-            )?,
-            max_batches_in_flight: ranged(
-                "max_batches_in_flight",
-                raw.max_batches_in_flight.unwrap_or(3),
-                1,
-                64,
-            )?,
-            lease_secs,
-            poll_interval: Duration::from_millis(ranged(
-                "poll_interval_ms",
-                raw.poll_interval_ms.unwrap_or(1000),
-                10,
-                3_600_000,
-            )?),
-            retry: RetrySettings {
-                base: Duration::from_millis(retry_base_ms.unsigned_abs()),
-                cap: Duration::from_millis(retry_cap_ms.unsigned_abs()),
-                multiplier,
+            relay: RelaySettings {
+                worker_id,
+                topics: raw.topics,
+                batch_size: ranged("batch_size", raw.batch_size.unwrap_or(500), 1, 10_000)?,
+                max_batch_bytes: ranged(
+                    "max_batch_bytes",
+                    raw.max_batch_bytes.unwrap_or(16 << 20),
+                    1024,
+                    1 << 30,
+                )?,
+                max_message_bytes: ranged(
+                    "max_message_bytes",
+                    raw.max_message_bytes.unwrap_or(16 << 20),
+                    1,
+                    1 << 30,
+                )?,
+                max_batches_in_flight: ranged(
+                    "max_batches_in_flight",
+                    raw.max_batches_in_flight.unwrap_or(3),
+                    1,
+                    64,
+                )?,
+                lease_secs,
+                poll_interval: Duration::from_millis(ranged(
+                    "poll_interval_ms",
+                    raw.poll_interval_ms.unwrap_or(1000),
+                    10,
+                    3_600_000,
+                )?),
+                retry: RetrySettings {
+                    base: Duration::from_millis(retry_base_ms.unsigned_abs()),
+                    cap: Duration::from_millis(retry_cap_ms.unsigned_abs()),
+                    multiplier,
+                },
+                repair_interval: Duration::from_secs(ranged(
+                    "repair_interval_secs",
+                    raw.repair_interval_secs.unwrap_or(15),
+                    1,
+                    3600,
+                )?),
+                repair_limit: ranged("repair_limit", raw.repair_limit.unwrap_or(1000), 1, 100_000)?,
+                shutdown_timeout: Duration::from_millis(ranged(
+                    "shutdown_timeout_ms",
+                    raw.shutdown_timeout_ms.unwrap_or(10_000),
+                    0,
+                    3_600_000,
+                )?),
             },
-            repair_interval: Duration::from_secs(ranged(
-                "repair_interval_secs",
-                raw.repair_interval_secs.unwrap_or(15),
-                1,
-                3600,
-            )?),
-            repair_limit: ranged("repair_limit", raw.repair_limit.unwrap_or(1000), 1, 100_000)?,
             observe: ObserveSettings {
                 interval: Duration::from_secs(ranged(
                     "observe_interval_secs",
@@ -240,21 +239,10 @@ impl Settings {
                     86_400,
                 )?),
             },
-            shutdown_timeout: Duration::from_millis(ranged(
-                "shutdown_timeout_ms",
-                raw.shutdown_timeout_ms.unwrap_or(10_000),
-                0,
-                3_600_000,
-            )?),
             pool_size: ranged("pool_size", raw.pool_size.unwrap_or(8), 2, 256)?,
             telemetry_addr,
             log_format,
         })
-    }
-
-    /// The lease as a `Duration`.
-    pub fn lease(&self) -> Duration {
-        Duration::from_secs(u64::from(self.lease_secs.unsigned_abs()))
     }
 }
 
@@ -360,10 +348,11 @@ mod tests {
         let s = settings(RawConfig::default()).unwrap();
         assert_eq!(s.dispatch.destinations[0].destination.kind(), "stdout");
         assert_eq!(s.dispatch.routes, Routes(vec![(TopicPattern::Any, 0)]));
-        assert_eq!((s.batch_size, s.lease_secs), (500, 30));
+        assert_eq!((s.relay.batch_size, s.relay.lease_secs), (500, 30));
         assert_eq!(s.telemetry_addr, Some("127.0.0.1:9187".parse().unwrap()));
         assert!(
-            s.worker_id
+            s.relay
+                .worker_id
                 .as_str()
                 .contains(&std::process::id().to_string())
         );
@@ -476,7 +465,7 @@ mod tests {
         }
         .or(file);
         let s = settings(merged).unwrap();
-        assert_eq!((s.batch_size, s.lease_secs), (7, 60));
+        assert_eq!((s.relay.batch_size, s.relay.lease_secs), (7, 60));
 
         std::fs::write(&path, "batch_sise = 100\n").unwrap();
         let err = RawConfig::from_file(&path).unwrap_err();

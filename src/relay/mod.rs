@@ -12,12 +12,15 @@
 //! in-flight deliveries finish until the deadline and releases what has no outcome.
 //!
 //! `leases.rs` keeps the book of leases in flight and the lease keeper; `complete.rs` is
-//! the completer.
+//! the completer; `settings.rs` holds [`RelaySettings`], all the relay reads of the
+//! process's configuration.
 
 mod complete;
 mod leases;
+mod settings;
 
 use leases::LeaseBook;
+pub use settings::RelaySettings;
 
 use std::ops::AddAssign;
 use std::sync::Arc;
@@ -28,7 +31,6 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
 use crate::dispatch::{ClaimFilter, Dispatcher, Part};
 use crate::message::{ClaimedMessage, Outcome, WorkerId};
 use crate::store::{ClaimSizes, Store, StoreError};
@@ -73,7 +75,7 @@ const RECHECKS_AFTER_WAKE: [Duration; 3] = [
 /// One process's relay; cheap to clone (shared state is behind `Arc`s).
 #[derive(Clone)]
 pub struct Relay {
-    settings: Arc<Settings>,
+    settings: Arc<RelaySettings>,
     store: Store,
     dispatcher: Arc<Dispatcher>,
     leases: Arc<LeaseBook>,
@@ -81,7 +83,7 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub fn new(settings: Settings, store: Store, dispatcher: Arc<Dispatcher>) -> Self {
+    pub fn new(settings: RelaySettings, store: Store, dispatcher: Arc<Dispatcher>) -> Self {
         Self {
             settings: Arc::new(settings),
             store,

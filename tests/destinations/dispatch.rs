@@ -231,7 +231,7 @@ async fn a_destination_that_panics_is_counted_and_its_leases_released_at_once() 
         MINUTE,
         1,
     );
-    let relay = Relay::new(settings, db.store(), Arc::new(dispatcher));
+    let relay = Relay::new(settings.relay, db.store(), Arc::new(dispatcher));
     let summary = relay.tick().await.unwrap();
     assert_eq!((summary.claimed, summary.released), (10, 10));
     let leased: i64 = common::count(
