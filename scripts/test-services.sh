@@ -3,6 +3,8 @@
 #   - redis-server and nats-server binaries (destination tests start servers of their own);
 #   - RabbitMQ answering on 127.0.0.1:5672 (tests put a proxy of their own in front of it);
 #   - promtool (a test checks a live /metrics with `promtool check metrics`);
+#   - pgbouncer (tests/poolers.rs starts PgBouncers of its own; the Debian package's service
+#     is not started);
 #   - tansu, a Kafka-protocol broker (Kafka tests start brokers of their own), and kcat, the
 #     independent client they read back with;
 #   - what the build needs (scripts/build-deps.sh);
@@ -57,6 +59,9 @@ apt_packages=()
 reasons=()
 if ! command -v promtool >/dev/null 2>&1; then
     apt_packages+=(prometheus); reasons+=("promtool checks a live /metrics")
+fi
+if [ ! -x /usr/sbin/pgbouncer ]; then
+    apt_packages+=(pgbouncer); reasons+=("tests/poolers.rs runs PgBouncers of its own in front of Postgres")
 fi
 if ! command -v kcat >/dev/null 2>&1; then
     apt_packages+=(kcat); reasons+=("kcat reads back what the Kafka tests published")
@@ -118,6 +123,7 @@ command -v redis-server >/dev/null 2>&1 || missing+=("redis-server (apt-get inst
 [ -x /usr/sbin/nats-server ] || missing+=("/usr/sbin/nats-server (apt-get install nats-server)")
 command -v promtool >/dev/null 2>&1 || missing+=("promtool (apt-get install prometheus)")
 command -v kcat >/dev/null 2>&1 || missing+=("kcat (apt-get install kcat)")
+[ -x /usr/sbin/pgbouncer ] || missing+=("/usr/sbin/pgbouncer (apt-get install pgbouncer)")
 [ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore --root target/tools)")
 answers 9092 || missing+=("a Kafka-protocol broker on 127.0.0.1:9092 (tansu broker, see above)")
 command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")

@@ -1,6 +1,7 @@
 //! The producer snippets of the README (`examples/producers/`), each run with its own
 //! language against a fresh database: psql, Python (psycopg), Node (pg), Go (pgx). Each
-//! must enqueue the order message inside its transaction and print its outbox_id; the
+//! must enqueue the order message inside its transaction and print its outbox_id, directly
+//! and through PgBouncer in transaction mode (tests/common/pgbouncer.rs); the
 //! README must show each file as it is. A toolchain or driver that is missing fails its
 //! test, naming what is missing and what installs it: `make test` (scripts/test-services.sh)
 //! installs psycopg into the virtual environment `target/venv`, pg into
@@ -15,6 +16,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::TestDb;
+use common::pgbouncer::PgBouncer;
 use uuid::Uuid;
 
 const SNIPPETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/producers");
@@ -43,9 +45,9 @@ fn on_path(program: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// Runs `command` with DATABASE_URL set and returns the outbox_id it printed.
-fn printed_id(db: &TestDb, command: &mut Command) -> Uuid {
-    let out = command.env("DATABASE_URL", &db.url).output().unwrap();
+/// Runs `command` with DATABASE_URL = `url` and returns the outbox_id it printed.
+fn printed_id(url: &str, command: &mut Command) -> Uuid {
+    let out = command.env("DATABASE_URL", url).output().unwrap();
     assert!(
         out.status.success(),
         "{command:?}: {}",
@@ -55,6 +57,16 @@ fn printed_id(db: &TestDb, command: &mut Command) -> Uuid {
     text.trim()
         .parse()
         .unwrap_or_else(|e| panic!("{command:?} printed {text:?}: {e}"))
+}
+
+/// Runs the snippet `command` makes twice: directly, then through PgBouncer in transaction
+/// mode (Debian's 1.18, without named statements); checks what each enqueued.
+async fn enqueues_directly_and_through_a_pooler(db: &TestDb, mut command: impl FnMut() -> Command) {
+    let bouncer = PgBouncer::start(&db.scratch_dir(), "transaction").await;
+    for url in [db.url.clone(), bouncer.url(db)] {
+        let id = printed_id(&url, &mut command());
+        check_enqueued(db, id).await;
+    }
 }
 
 async fn check_enqueued(db: &TestDb, id: Uuid) {
@@ -86,15 +98,16 @@ fn snippet(file: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn psql() {
     let db = TestDb::new().await;
-    let id = printed_id(
-        &db,
-        Command::new("sh").args([
+    enqueues_directly_and_through_a_pooler(&db, || {
+        let mut command = Command::new("sh");
+        command.args([
             "-c",
             "psql \"$DATABASE_URL\" -Atq -v ON_ERROR_STOP=1 -f \"$0\"",
             &snippet("enqueue.sql"),
-        ]),
-    );
-    check_enqueued(&db, id).await;
+        ]);
+        command
+    })
+    .await;
     db.finish().await;
 }
 
@@ -108,8 +121,12 @@ async fn python_psycopg() {
         target_dir().join("venv").display()
     );
     let db = TestDb::new().await;
-    let id = printed_id(&db, Command::new(python).arg(snippet("enqueue.py")));
-    check_enqueued(&db, id).await;
+    enqueues_directly_and_through_a_pooler(&db, || {
+        let mut command = Command::new(&python);
+        command.arg(snippet("enqueue.py"));
+        command
+    })
+    .await;
     db.finish().await;
 }
 
@@ -124,13 +141,14 @@ async fn node_pg() {
         target_dir().display()
     );
     let db = TestDb::new().await;
-    let id = printed_id(
-        &db,
-        Command::new("node")
+    enqueues_directly_and_through_a_pooler(&db, || {
+        let mut command = Command::new("node");
+        command
             .env("NODE_PATH", &modules)
-            .arg(snippet("enqueue.js")),
-    );
-    check_enqueued(&db, id).await;
+            .arg(snippet("enqueue.js"));
+        command
+    })
+    .await;
     db.finish().await;
 }
 
@@ -175,8 +193,7 @@ async fn go_pgx() {
         String::from_utf8_lossy(&build.stderr)
     );
     let db = TestDb::new().await;
-    let id = printed_id(&db, &mut Command::new(dir.join("enqueue")));
-    check_enqueued(&db, id).await;
+    enqueues_directly_and_through_a_pooler(&db, || Command::new(dir.join("enqueue"))).await;
     db.finish().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }

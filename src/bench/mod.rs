@@ -114,6 +114,10 @@ pub struct Options {
     /// hot-key shape.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    /// How the relays send their leasing statements: auto, named or unnamed (the cost of
+    /// unnamed statements, for transaction poolers, against named ones).
+    #[arg(long, default_value = "auto")]
+    pub statements: outbox_relay::store::Statements,
 }
 
 pub async fn run(database_url: &str, o: &Options) -> Result<()> {
@@ -190,7 +194,7 @@ fn start_relays(
             pool_size: Some(i64::from(o.in_flight.max(2)) + 2),
             ..RawConfig::default()
         })?;
-        let store = Store::connect(url, settings.pool_size)?;
+        let store = Store::connect(url, settings.pool_size)?.with_statements(o.statements);
         let dispatcher = Dispatcher::single(
             "bench",
             sink.clone(),

@@ -9,6 +9,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 mod kit;
+pub mod pgbouncer;
 pub mod sql;
 
 use std::sync::Mutex;
