@@ -715,6 +715,61 @@ async fn replay_previews_with_dry_run_moves_only_what_matches_and_is_audited() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn replay_of_ids_that_are_not_dead_letters_fails_naming_them_and_moves_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    dead(&c, "orders", 1, "HTTP 503").await;
+    let known: Uuid = c
+        .query_one("SELECT outbox_id FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let unknown = Uuid::now_v7();
+    let (known, unknown) = (known.to_string(), unknown.to_string());
+    for args in [
+        vec!["replay", "--id", &unknown],
+        vec!["replay", "--id", &known, "--id", &unknown],
+        vec!["replay", "--id", &unknown, "--dry-run"],
+    ] {
+        let out = relay(&db, &args, b"");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("not dead letters, nothing replayed: {unknown}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains(&known),
+            "only the unknown id is named: {stderr}"
+        );
+    }
+    let count = |sql: &'static str| {
+        let c = &c;
+        async move { c.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(count("SELECT count(*) FROM outbox.dead_letters").await, 1);
+    assert_eq!(
+        count("SELECT count(*) FROM outbox.replay_log").await,
+        0,
+        "no audit row"
+    );
+
+    // A filter that matches nothing replays nothing and records nothing.
+    let none = stdout_of(&db, &["replay", "--topic", "nothing-here"]);
+    assert_eq!(none.trim(), "replayed 0 (no dead letter matches)");
+    assert_eq!(
+        count("SELECT count(*) FROM outbox.replay_log").await,
+        0,
+        "no audit row"
+    );
+
+    let done = stdout_of(&db, &["replay", "--id", &known]);
+    assert!(done.starts_with("replayed 1 (replay "), "{done}");
+    assert_eq!(count("SELECT count(*) FROM outbox.replay_log").await, 1);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_hot_key_shape_drains_every_round_and_prints_the_medians() {
     // The bench makes and drops a database of its own beside this one.
     let db = TestDb::new().await;
