@@ -203,6 +203,47 @@ async fn enqueue_refuses_bad_input_naming_it_and_stores_nothing() {
     db.finish().await;
 }
 
+/// Runs `command` to its end; a process still running after `deadline` (a relayer that
+/// accepted what it should have refused) is killed and fails the test.
+fn exited_within(command: &mut Command, deadline: std::time::Duration) -> Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + deadline;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {deadline:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn run_refuses_a_topic_pattern_naming_the_rule() {
+    // Refused while reading the settings: no database is asked.
+    let out = exited_within(
+        Command::new(BIN)
+            .args(["run", "--topics", "orders,x.*"])
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none"),
+        std::time::Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("topics")
+            && stderr.contains("\"x.*\" is a pattern, and topics are exact names"),
+        "{stderr}"
+    );
+}
+
 /// The completion script for `shell`, written to a scratch file.
 fn completion_script(shell: &str) -> std::path::PathBuf {
     let script = Command::new(BIN)
