@@ -545,6 +545,22 @@ fn stdout_of(db: &TestDb, args: &[&str]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn status_shows_a_few_dead_letters_a_minute_as_a_count_not_zero_per_second() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    common::fill(&c, "orders", 5, None).await;
+    for _ in 0..5 {
+        settle(&c, "FAILED", "HTTP 400").await;
+    }
+    let shown = stdout_of(&db, &["status"]);
+    assert!(
+        shown.contains("fleet, last minute: 0/min delivered, 0/min retried, 5/min dead-lettered"),
+        "{shown}"
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn dead_letters_are_listed_counted_and_shown_with_their_attempts() {
     let db = TestDb::new().await;
     let c = db.client().await;
