@@ -2,7 +2,7 @@
 # Runs a command with DATABASE_URL pointing at a Postgres that answers, in this order:
 #   1. DATABASE_URL, when it is set;
 #   2. a Postgres on 127.0.0.1:5432;
-#   3. `docker compose up -d postgres`, when a Docker engine is running;
+#   3. `docker compose up -d postgres` (published on 15432), when a Docker engine is running;
 #   4. a throwaway cluster from the local Postgres binaries (installed with apt-get when
 #      missing and run as root), started on a free port and stopped when the command ends.
 # With THROWAWAY_POSTGRES=1, always 4. The throwaway cluster runs with fsync off (tests
@@ -35,7 +35,7 @@ fi
 if [ "$throwaway" != 1 ] && command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
     echo "with-postgres: starting the postgres service of docker-compose.yml" >&2
     docker compose up -d --wait postgres
-    DATABASE_URL="$local_url" exec "$@"
+    DATABASE_URL="postgres://postgres@127.0.0.1:15432/postgres" exec "$@"
 fi
 
 bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
