@@ -244,6 +244,52 @@ fn run_refuses_a_topic_pattern_naming_the_rule() {
     );
 }
 
+#[test]
+fn run_refuses_broker_urls_that_cannot_work_naming_the_setting() {
+    let dir = std::env::temp_dir().join(format!("outbox-relay-urls-{}", Uuid::new_v4()));
+    std::fs::create_dir(&dir).unwrap();
+    for (destination, problem) in [
+        (
+            "type = \"nats\"\nurl = \"nats//127.0.0.1:4222\"",
+            "invalid setting destinations.d.url: \"nats//127.0.0.1:4222\" is not a NATS server address: it has a path",
+        ),
+        (
+            "type = \"amqp\"\nurl = \"amqp://rabbit.internal:5672/%2f\"",
+            "invalid setting destinations.d.url: \"amqp://rabbit.internal:5672/%2f\" has no credentials",
+        ),
+        (
+            "type = \"amqp\"\nurl = \"amqp://app@rabbit.internal/%2f\"",
+            "names a user without a password",
+        ),
+        (
+            "type = \"amqp\"\nurl = \"amqp://app:pw@[::1\"",
+            "invalid setting destinations.d.url: \"amqp://app:***@[::1\" is not a valid AMQP URL",
+        ),
+    ] {
+        let config = dir.join("relay.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[destinations.d]\n{destination}\n[[routes]]\ntopic = \"*\"\ndestination = \"d\"\n"
+            ),
+        )
+        .unwrap();
+        // Refused while reading the settings: neither the database nor the broker is asked.
+        let out = exited_within(
+            Command::new(BIN)
+                .arg("run")
+                .arg("--config")
+                .arg(&config)
+                .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none"),
+            std::time::Duration::from_secs(10),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{destination}: {stderr}");
+        assert!(stderr.contains(problem), "{destination}: {stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The completion script for `shell`, written to a scratch file.
 fn completion_script(shell: &str) -> std::path::PathBuf {
     let script = Command::new(BIN)
