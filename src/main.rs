@@ -267,11 +267,15 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     tracing::info!(worker_id = %settings.worker_id, database = %redact_url(&settings.database_url),
         sslmode = store.target().mode.as_str(), destinations = destinations.join(","),
         batch_size = settings.batch_size, lease_secs = settings.lease_secs, "starting");
-    if let Some(weakness) = store.target().weakness() {
+    // On loopback or a Unix socket nobody can sit in the middle: no warning for a demo.
+    if let Some(weakness) = store.target().weakness()
+        && !local_only(&store.target().config)
+    {
         tracing::warn!("{weakness}");
     }
     let metrics = telemetry::install();
     let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    tokio::spawn(report_unusable_destinations(dispatcher.clone()));
     let latest = observe::Latest::new(settings.observe);
     // The listener comes first: /healthz answers from the start (liveness must not depend on
     // the database), and /readyz says why the relayer is not ready while it waits.
@@ -318,8 +322,10 @@ async fn wait_for_database(
     loop {
         let checked = async {
             if migrate {
-                for name in store.migrate().await? {
-                    tracing::info!(migration = %name, "applied");
+                let applied = store.migrate().await?;
+                if let (Some(first), Some(last)) = (applied.first(), applied.last()) {
+                    tracing::info!(migrations = applied.len(), first = %first, last = %last,
+                        "schema migrated");
                 }
             }
             store.check_schema().await
@@ -338,6 +344,35 @@ async fn wait_for_database(
             () = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Whether every host of `config` is this machine (loopback or a Unix socket).
+fn local_only(config: &tokio_postgres::Config) -> bool {
+    use tokio_postgres::config::Host;
+    !config.get_hosts().is_empty()
+        && config.get_hosts().iter().all(|host| match host {
+            Host::Unix(_) => true,
+            Host::Tcp(name) => {
+                name == "localhost"
+                    || name
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            }
+        })
+}
+
+/// Asks each destination once at start and says at once which cannot be used (a broker
+/// that refuses the credentials, an unreachable one), instead of leaving it to the first
+/// batch's retries. Not fatal: the messages wait and are retried, and /readyz and
+/// /health/destinations report it until it is fixed.
+async fn report_unusable_destinations(dispatcher: Arc<Dispatcher>) {
+    for (name, _, ready) in dispatcher.readiness().await {
+        if let Err(error) = ready {
+            tracing::warn!(destination = %name, %error,
+                "destination not usable at start: its messages wait and are retried; \
+                 /health/destinations shows it until it is");
+        }
     }
 }
 

@@ -184,6 +184,65 @@ async fn a_destination_outage_is_reported_but_leaves_the_relayer_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_start_logs_what_an_operator_can_act_on_once() {
+    let db = TestDb::empty().await;
+    // An AMQP broker that cannot be used (nothing listens on the port).
+    let config = db.scratch_dir().join("amqp.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.rabbit]\ntype = \"amqp\"\n\
+             url = \"amqp://app:secret@127.0.0.1:{}/%2f\"\n\
+             [[routes]]\ntopic = \"*\"\ndestination = \"rabbit\"\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = config.display().to_string();
+    let mut w = Relayer::start(
+        &db,
+        "quiet",
+        &["--migrate", "--config", &config, "--telemetry-addr", &addr],
+    );
+    eventually(MINUTE, "the schema and the destination report", || async {
+        let log = w.log_text();
+        log.contains("database ready") && log.contains("destination not usable at start")
+    })
+    .await;
+    let log = w.log_text();
+    // The destination's problem at once, in words, with the destination named.
+    let unusable: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("destination not usable at start"))
+        .collect();
+    assert_eq!(unusable.len(), 1, "{log}");
+    assert!(
+        unusable[0].contains("destination=rabbit") && unusable[0].contains("amqp connect"),
+        "{log}"
+    );
+    // The migrations in one line, no sslmode warning on loopback, no client chatter.
+    assert_eq!(log.matches("schema migrated").count(), 1, "{log}");
+    assert!(!log.contains("V2__"), "no list of migrations: {log}");
+    assert!(
+        !log.contains("sslmode=prefer"),
+        "no warning on loopback: {log}"
+    );
+    assert!(
+        !log.contains("Close {") && !log.contains("ShortString("),
+        "{log}"
+    );
+    let (status, body) = get(port, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("destination rabbit: amqp connect"), "{body}");
+    assert!(!body.contains("secret"), "{body}");
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
     // What a database migrated by an earlier release looks like: this build's migrations up
     // to V7 and no further.
