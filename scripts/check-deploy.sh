@@ -19,7 +19,12 @@ if [ ! -x "$venv/bin/kubernetes-validate" ]; then
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check kubernetes-validate
 fi
-"$venv/bin/kubernetes-validate" --strict --quiet deploy/kubernetes/*.yaml
+"$venv/bin/kubernetes-validate" --strict --quiet deploy/kubernetes/*.yaml deploy/kubernetes/*/*.yaml
+
+# The base and its optional component build, when kubectl is installed.
+if command -v kubectl >/dev/null 2>&1; then
+    kubectl kustomize deploy/kubernetes >/dev/null
+fi
 
 "$venv/bin/python" - <<'PY'
 import re, sys, tomllib, yaml
@@ -67,6 +72,29 @@ for name, spec, var in [("deployment", pod, "DATABASE_URL_FILE"),
     check(any(path.endswith("/" + i["path"]) and i["key"] in keys for i in items),
           f"{name}: {var} must point at a key of the Secret")
 check(job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"], "the Job runs migrate")
+
+base = load("kustomization.yaml")
+for name in base["resources"]:
+    kind = load(name)["kind"]
+    check(kind not in ("ServiceMonitor", "PodMonitor", "PrometheusRule"),
+          f"kustomization.yaml: {name} is a {kind}, which needs the Prometheus Operator's CRDs: "
+          "make it a component")
+job_tag = job["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[-1]
+relay_tag = relay["image"].rsplit(":", 1)[-1]
+check(job["metadata"]["name"] == f"outbox-relay-migrate-{job_tag}",
+      f"migrate-job.yaml: the Job's name must end with its image tag ({job_tag}), so that a "
+      "new version applies as a new Job (a Job's pod template is immutable)")
+check(job_tag == relay_tag, f"the migrate Job ({job_tag}) and the Deployment ({relay_tag}) "
+      "must run the same version")
+
+with open("docker-compose.yml") as f:
+    compose = yaml.safe_load(f)
+for service, spec in compose["services"].items():
+    for mapping in spec.get("ports", []):
+        host_port = str(mapping).split(":")[-2]
+        check(host_port not in ("5432", "6379"),
+              f"docker-compose.yml: {service} publishes {host_port}, the port of a local "
+              "Postgres or Redis: publish another")
 
 dockerfile = open("Dockerfile").read()
 check(re.search(r"^USER \d+:\d+$", dockerfile, re.M) is not None, "Dockerfile: numeric non-root USER")

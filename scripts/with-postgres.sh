@@ -2,10 +2,10 @@
 # Runs a command with DATABASE_URL pointing at a Postgres that answers, in this order:
 #   1. DATABASE_URL, when it is set;
 #   2. a Postgres on 127.0.0.1:5432;
-#   3. `docker compose up -d postgres`, when a Docker engine is running; when the command
-#      ends, what this run started is stopped and what it created is removed (a container
-#      that was already running is left running, one that existed stopped is stopped again);
-#      the postgres image it may have pulled stays, as a download cache;
+#   3. `docker compose up -d postgres` (published on 15432), when a Docker engine is running;
+#      when the command ends, what this run started is stopped and what it created is removed
+#      (a container that was already running is left running, one that existed stopped is
+#      stopped again); the postgres image it may have pulled stays, as a download cache;
 #   4. a throwaway cluster from the local Postgres binaries (installed with apt-get when
 #      missing and run as root), started on a free port and stopped when the command ends.
 # Both cleanups also run when the script is interrupted (SIGINT, SIGTERM), once the command
@@ -81,7 +81,7 @@ if [ "$throwaway" != 1 ] && command -v docker >/dev/null 2>&1 && docker info >/d
         echo "with-postgres: starting the postgres service of docker-compose.yml (stopped when the command ends)" >&2
     fi
     docker compose up -d --wait postgres
-    DATABASE_URL="$local_url" "$@"
+    DATABASE_URL="postgres://postgres@127.0.0.1:15432/postgres" "$@"
     exit 0
 fi
 

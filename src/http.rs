@@ -1,8 +1,9 @@
 //! The small HTTP listener: Prometheus `/metrics` (this process's counters and the fleet
 //! gauges of the latest observation), `/healthz` (the process is alive, from the moment it
-//! starts), `/readyz` (the database answers with the schema this build needs and every
-//! destination is ready; 503 with the reasons otherwise) and `/debug/health` (the
-//! diagnosis of the latest observation, as JSON). Also the client side of a probe, for
+//! starts), `/readyz` (the database answers with the schema this build needs; 503 with the
+//! reason otherwise; each destination's health in the body, never failing it),
+//! `/health/destinations` (each destination's circuit and connection, as JSON) and
+//! `/debug/health` (the diagnosis of the latest observation, as JSON). Also the client side of a probe, for
 //! container health checks.
 
 use std::net::SocketAddr;
@@ -53,6 +54,7 @@ pub async fn serve(
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/health/destinations", get(destinations))
         .route("/debug/health", get(health))
         .with_state(Probe {
             metrics,
@@ -60,7 +62,8 @@ pub async fn serve(
             dispatcher,
             latest,
         });
-    tracing::info!(addr = %bound, "telemetry listening (/metrics, /healthz, /readyz, /debug/health)");
+    tracing::info!(addr = %bound,
+        "telemetry listening (/metrics, /healthz, /readyz, /health/destinations, /debug/health)");
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -88,9 +91,15 @@ async fn health(State(probe): State<Probe>) -> axum::Json<serde_json::Value> {
     axum::Json(probe.latest.health())
 }
 
+/// Ready means this process can do its job or will resume it by itself: the database
+/// answers with the schema this build needs. Destinations are reported in the body but do
+/// not fail it: a consumer outage would otherwise make every relayer unready at once, block
+/// rollouts (`maxUnavailable: 0`) and refuse node drains (the disruption budget) exactly
+/// when a fix has to ship, while the relayer waits out the outage on its own (the circuit
+/// holds the destination's topics back and probes after each cool-down).
 async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
-    let database = probe.store.check_schema().await;
-    let mut ok = database.is_ok();
+    let (database, destinations) =
+        tokio::join!(probe.store.check_schema(), probe.dispatcher.readiness());
     let mut body = match &database {
         Ok(version) => format!("database: ok (schema version {version})\n"),
         Err(e) => format!("database: {e}\n"),
@@ -98,19 +107,68 @@ async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
     // Reported, never failing readiness: without wake-ups the relayer still delivers, by
     // polling.
     body += &format!("wake-ups: {}\n", probe.store.listener_health().describe());
-    for (name, circuit, ready) in probe.dispatcher.readiness().await {
-        ok &= ready.is_ok();
+    let mut degraded = false;
+    for (name, circuit, ready) in destinations {
+        let circuit = circuit_name(circuit);
         match ready {
-            Ok(()) => body += &format!("destination {name}: ok (circuit {circuit:?})\n"),
-            Err(e) => body += &format!("destination {name}: {e} (circuit {circuit:?})\n"),
+            Ok(()) => body += &format!("destination {name}: ok (circuit {circuit})\n"),
+            Err(e) => {
+                degraded = true;
+                body += &format!("destination {name}: {e} (circuit {circuit})\n");
+            }
         }
     }
-    let status = if ok {
+    if degraded {
+        body += "destinations do not affect readiness: delivery resumes by itself when they \
+                 are back (details: /health/destinations)\n";
+    }
+    let status = if database.is_ok() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, body)
+}
+
+/// Each destination's health as JSON: `{"status": "ok" | "degraded", "destinations":
+/// [{"name", "circuit": "closed" | "open" | "half-open", "ok", "problem"}]}`; 503 while any
+/// is not ok, for an uptime check or a blackbox probe. Not a readiness probe (see `readyz`).
+async fn destinations(State(probe): State<Probe>) -> (StatusCode, axum::Json<serde_json::Value>) {
+    let mut all_ok = true;
+    let listed: Vec<serde_json::Value> = probe
+        .dispatcher
+        .readiness()
+        .await
+        .into_iter()
+        .map(|(name, circuit, ready)| {
+            all_ok &= ready.is_ok();
+            serde_json::json!({
+                "name": name,
+                "circuit": circuit_name(circuit),
+                "ok": ready.is_ok(),
+                "problem": ready.err(),
+            })
+        })
+        .collect();
+    let status = if all_ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "status": if all_ok { "ok" } else { "degraded" },
+        "destinations": listed,
+    });
+    (status, axum::Json(body))
+}
+
+fn circuit_name(state: crate::dispatch::State) -> &'static str {
+    use crate::dispatch::State;
+    match state {
+        State::Closed => "closed",
+        State::Open => "open",
+        State::HalfOpen => "half-open",
+    }
 }
 
 /// GETs `path` from the listener at `addr` (`0.0.0.0` means this host); returns the status

@@ -15,6 +15,7 @@ mod output;
 mod bench;
 mod dead_letters;
 mod enqueue;
+mod manual;
 mod replay;
 mod status;
 
@@ -25,6 +26,9 @@ use outbox_relay::secret::{read_secret_file, redact_url};
 use outbox_relay::store::{Store, StoreError};
 use outbox_relay::{http, logging, observe, telemetry};
 
+/// The heading of the options every verb takes, listed after the verb's own.
+const GLOBAL: &str = "Global options";
+
 #[derive(Parser)]
 #[command(
     name = "outbox-relay",
@@ -33,13 +37,13 @@ use outbox_relay::{http, logging, observe, telemetry};
 )]
 struct Cli {
     /// Postgres URL of the database holding the outbox [default: postgres://postgres@127.0.0.1:5432/postgres].
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true, help_heading = GLOBAL, display_order = 1000)]
     database_url: Option<String>,
     /// File holding the Postgres URL (a mounted secret); also read from OUTBOX_DATABASE_URL_FILE.
-    #[arg(long, env = "DATABASE_URL_FILE", global = true)]
+    #[arg(long, env = "DATABASE_URL_FILE", global = true, help_heading = GLOBAL, display_order = 1000)]
     database_url_file: Option<PathBuf>,
     /// TOML file with settings (the `run` flags in snake_case, plus database_url).
-    #[arg(long, env = "OUTBOX_CONFIG", global = true)]
+    #[arg(long, env = "OUTBOX_CONFIG", global = true, help_heading = GLOBAL, display_order = 1000)]
     config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
@@ -89,8 +93,16 @@ enum Command {
     /// Print a shell completion script, e.g.
     /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`.
     Completions { shell: clap_complete::Shell },
-    /// Print the manual page (roff), e.g. `outbox-relay man | man -l -`.
-    Man,
+    /// Print a manual page (roff): `outbox-relay man | man -l -` for the command and its
+    /// files, environment and exit statuses, `outbox-relay man replay` for a verb's page.
+    Man {
+        /// The verb (`replay`, `dead-letters list`) [default: the top page].
+        verb: Vec<String>,
+        /// Write every page into this directory instead (`outbox-relay.1`,
+        /// `outbox-relay-run.1`, …), e.g. for /usr/local/share/man/man1.
+        #[arg(long, conflicts_with = "verb")]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -198,15 +210,18 @@ async fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::DeadLetters(verb) => dead_letters::run(&quick_store(&cli).await?, verb).await,
         Command::Completions { shell } => {
-            let mut script = Vec::new();
-            clap_complete::generate(*shell, &mut Cli::command(), "outbox-relay", &mut script);
-            out!("{}", String::from_utf8_lossy(&script));
+            out!("{}", manual::completions(Cli::command(), *shell));
             Ok(())
         }
-        Command::Man => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
-            out!("{}", String::from_utf8_lossy(&page));
+        Command::Man { verb, out_dir } => {
+            match out_dir {
+                Some(dir) => {
+                    for path in manual::write_all(Cli::command(), dir)? {
+                        outln!("{}", path.display());
+                    }
+                }
+                None => out!("{}", manual::page(Cli::command(), verb)?),
+            }
             Ok(())
         }
         Command::Status(args) => status::run(&quick_store(&cli).await?, args).await,
@@ -256,11 +271,15 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     tracing::info!(worker_id = %settings.relay.worker_id, database = %redact_url(&settings.database_url),
         sslmode = store.target().mode.as_str(), destinations = destinations.join(","),
         batch_size = settings.relay.batch_size, lease_secs = settings.relay.lease_secs, "starting");
-    if let Some(weakness) = store.target().weakness() {
+    // On loopback or a Unix socket nobody can sit in the middle: no warning for a demo.
+    if let Some(weakness) = store.target().weakness()
+        && !local_only(&store.target().config)
+    {
         tracing::warn!("{weakness}");
     }
     let metrics = telemetry::install();
     let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    tokio::spawn(report_unusable_destinations(dispatcher.clone()));
     let latest = observe::Latest::new(settings.observe);
     // The listener comes first: /healthz answers from the start (liveness must not depend on
     // the database), and /readyz says why the relayer is not ready while it waits.
@@ -309,8 +328,10 @@ async fn wait_for_database(
     loop {
         let checked = async {
             if migrate {
-                for name in store.migrate().await? {
-                    tracing::info!(migration = %name, "applied");
+                let applied = store.migrate().await?;
+                if let (Some(first), Some(last)) = (applied.first(), applied.last()) {
+                    tracing::info!(migrations = applied.len(), first = %first, last = %last,
+                        "schema migrated");
                 }
             }
             let version = store.check_schema().await?;
@@ -336,6 +357,35 @@ async fn wait_for_database(
             () = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Whether every host of `config` is this machine (loopback or a Unix socket).
+fn local_only(config: &tokio_postgres::Config) -> bool {
+    use tokio_postgres::config::Host;
+    !config.get_hosts().is_empty()
+        && config.get_hosts().iter().all(|host| match host {
+            Host::Unix(_) => true,
+            Host::Tcp(name) => {
+                name == "localhost"
+                    || name
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            }
+        })
+}
+
+/// Asks each destination once at start and says at once which cannot be used (a broker
+/// that refuses the credentials, an unreachable one), instead of leaving it to the first
+/// batch's retries. Not fatal: the messages wait and are retried, and /readyz and
+/// /health/destinations report it until it is fixed.
+async fn report_unusable_destinations(dispatcher: Arc<Dispatcher>) {
+    for (name, _, ready) in dispatcher.readiness().await {
+        if let Err(error) = ready {
+            tracing::warn!(destination = %name, %error,
+                "destination not usable at start: its messages wait and are retried; \
+                 /health/destinations shows it until it is");
+        }
     }
 }
 

@@ -1,12 +1,15 @@
 //! The `replay` verb: dead letters back into the outbox, chosen with the same filters as
 //! `dead-letters list`, previewed with `--dry-run`, and audited in `outbox.replays` (who,
 //! when, why, the filter, how many). A large replay moves in steps, each its own short
-//! transaction, with progress on a terminal.
+//! transaction, with progress on a terminal. `--id`s that are not dead letters are refused by
+//! name, and a replay that matches nothing records nothing.
 
 use std::io::{IsTerminal, Write};
 
+use std::collections::HashSet;
+
 use anyhow::{Context, Result, bail};
-use outbox_relay::store::Store;
+use outbox_relay::store::{DeadLetterFilter, Store};
 
 use crate::dead_letters::{Filter, one_line};
 
@@ -48,6 +51,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
         );
     }
     if !args.ids.is_empty() {
+        refuse_unknown_ids(store, &args.ids).await?;
         filter.ids = Some(args.ids.clone());
     }
     let matching = store
@@ -75,6 +79,11 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
         return Ok(());
     }
 
+    if matching == 0 {
+        // No audit row for a replay of nothing.
+        outln!("replayed 0 (no dead letter matches)");
+        return Ok(());
+    }
     let replay_id = store
         .start_replay(&filter, args.reason.as_deref())
         .await
@@ -99,5 +108,36 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
         eprintln!();
     }
     outln!("replayed {replayed} (replay {replay_id}, see outbox.replay_log)");
+    Ok(())
+}
+
+/// Fails naming the `--id`s that are not dead letters (never were, or already replayed or
+/// delivered): a replay that quietly skips them would read as done.
+async fn refuse_unknown_ids(store: &Store, ids: &[uuid::Uuid]) -> Result<()> {
+    let only_ids = DeadLetterFilter {
+        ids: Some(ids.to_vec()),
+        ..DeadLetterFilter::default()
+    };
+    let limit = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+    let found: HashSet<uuid::Uuid> = store
+        .dead_letters(&only_ids, limit)
+        .await
+        .context("look up dead letters")?
+        .into_iter()
+        .map(|d| d.outbox_id)
+        .collect();
+    let mut unknown: Vec<String> = ids
+        .iter()
+        .filter(|id| !found.contains(id))
+        .map(ToString::to_string)
+        .collect();
+    unknown.sort();
+    unknown.dedup();
+    if !unknown.is_empty() {
+        bail!(
+            "not dead letters, nothing replayed: {} (see `outbox-relay dead-letters list`)",
+            unknown.join(", ")
+        );
+    }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The `status` verb: the fleet's figures per topic and what is wrong (from
 //! `outbox.observe`), once or, with `--watch`, redrawn every second with rates, like `top`
-//! (plain blocks of lines when stdout is not a terminal).
+//! (plain blocks of lines when stdout is not a terminal). Rates below one a second are
+//! shown per minute, so that a few dead letters do not read as none.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -182,22 +183,18 @@ fn render(
             age(t.oldest_ready_age_secs)
         );
     }
-    let per_sec = |state: &str| {
-        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
-        let n = s.attempts_last_minute.get(state).copied().unwrap_or(0) as f64;
-        n / 60.0
-    };
+    let last_minute = |state: &str| s.attempts_last_minute.get(state).copied().unwrap_or(0);
     let _ = write!(
         out,
-        "fleet, last minute: {:.1} delivered/s, {:.1} retried/s, {:.1} dead-lettered/s, {:.1} zombie requeues/s",
-        per_sec("DISPATCHED"),
-        per_sec("RETRYABLE"),
-        per_sec("FAILED"),
-        per_sec("ZOMBIE_REQUEUE")
+        "fleet, last minute: {} delivered, {} retried, {} dead-lettered, {} zombie requeues",
+        rate(last_minute("DISPATCHED")),
+        rate(last_minute("RETRYABLE")),
+        rate(last_minute("FAILED")),
+        rate(last_minute("ZOMBIE_REQUEUE"))
     );
     match backlog_change_per_sec {
         Some(change) => {
-            let _ = writeln!(out, "; backlog {change:+.1}/s");
+            let _ = writeln!(out, "; backlog {}", signed_rate(change));
         }
         None => out.push('\n'),
     }
@@ -231,4 +228,42 @@ fn render(
         }
     }
     out
+}
+
+/// `n` events in the last minute as a rate: per second from one a second up, per minute
+/// below, where a per-second figure would round a handful of dead letters to `0.0/s`.
+fn rate(n: i64) -> String {
+    if n >= 60 {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+        let per_sec = n as f64 / 60.0;
+        format!("{per_sec:.1}/s")
+    } else {
+        format!("{n}/min")
+    }
+}
+
+/// A change per second, signed, in the unit [`rate`] would choose.
+fn signed_rate(per_sec: f64) -> String {
+    if per_sec.abs() >= 1.0 {
+        format!("{per_sec:+.1}/s")
+    } else {
+        format!("{:+.0}/min", per_sec * 60.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rate, signed_rate};
+
+    #[test]
+    fn small_rates_are_counts_per_minute_and_large_ones_per_second() {
+        assert_eq!(rate(0), "0/min");
+        assert_eq!(rate(5), "5/min");
+        assert_eq!(rate(59), "59/min");
+        assert_eq!(rate(60), "1.0/s");
+        assert_eq!(rate(6000), "100.0/s");
+        assert_eq!(signed_rate(-0.5), "-30/min");
+        assert_eq!(signed_rate(0.0), "+0/min");
+        assert_eq!(signed_rate(12.34), "+12.3/s");
+    }
 }

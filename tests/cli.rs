@@ -1,6 +1,6 @@
 //! The operator verbs as processes: `enqueue` from a file or standard input with headers,
-//! content type, delay and id; its errors; `completions` and `man`, generated from the same
-//! definitions as the parser; `replay` with filters, a dry run and its audit row; the
+//! content type, delay and id; its errors; `completions` as bash, fish and zsh run them and
+//! `man` pages for every verb, generated from the same definitions as the parser; `replay` with filters, a dry run and its audit row; the
 //! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`).
 
 mod common;
@@ -203,67 +203,367 @@ async fn enqueue_refuses_bad_input_naming_it_and_stores_nothing() {
     db.finish().await;
 }
 
+/// Runs `command` to its end; a process still running after `deadline` (a relayer that
+/// accepted what it should have refused) is killed and fails the test.
+fn exited_within(command: &mut Command, deadline: std::time::Duration) -> Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + deadline;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {deadline:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 #[test]
-fn completions_are_generated_from_the_parser() {
+fn run_refuses_a_topic_pattern_naming_the_rule() {
+    // Refused while reading the settings: no database is asked.
+    let out = exited_within(
+        Command::new(BIN)
+            .args(["run", "--topics", "orders,x.*"])
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none"),
+        std::time::Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("topics")
+            && stderr.contains("\"x.*\" is a pattern, and topics are exact names"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_refuses_broker_urls_that_cannot_work_naming_the_setting() {
+    let dir = std::env::temp_dir().join(format!("outbox-relay-urls-{}", Uuid::new_v4()));
+    std::fs::create_dir(&dir).unwrap();
+    for (destination, problem) in [
+        (
+            "type = \"nats\"\nurl = \"nats//127.0.0.1:4222\"",
+            "invalid setting destinations.d.url: \"nats//127.0.0.1:4222\" is not a NATS server address: it has a path",
+        ),
+        (
+            "type = \"amqp\"\nurl = \"amqp://rabbit.internal:5672/%2f\"",
+            "invalid setting destinations.d.url: \"amqp://rabbit.internal:5672/%2f\" has no credentials",
+        ),
+        (
+            "type = \"amqp\"\nurl = \"amqp://app@rabbit.internal/%2f\"",
+            "names a user without a password",
+        ),
+        (
+            "type = \"amqp\"\nurl = \"amqp://app:pw@[::1\"",
+            "invalid setting destinations.d.url: \"amqp://app:***@[::1\" is not a valid AMQP URL",
+        ),
+    ] {
+        let config = dir.join("relay.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[destinations.d]\n{destination}\n[[routes]]\ntopic = \"*\"\ndestination = \"d\"\n"
+            ),
+        )
+        .unwrap();
+        // Refused while reading the settings: neither the database nor the broker is asked.
+        let out = exited_within(
+            Command::new(BIN)
+                .arg("run")
+                .arg("--config")
+                .arg(&config)
+                .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none"),
+            std::time::Duration::from_secs(10),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{destination}: {stderr}");
+        assert!(stderr.contains(problem), "{destination}: {stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The completion script for `shell`, written to a scratch file.
+fn completion_script(shell: &str) -> std::path::PathBuf {
     let script = Command::new(BIN)
-        .args(["completions", "bash"])
+        .args(["completions", shell])
         .output()
         .unwrap();
-    assert!(script.status.success());
-    let path = std::env::temp_dir().join(format!("outbox-relay-{}.bash", std::process::id()));
+    assert!(script.status.success(), "completions {shell}");
+    let path = std::env::temp_dir().join(format!(
+        "outbox-relay-{}-{}.{shell}",
+        std::process::id(),
+        Uuid::new_v4()
+    ));
     std::fs::write(&path, &script.stdout).unwrap();
-    // Loaded into bash, it completes the verbs.
+    path
+}
+
+/// What bash offers for the command line `words` (the last one being completed), the way
+/// bash runs a completion function: COMP_WORDS, COMP_CWORD and the arguments command,
+/// word, previous word.
+fn bash_completes(script: &std::path::Path, words: &[&str]) -> Vec<String> {
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let cword = words.len() - 1;
+    let previous = words[cword - 1];
     let probe = format!(
-        "source {}; COMP_WORDS=(outbox-relay en); COMP_CWORD=1; _outbox__relay outbox-relay en outbox-relay; echo \"${{COMPREPLY[@]}}\"",
-        path.display()
+        "source '{}'; COMP_WORDS=({}); COMP_CWORD={cword}; \
+         _outbox__relay outbox-relay '{}' '{previous}'; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display(),
+        quoted.join(" "),
+        words[cword],
     );
     let out = Command::new("bash").args(["-c", &probe]).output().unwrap();
-    std::fs::remove_file(&path).unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "enqueue");
-    for shell in ["zsh", "fish"] {
-        let out = Command::new(BIN)
-            .args(["completions", shell])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.contains("payload-file"),
-            "{shell}"
-        );
-    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 #[test]
-fn the_man_page_lists_every_verb() {
-    let out = Command::new(BIN).arg("man").output().unwrap();
-    assert!(out.status.success());
-    let page = String::from_utf8_lossy(&out.stdout);
-    assert!(page.contains(".TH outbox-relay 1"), "a roff page: {page}");
-    let help = Command::new(BIN).arg("--help").output().unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    let verbs: Vec<&str> = help
-        .lines()
-        .skip_while(|l| !l.starts_with("Commands:"))
+fn bash_completes_verbs_nested_verbs_and_each_verbs_flags() {
+    let script = completion_script("bash");
+    let offered = |words: &[&str]| bash_completes(&script, words);
+    assert_eq!(offered(&["outbox-relay", "en"]), ["enqueue"]);
+    // Below the top level: the nested verbs, not the files of the current directory.
+    let nested = offered(&["outbox-relay", "dead-letters", ""]);
+    for verb in ["list", "show", "count"] {
+        assert!(nested.iter().any(|w| w == verb), "{verb} in {nested:?}");
+    }
+    assert!(
+        nested.iter().all(|w| !std::path::Path::new(w).exists()),
+        "no file names: {nested:?}"
+    );
+    // A verb's own flags, then the global ones; once each.
+    let replay = offered(&["outbox-relay", "replay", "--"]);
+    for flag in ["--id", "--dry-run", "--reason", "--all", "--database-url"] {
+        assert!(replay.iter().any(|w| w == flag), "{flag} in {replay:?}");
+    }
+    let mut unique = replay.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), replay.len(), "listed once: {replay:?}");
+    assert_eq!(
+        offered(&["outbox-relay", "dead-letters", "list", "--li"]),
+        ["--limit"]
+    );
+    assert_eq!(offered(&["outbox-relay", "completions", "fi"]), ["fish"]);
+    std::fs::remove_file(&script).unwrap();
+}
+
+/// fish's own completion engine (`complete -C`), when fish is installed (Debian: `apt-get
+/// install fish`); bash, always present, is tested above.
+#[test]
+fn fish_completes_nested_verbs_and_flags() {
+    if Command::new("fish").arg("--version").output().is_err() {
+        eprintln!("fish is not installed: its completion is not exercised");
+        return;
+    }
+    let script = completion_script("fish");
+    let offered = |line: &str| {
+        let probe = format!("source '{}'; complete -C '{line}'", script.display());
+        let out = Command::new("fish").args(["-c", &probe]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let nested = offered("outbox-relay dead-letters ");
+    for verb in ["list", "show", "count"] {
+        assert!(nested.iter().any(|w| w == verb), "{verb} in {nested:?}");
+    }
+    let replay = offered("outbox-relay replay --");
+    for flag in ["--id", "--dry-run", "--database-url"] {
+        assert!(replay.iter().any(|w| w == flag), "{flag} in {replay:?}");
+    }
+    std::fs::remove_file(&script).unwrap();
+}
+
+/// zsh, when installed: the script parses, and every completion function it hands a nested
+/// verb to is defined (the way bash's script broke: a state named two ways).
+#[test]
+fn the_zsh_script_defines_every_function_it_calls() {
+    if Command::new("zsh").arg("--version").output().is_err() {
+        eprintln!("zsh is not installed: its completion script is not exercised");
+        return;
+    }
+    let script = completion_script("zsh");
+    let parsed = Command::new("zsh").arg("-n").arg(&script).output().unwrap();
+    assert!(
+        parsed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    let text = std::fs::read_to_string(&script).unwrap();
+    let called: Vec<&str> = text
+        .split(":: :")
         .skip(1)
-        .take_while(|l| l.starts_with("  "))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|v| *v != "help")
+        .filter_map(|rest| rest.split('"').next())
+        .filter(|name| name.starts_with("_outbox-relay"))
         .collect();
     assert!(
-        verbs.contains(&"enqueue") && verbs.contains(&"man"),
+        called.contains(&"_outbox-relay__subcmd__dead-letters_commands"),
+        "{called:?}"
+    );
+    for name in called {
+        assert!(
+            text.contains(&format!("\n{name}() {{")),
+            "{name} is defined"
+        );
+    }
+    std::fs::remove_file(&script).unwrap();
+}
+
+/// The verbs `--help` lists, nested ones included (`dead-letters list`).
+fn verbs() -> Vec<Vec<String>> {
+    let listed = |args: &[String]| -> Vec<String> {
+        let help = Command::new(BIN).args(args).arg("--help").output().unwrap();
+        String::from_utf8_lossy(&help.stdout)
+            .lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|v| *v != "help")
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut all = Vec::new();
+    for verb in listed(&[]) {
+        for nested in listed(std::slice::from_ref(&verb)) {
+            all.push(vec![verb.clone(), nested]);
+        }
+        all.push(vec![verb]);
+    }
+    all
+}
+
+#[test]
+fn every_verb_has_a_manual_page_naming_its_flags() {
+    let verbs = verbs();
+    assert!(
+        verbs.contains(&vec!["replay".to_owned()])
+            && verbs.contains(&vec!["dead-letters".to_owned(), "list".to_owned()]),
         "{verbs:?}"
     );
     for verb in verbs {
+        let out = Command::new(BIN).arg("man").args(&verb).output().unwrap();
         assert!(
-            page.contains(&format!("outbox\\-relay\\-{}", verb.replace('-', "\\-"))),
-            "{verb} in the man page"
+            out.status.success(),
+            "man {verb:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let page = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            page.contains(&format!(".TH outbox-relay-{} 1", verb.join("-"))),
+            "{verb:?}: {page}"
+        );
+        let help = Command::new(BIN)
+            .args(&verb)
+            .arg("--help")
+            .output()
+            .unwrap();
+        // The flag each option line of the help starts with.
+        for flag in String::from_utf8_lossy(&help.stdout)
+            .lines()
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with("--"))
+                    .filter(|_| l.trim_start().starts_with('-'))
+            })
+        {
+            let flag = flag.replace('-', "\\-");
+            assert!(
+                page.contains(&format!("\\fB{flag}\\fR")),
+                "{verb:?}: {flag}"
+            );
+        }
+    }
+    let out = Command::new(BIN)
+        .args(["man", "dead-letters", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(
+            "no manual page for `dead-letters nope`: outbox-relay dead-letters has the verbs list, show, count"
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_top_manual_page_has_the_config_file_environment_and_exit_statuses() {
+    let out = Command::new(BIN).arg("man").output().unwrap();
+    assert!(out.status.success());
+    let page = String::from_utf8_lossy(&out.stdout);
+    for section in [
+        ".SH FILES",
+        ".SH ENVIRONMENT",
+        ".SH \"EXIT STATUS\"",
+        ".SH \"SEE ALSO\"",
+    ] {
+        assert!(page.contains(section), "{section}: {page}");
+    }
+    // Every variable `run` reads, and the ones read outside the flags.
+    let help = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let vars: Vec<&str> = help
+        .split("[env: ")
+        .skip(1)
+        .filter_map(|rest| rest.split(['=', ']']).next())
+        .collect();
+    assert!(vars.contains(&"OUTBOX_BATCH_SIZE"), "{vars:?}");
+    for var in vars.iter().chain(&["OUTBOX_DATABASE_URL_FILE", "RUST_LOG"]) {
+        assert!(page.contains(&format!("\\fB{}\\fR", var)), "{var}");
+    }
+    for status in ["0", "2", "130", "141"] {
+        assert!(
+            page.contains(&format!(".TP\n\\fB{status}\\fR\n")),
+            "exit {status}"
         );
     }
+    // Every page at once, for packaging.
+    let dir = std::env::temp_dir().join(format!("outbox-relay-man-{}", Uuid::new_v4()));
+    std::fs::create_dir(&dir).unwrap();
+    let out = Command::new(BIN)
+        .arg("man")
+        .arg("--out-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(
+        written,
+        verbs().len() + 1,
+        "a page per verb and the top page"
+    );
+    assert!(dir.join("outbox-relay-dead-letters-list.1").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Claims the one ready message and completes it with `state` and `error`.
@@ -288,6 +588,22 @@ fn stdout_of(db: &TestDb, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_a_few_dead_letters_a_minute_as_a_count_not_zero_per_second() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    common::fill(&c, "orders", 5, None).await;
+    for _ in 0..5 {
+        settle(&c, "FAILED", "HTTP 400").await;
+    }
+    let shown = stdout_of(&db, &["status"]);
+    assert!(
+        shown.contains("fleet, last minute: 0/min delivered, 0/min retried, 5/min dead-lettered"),
+        "{shown}"
+    );
+    db.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -498,6 +814,61 @@ async fn replay_previews_with_dry_run_moves_only_what_matches_and_is_audited() {
     let all = stdout_of(&db, &["replay", "--all"]);
     assert!(all.starts_with("replayed 6 "), "{all}");
     assert_eq!(pending().await, 9);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_of_ids_that_are_not_dead_letters_fails_naming_them_and_moves_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    dead(&c, "orders", 1, "HTTP 503").await;
+    let known: Uuid = c
+        .query_one("SELECT outbox_id FROM outbox.dead_letters", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let unknown = Uuid::now_v7();
+    let (known, unknown) = (known.to_string(), unknown.to_string());
+    for args in [
+        vec!["replay", "--id", &unknown],
+        vec!["replay", "--id", &known, "--id", &unknown],
+        vec!["replay", "--id", &unknown, "--dry-run"],
+    ] {
+        let out = relay(&db, &args, b"");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("not dead letters, nothing replayed: {unknown}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains(&known),
+            "only the unknown id is named: {stderr}"
+        );
+    }
+    let count = |sql: &'static str| {
+        let c = &c;
+        async move { c.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(count("SELECT count(*) FROM outbox.dead_letters").await, 1);
+    assert_eq!(
+        count("SELECT count(*) FROM outbox.replay_log").await,
+        0,
+        "no audit row"
+    );
+
+    // A filter that matches nothing replays nothing and records nothing.
+    let none = stdout_of(&db, &["replay", "--topic", "nothing-here"]);
+    assert_eq!(none.trim(), "replayed 0 (no dead letter matches)");
+    assert_eq!(
+        count("SELECT count(*) FROM outbox.replay_log").await,
+        0,
+        "no audit row"
+    );
+
+    let done = stdout_of(&db, &["replay", "--id", &known]);
+    assert!(done.starts_with("replayed 1 (replay "), "{done}");
+    assert_eq!(count("SELECT count(*) FROM outbox.replay_log").await, 1);
     db.finish().await;
 }
 

@@ -1,6 +1,6 @@
 //! What a deployment relies on, checked on the built binary: probes that tell the truth
-//! (liveness from the start, readiness only with the database, the right schema and ready
-//! destinations), a schema version named when it is wrong, a telemetry port conflict that
+//! (liveness from the start, readiness only with the database and the right schema, a
+//! destination outage reported without failing readiness), a schema version named when it is wrong, a telemetry port conflict that
 //! names the way out, a least-privilege login that relays but cannot migrate, and secrets
 //! that come from the environment or files and never show up in logs or `/readyz`.
 
@@ -113,6 +113,132 @@ async fn healthz_answers_from_the_start_and_readyz_carries_the_database_error() 
 
     relayer.signal("TERM");
     assert_eq!(relayer.exit_code(MINUTE).await, Some(0));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_destination_outage_is_reported_but_leaves_the_relayer_ready() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // An HTTP destination on a port nothing listens on: every delivery fails retryably.
+    let closed = free_port();
+    let config = db.scratch_dir().join("down.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.hooks]\ntype = \"http\"\nurl = \"http://127.0.0.1:{closed}\"\n\
+             [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = config.display().to_string();
+    let mut w = Relayer::start(
+        &db,
+        "outage",
+        &[
+            "--config",
+            &config,
+            "--telemetry-addr",
+            &addr,
+            "--circuit-failures",
+            "2",
+            "--circuit-cooldown-ms",
+            "60000",
+            "--retry-base-ms",
+            "10",
+        ],
+    );
+    common::fill(&c, "orders", 5, None).await;
+    eventually(MINUTE, "the circuit to open", || async {
+        get(port, "/health/destinations")
+            .await
+            .1
+            .contains("\"circuit\":\"open\"")
+    })
+    .await;
+
+    let (status, body) = get(port, "/health/destinations").await;
+    assert_eq!(status, 503, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["status"], "degraded");
+    assert_eq!(health["destinations"][0]["name"], "hooks");
+    assert_eq!(health["destinations"][0]["ok"], false);
+
+    let (status, body) = get(port, "/readyz").await;
+    assert_eq!(
+        status, 200,
+        "an outage downstream is not unreadiness: {body}"
+    );
+    assert!(body.starts_with("database: ok"), "{body}");
+    assert!(
+        body.contains("destination hooks: down") && body.contains("(circuit open)"),
+        "reported: {body}"
+    );
+    let ready = verb(&["healthcheck", "--ready", "--addr", &addr], &db.url);
+    assert!(ready.status.success(), "{}", text(&ready.stderr));
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_logs_what_an_operator_can_act_on_once() {
+    let db = TestDb::empty().await;
+    // An AMQP broker that cannot be used (nothing listens on the port).
+    let config = db.scratch_dir().join("amqp.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.rabbit]\ntype = \"amqp\"\n\
+             url = \"amqp://app:secret@127.0.0.1:{}/%2f\"\n\
+             [[routes]]\ntopic = \"*\"\ndestination = \"rabbit\"\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = config.display().to_string();
+    let mut w = Relayer::start(
+        &db,
+        "quiet",
+        &["--migrate", "--config", &config, "--telemetry-addr", &addr],
+    );
+    eventually(MINUTE, "the schema and the destination report", || async {
+        let log = w.log_text();
+        log.contains("database ready") && log.contains("destination not usable at start")
+    })
+    .await;
+    let log = w.log_text();
+    // The destination's problem at once, in words, with the destination named.
+    let unusable: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("destination not usable at start"))
+        .collect();
+    assert_eq!(unusable.len(), 1, "{log}");
+    assert!(
+        unusable[0].contains("destination=rabbit") && unusable[0].contains("amqp connect"),
+        "{log}"
+    );
+    // The migrations in one line, no sslmode warning on loopback, no client chatter.
+    assert_eq!(log.matches("schema migrated").count(), 1, "{log}");
+    assert!(!log.contains("V2__"), "no list of migrations: {log}");
+    assert!(
+        !log.contains("sslmode=prefer"),
+        "no warning on loopback: {log}"
+    );
+    assert!(
+        !log.contains("Close {") && !log.contains("ShortString("),
+        "{log}"
+    );
+    let (status, body) = get(port, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("destination rabbit: amqp connect"), "{body}");
+    assert!(!body.contains("secret"), "{body}");
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
     db.finish().await;
 }
 

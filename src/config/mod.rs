@@ -111,6 +111,15 @@ impl Settings {
         {
             return Err(invalid("topics", "must be a list of non-empty topic names"));
         }
+        if let Some(pattern) = raw.topics.iter().flatten().find(|t| t.contains('*')) {
+            return Err(invalid(
+                "topics",
+                format!(
+                    "{pattern:?} is a pattern, and topics are exact names (`orders,emails`); \
+                     to relay a topic family, route it: [[routes]] topic = \"orders.*\""
+                ),
+            ));
+        }
         let retry_base_ms: i64 = ranged(
             "retry_base_ms",
             raw.retry_base_ms.unwrap_or(1000),

@@ -33,7 +33,8 @@ pub struct AmqpConfig {
 }
 
 impl AmqpConfig {
-    /// Checks the URL with the client's own parser.
+    /// Checks the URL with the client's own parser, and that it carries the credentials the
+    /// broker will ask for (see [`credentials_problem`]).
     pub(super) fn build(&self, at: Setting<'_>, _deadline: Duration) -> Result<Amqp, ConfigError> {
         install_tls_provider();
         let url = self
@@ -43,12 +44,15 @@ impl AmqpConfig {
         if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
             return Err(at.invalid("url", "must start with amqp:// or amqps://"));
         }
-        url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+        let parsed = url.parse::<lapin::uri::AMQPUri>().map_err(|e| {
             at.invalid(
                 "url",
                 format!("{:?} is not a valid AMQP URL: {e}", redact_url(url)),
             )
         })?;
+        if let Some(problem) = credentials_problem(url, &parsed.authority.host) {
+            return Err(at.invalid("url", format!("{:?} {problem}", redact_url(url))));
+        }
         Ok(Amqp {
             url: url.to_owned(),
             exchange: self.exchange.clone().unwrap_or_default(),
@@ -59,6 +63,33 @@ impl AmqpConfig {
             channel: tokio::sync::Mutex::new(None),
         })
     }
+}
+
+/// What is wrong with the credentials of `url`, if anything. Without `user:password@` the
+/// client logs in as guest/guest, which RabbitMQ accepts only from localhost: to a remote
+/// broker every delivery would then fail on ACCESS_REFUSED, so that is refused at start;
+/// a user without a password is refused anywhere (the client would send `guest`).
+fn credentials_problem(url: &str, host: &str) -> Option<&'static str> {
+    let authority = url.split_once("://")?.1.split(['/', '?']).next()?;
+    match authority.rsplit_once('@').map(|(userinfo, _)| userinfo) {
+        Some(userinfo) if !userinfo.contains(':') => Some(
+            "names a user without a password: write amqp://USER:PASSWORD@HOST:5672/VHOST \
+             (the password may come from ${NAME} or ${file:PATH})",
+        ),
+        None if !is_loopback(host) => Some(
+            "has no credentials, so the client would log in as guest, which RabbitMQ refuses \
+             from anywhere but localhost: write amqp://USER:PASSWORD@HOST:5672/VHOST",
+        ),
+        _ => None,
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 pub struct Amqp {
@@ -233,5 +264,28 @@ impl Destination for Amqp {
                 .await
                 .map(|_| ())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::credentials_problem;
+
+    #[test]
+    fn a_remote_broker_needs_credentials_and_a_user_needs_a_password() {
+        assert!(
+            credentials_problem("amqp://broker.internal:5672/%2f", "broker.internal").is_some()
+        );
+        assert!(credentials_problem("amqp://app@broker.internal/%2f", "broker.internal").is_some());
+        assert!(credentials_problem("amqp://app@127.0.0.1/%2f", "127.0.0.1").is_some());
+        assert_eq!(
+            credentials_problem("amqp://app:pw@broker.internal/%2f", "broker.internal"),
+            None
+        );
+        assert_eq!(
+            credentials_problem("amqp://127.0.0.1:5672/%2f", "127.0.0.1"),
+            None
+        );
+        assert_eq!(credentials_problem("amqp://localhost", "localhost"), None);
     }
 }

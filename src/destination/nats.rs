@@ -27,15 +27,16 @@ pub struct NatsConfig {
 }
 
 impl NatsConfig {
-    /// Checks every server address with the client's own parser, so that a typo stops the
-    /// start instead of every delivery.
+    /// Checks every server address with the client's own parser and for a path it would
+    /// take for a host (`nats//host:4222`), so that a typo stops the start instead of every
+    /// delivery.
     pub(super) fn build(&self, at: Setting<'_>, deadline: Duration) -> Result<Nats, ConfigError> {
         let url = self.url.as_deref().unwrap_or("nats://127.0.0.1:4222");
         if url.trim().is_empty() {
             return Err(at.invalid("url", "must not be empty"));
         }
         for server in url.split(',') {
-            server
+            let address = server
                 .trim()
                 .parse::<async_nats::ServerAddr>()
                 .map_err(|e| {
@@ -47,6 +48,21 @@ impl NatsConfig {
                         ),
                     )
                 })?;
+            // The client reads an address without `scheme://` as a host, so `nats//host:4222`
+            // parses as host `nats` with the path `//host:4222`; a NATS address has no path.
+            let parsed = address.into_inner();
+            if matches!(parsed.scheme(), "nats" | "tls") && !matches!(parsed.path(), "" | "/") {
+                return Err(at.invalid(
+                    "url",
+                    format!(
+                        "{:?} is not a NATS server address: it has a path ({:?}) and a NATS \
+                         address has none; write nats://HOST:PORT (is the colon of `nats://` \
+                         missing?)",
+                        redact_url(server.trim()),
+                        parsed.path()
+                    ),
+                ));
+            }
         }
         let subject = self.subject.as_deref().unwrap_or("{topic}");
         if subject.trim().is_empty() {
