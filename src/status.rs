@@ -78,7 +78,18 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
         }
     };
     if !args.watch {
-        let o = observe(Duration::ZERO).await?;
+        // Whether LISTEN through this URL hears (not through a transaction pooler), asked
+        // while the observation is read.
+        let (o, heard) = tokio::join!(
+            observe(Duration::ZERO),
+            store.wake_ups_heard(Duration::from_secs(1))
+        );
+        let o = o?;
+        let wake_ups = match heard {
+            Ok(true) => "heard",
+            Ok(false) => "deaf",
+            Err(_) => "unknown",
+        };
         let shown: Vec<&TopicFigures> = o
             .snapshot
             .topics
@@ -94,9 +105,17 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             value["horizon_holders"] = serde_json::to_value(&o.snapshot.horizon_holders)?;
             value["messages_table"] = serde_json::to_value(&o.snapshot.messages_table)?;
             value["problems"] = serde_json::to_value(problems)?;
+            value["wake_ups"] = wake_ups.into();
             outln!("{}", serde_json::to_string(&value)?);
         } else {
             out!("{}", render(args, &o, None, horizon_threshold));
+            if wake_ups == "deaf" {
+                outln!(
+                    "wake-ups: deaf: LISTEN through this database URL did not hear a test \
+                     notification (a transaction pooler?); relayers on it poll every 200 ms: give \
+                     them listen_url (OUTBOX_LISTEN_URL), a direct connection (docs/poolers.md)"
+                );
+            }
         }
         return Ok(());
     }

@@ -232,4 +232,41 @@ impl Store {
         }
         Ok(true)
     }
+
+    /// One test as the listener makes it, for a process that does not listen (`status`):
+    /// a connection of its own to the listen URL `LISTEN`s on a fresh channel, a
+    /// notification is sent through the pool, and the answer is whether it was heard
+    /// within `timeout`.
+    pub async fn wake_ups_heard(&self, timeout: Duration) -> Result<bool> {
+        let target = &self.listen_target;
+        let (client, mut connection) = target
+            .config
+            .connect(target.tls.clone())
+            .await
+            .map_err(|e| StoreError::connect_failed(target, e))?;
+        let channel = format!("outbox_probe_{}", uuid::Uuid::new_v4().simple());
+        let (heard_tx, heard_rx) = tokio::sync::oneshot::channel();
+        let own = channel.clone();
+        let driver = tokio::spawn(async move {
+            let mut heard_tx = Some(heard_tx);
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let AsyncMessage::Notification(n) = message
+                    && n.channel() == own
+                    && let Some(tx) = heard_tx.take()
+                {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        client.batch_execute(&format!("LISTEN {channel}")).await?;
+        self.client()
+            .await?
+            .query_typed("SELECT pg_notify($1, '')", &[(&channel, Type::TEXT)])
+            .await?;
+        let heard = tokio::time::timeout(timeout, heard_rx).await.is_ok_and(|r| r.is_ok());
+        drop(client);
+        driver.abort();
+        Ok(heard)
+    }
 }
