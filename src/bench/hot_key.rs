@@ -14,7 +14,7 @@ use anyhow::Result;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use outbox_relay::destination::Destination;
+use outbox_relay::destination::{Destination, Window};
 use outbox_relay::message::{ClaimedMessage, Outcome};
 use outbox_relay::store::fill_messages;
 
@@ -135,7 +135,13 @@ struct Tally {
 }
 
 impl Destination for KeyClock {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    /// Sends nothing anywhere, so it has no call to check the window before (the dispatch
+    /// layer checks it before calling this).
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        _: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let keyed = batch.iter().filter(|m| m.key.is_some()).count();
             let now = Instant::now();

@@ -11,7 +11,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use outbox_relay::destination::Destination;
+use outbox_relay::destination::{Destination, Window};
 use outbox_relay::message::{ClaimedMessage, Outcome};
 
 use super::lock;
@@ -111,10 +111,14 @@ pub(super) fn progress(line: &str) {
 }
 
 impl Destination for Recorder {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let outcomes = match &self.inner {
-                Some(destination) => destination.publish(batch).await,
+                Some(destination) => destination.publish(batch, window).await,
                 None => vec![Outcome::Delivered; batch.len()],
             };
             let now = Instant::now();

@@ -15,7 +15,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-use super::{Destination, Setting, install_tls_provider, metadata, user_headers};
+use super::{Destination, Setting, Window, install_tls_provider, metadata, user_headers};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
@@ -151,7 +151,11 @@ fn headers(m: &ClaimedMessage) -> Result<FieldTable, String> {
 }
 
 impl Destination for Amqp {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let retry = |reason: String| Outcome::Retryable {
                 reason,
@@ -165,6 +169,11 @@ impl Destination for Amqp {
             let mut confirms = Vec::with_capacity(batch.len());
             for m in batch {
                 let routing_key = self.routing_key.replace("{topic}", &m.topic);
+                // Each publish frame is a call of its own (it may wait on flow control).
+                if let Err(not_sent) = window.check() {
+                    confirms.push((routing_key, Err(not_sent)));
+                    continue;
+                }
                 let headers = match headers(m) {
                     Ok(h) => h,
                     Err(reason) => {

@@ -19,7 +19,7 @@ use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 
-use super::{Destination, Setting, install_tls_provider, metadata, user_headers};
+use super::{Destination, Setting, Window, install_tls_provider, metadata, user_headers};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
@@ -222,10 +222,21 @@ fn sign(secret: &[u8], id: &str, timestamp: &str, body: &[u8]) -> String {
 }
 
 impl Destination for Http {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    /// One request per message, up to `concurrency` at once; the window is checked as each
+    /// request starts.
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(
             futures_util::stream::iter(batch)
-                .map(|m| self.send(m))
+                .map(move |m| async move {
+                    match window.check() {
+                        Ok(()) => self.send(m).await,
+                        Err(not_sent) => not_sent,
+                    }
+                })
                 .buffered(self.concurrency)
                 .collect(),
         )

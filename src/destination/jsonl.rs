@@ -13,7 +13,7 @@ use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::{Destination, Setting};
+use super::{Destination, Setting, Window};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 
@@ -166,7 +166,11 @@ fn write_batch(target: &Target, buf: &[u8]) -> std::io::Result<()> {
 }
 
 impl Destination for JsonLines {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let mut buf = Vec::with_capacity(batch.len() * 512);
             let mut outcomes: Vec<Option<Outcome>> = batch
@@ -177,6 +181,10 @@ impl Destination for JsonLines {
                         .map(|reason| Outcome::Permanent { reason })
                 })
                 .collect();
+            // The batch is one write, one call: checked once, before it.
+            if window.check().is_err() {
+                return vec![Window::closed(); batch.len()];
+            }
             if !buf.is_empty() {
                 let target = self.target.clone();
                 let written = tokio::task::spawn_blocking(move || write_batch(&target, &buf))

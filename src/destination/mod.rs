@@ -6,8 +6,19 @@
 //! place a new destination touches.
 //!
 //! A destination publishes a batch and answers one [`Outcome`] per message, in batch order,
-//! only after the destination acknowledged or refused it. It never answers
-//! [`Outcome::NotAttempted`]: that is the dispatch layer's (circuits, deadlines, budgets).
+//! only after the destination acknowledged or refused it.
+//!
+//! A batch travels with its publish [`Window`]: until when this relayer may still send under
+//! the leases it holds. A call to the destination's server is one unit: before each one
+//! (a request, a pipeline flush, a produce call, a publish frame) the destination checks
+//! [`Window::check`], and a message it may no longer send is answered with the
+//! [`Outcome::NotAttempted`] that check gives, without being sent. A destination that sends
+//! a whole batch in one call checks once, before that call; one that sends a request per
+//! message checks before each request, so that a relayer frozen part-way through a batch
+//! and woken after its leases were taken over sends none of the rest. The dispatch layer
+//! checks too, before each call of `publish`. Apart from that outcome, a destination never
+//! answers [`Outcome::NotAttempted`]: it is the dispatch layer's (circuits, deadlines,
+//! budgets).
 //! A batch given to `publish` never holds two messages with the same key, so a destination
 //! may deliver a batch's messages in any order or in parallel. A claim may hold ordered runs
 //! of one key (a key's head and the messages after it); the dispatch layer splits them into
@@ -22,6 +33,9 @@ mod kafka;
 mod nats;
 mod null;
 mod redis;
+mod window;
+
+pub use window::{WINDOW_CLOSED, Window};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,8 +47,13 @@ use crate::message::{ClaimedMessage, Outcome};
 
 /// A destination, built from its [`DestinationConfig`].
 pub trait Destination: Send + Sync + 'static {
-    /// Publishes `batch` and returns exactly one outcome per message, in the same order.
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>>;
+    /// Publishes `batch` and returns exactly one outcome per message, in the same order;
+    /// sends nothing once `window` has closed (checked before each call to the server).
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>>;
 
     /// Whether the destination can take messages now (for /readyz); the error says why not.
     fn ready(&self) -> BoxFuture<'_, Result<(), String>>;

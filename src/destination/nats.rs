@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use futures_util::future::BoxFuture;
 
-use super::{Destination, Setting, metadata, user_headers};
+use super::{Destination, Setting, Window, metadata, user_headers};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
@@ -142,7 +142,11 @@ fn headers(m: &ClaimedMessage) -> Result<async_nats::HeaderMap, String> {
 }
 
 impl Destination for Nats {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let context = match self.context().await {
                 Ok(c) => c,
@@ -163,6 +167,11 @@ impl Destination for Nats {
             let mut pending = Vec::with_capacity(batch.len());
             for m in batch {
                 let subject = self.subject.replace("{topic}", &m.topic);
+                // Each publish is a request of its own (sending may wait on a reconnect).
+                if let Err(not_sent) = window.check() {
+                    pending.push((subject, Err(not_sent)));
+                    continue;
+                }
                 let headers = match headers(m) {
                     Ok(h) => h,
                     Err(reason) => {

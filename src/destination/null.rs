@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::{Destination, Setting};
+use super::{Destination, Setting, Window};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 
@@ -31,8 +31,15 @@ pub struct Null {
 }
 
 impl Destination for Null {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
+            if window.check().is_err() {
+                return vec![Window::closed(); batch.len()];
+            }
             if !self.latency.is_zero() {
                 tokio::time::sleep(self.latency).await;
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 
-use super::{Destination, Setting};
+use super::{Destination, Setting, Window};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
@@ -110,7 +110,11 @@ fn refused(e: &redis::RedisError) -> Outcome {
 }
 
 impl Destination for RedisStreams {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let retry = |reason: String| {
                 vec![
@@ -150,6 +154,11 @@ impl Destination for RedisStreams {
                     .arg(m.headers.to_string())
                     .arg("payload")
                     .arg(&m.payload[..]);
+            }
+            // The batch is one pipeline, one call: checked once, as it is sent (connecting
+            // may have taken a while).
+            if window.check().is_err() {
+                return vec![Window::closed(); batch.len()];
             }
             match pipe
                 .query_async::<Vec<redis::RedisResult<String>>>(&mut connection)

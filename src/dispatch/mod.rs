@@ -16,6 +16,11 @@
 //!   runs). They are delivered one call after the other, a key's next message only once its
 //!   predecessor was delivered; what follows an undelivered message is given back
 //!   unattempted, so a key is never delivered out of order;
+//! - **publish window** ([`Window`]): a part travels with the window of the leases it is
+//!   published under; it is checked before each call of the destination (each wave of
+//!   runs, the probe), and the destination checks it before each call to its server. What
+//!   was not sent when the window closed is given back unattempted, and a run stops at the
+//!   first message it may no longer publish;
 //! - **panics**: a destination that panics is logged with the outbox ids and counted, and
 //!   its part is given back at once.
 //!
@@ -44,7 +49,7 @@ pub use settings::{
     DispatchSettings,
 };
 
-use crate::destination::Destination;
+use crate::destination::{Destination, Window};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::telemetry;
@@ -165,10 +170,11 @@ impl Dispatcher {
             .expect("a destination's budget is never closed")
     }
 
-    /// Publishes `part` through its destination's circuit and deadline; one outcome per
-    /// message, in order. Nothing is published while the circuit is open, one message when
-    /// it probes; what is not published is [`Outcome::NotAttempted`].
-    pub async fn publish(&self, part: &Part) -> Vec<Outcome> {
+    /// Publishes `part` through its destination's circuit and deadline, within `window`;
+    /// one outcome per message, in order. Nothing is published while the circuit is open,
+    /// one message when it probes, nothing once the window has closed; what is not
+    /// published is [`Outcome::NotAttempted`].
+    pub async fn publish(&self, part: &Part, window: &Window) -> Vec<Outcome> {
         let lane = &self.lanes[part.lane];
         let messages = &part.messages[..];
         let held_back = |n: usize| {
@@ -188,7 +194,7 @@ impl Dispatcher {
             let mut outcomes = held_back(messages.len());
             let i = probe(messages);
             let mut tried = match i {
-                Some(i) => lane.attempt(&messages[i..=i], deadline).await,
+                Some(i) => lane.attempt(&messages[i..=i], deadline, window).await,
                 None => Vec::new(),
             };
             let tried_nos: Vec<i32> = i.map(|i| messages[i].attempt_no).into_iter().collect();
@@ -199,8 +205,11 @@ impl Dispatcher {
             outcomes
         } else {
             let mut outcomes = match runs(messages) {
-                None => lane.attempt(messages, deadline).await,
-                Some(previous) => lane.attempt_in_runs(messages, &previous, deadline).await,
+                None => lane.attempt(messages, deadline, window).await,
+                Some(previous) => {
+                    lane.attempt_in_runs(messages, &previous, deadline, window)
+                        .await
+                }
             };
             let attempt_nos: Vec<i32> = messages.iter().map(|m| m.attempt_no).collect();
             lane.breaker.record(ticket, &mut outcomes, &attempt_nos);
@@ -263,15 +272,19 @@ fn runs(messages: &[ClaimedMessage]) -> Option<Vec<Option<usize>>> {
 
 impl Lane {
     /// One call of the destination with `messages`, answered by `deadline`; one outcome per
-    /// message.
+    /// message. Not made once `window` has closed: every message is given back.
     async fn attempt(
         &self,
         messages: &[ClaimedMessage],
         deadline: tokio::time::Instant,
+        window: &Window,
     ) -> Vec<Outcome> {
+        if !window.is_open() {
+            return vec![Window::closed(); messages.len()];
+        }
         let answer = AssertUnwindSafe(tokio::time::timeout_at(
             deadline,
-            self.destination.publish(messages),
+            self.destination.publish(messages, window),
         ))
         .catch_unwind()
         .await;
@@ -319,13 +332,15 @@ impl Lane {
 
     /// Delivers a part that holds runs, key order first: the destination is called with the
     /// first message of every key (and every unkeyed one), then with each key's next message
-    /// whose predecessor was delivered, and so on, all by `deadline`. A message whose
-    /// predecessor was not delivered is not attempted: it is given back and waits for it.
+    /// whose predecessor was delivered, and so on, all by `deadline` and within `window`. A
+    /// message whose predecessor was not delivered is not attempted: it is given back and
+    /// waits for it.
     async fn attempt_in_runs(
         &self,
         messages: &[ClaimedMessage],
         previous: &[Option<usize>],
         deadline: tokio::time::Instant,
+        window: &Window,
     ) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
         while outcomes.iter().any(Option::is_none) {
@@ -351,7 +366,8 @@ impl Lane {
                 continue;
             }
             let batch: Vec<ClaimedMessage> = wave.iter().map(|&i| messages[i].clone()).collect();
-            for (i, outcome) in wave.into_iter().zip(self.attempt(&batch, deadline).await) {
+            let answered = self.attempt(&batch, deadline, window).await;
+            for (i, outcome) in wave.into_iter().zip(answered) {
                 outcomes[i] = Some(outcome);
             }
         }
@@ -384,14 +400,23 @@ mod tests {
     use super::*;
 
     /// Delivers everything except payloads `fail`, which it finds retryable; remembers the
-    /// payloads of every call.
+    /// payloads of every call. With `answers_late`, it answers its first call after the
+    /// window of that call closed (the window is closed as it answers).
     #[derive(Default)]
     struct Scripted {
         calls: Mutex<Vec<Vec<String>>>,
+        answers_late: bool,
     }
 
     impl Destination for Scripted {
-        fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+        fn publish<'a>(
+            &'a self,
+            batch: &'a [ClaimedMessage],
+            window: &'a Window,
+        ) -> BoxFuture<'a, Vec<Outcome>> {
+            if self.answers_late {
+                window.close();
+            }
             let payloads: Vec<String> = batch
                 .iter()
                 .map(|m| String::from_utf8(m.payload.clone()).unwrap())
@@ -445,7 +470,9 @@ mod tests {
             message(Some("b"), "b3"),
         ]);
         assert!(unrouted.is_empty());
-        let outcomes = dispatcher.publish(&parts.remove(0)).await;
+        let outcomes = dispatcher
+            .publish(&parts.remove(0), &Window::unbounded())
+            .await;
 
         assert_eq!(
             *scripted.calls.lock().unwrap(),
@@ -494,7 +521,9 @@ mod tests {
             1,
         );
         let (mut parts, _) = dispatcher.split(vec![message(None, "fail")]);
-        dispatcher.publish(&parts.remove(0)).await;
+        dispatcher
+            .publish(&parts.remove(0), &Window::unbounded())
+            .await;
         tokio::time::advance(Duration::from_millis(5)).await;
 
         let tried = |key: Option<&str>, payload: &str| {
@@ -510,7 +539,9 @@ mod tests {
             message(Some("k"), "k2"),
             message(Some("j"), "j1"),
         ]);
-        let outcomes = dispatcher.publish(&parts.remove(0)).await;
+        let outcomes = dispatcher
+            .publish(&parts.remove(0), &Window::unbounded())
+            .await;
         assert_eq!(scripted.calls.lock().unwrap()[1], ["j1"]);
         assert_eq!(outcomes[3], Outcome::Delivered);
         assert!(
@@ -519,5 +550,54 @@ mod tests {
                 .all(|o| matches!(o, Outcome::NotAttempted { .. })),
             "{outcomes:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_run_stops_at_the_first_message_sent_after_the_window_closed() {
+        let scripted = Arc::new(Scripted {
+            answers_late: true,
+            ..Scripted::default()
+        });
+        let dispatcher = Dispatcher::single(
+            "d",
+            scripted.clone(),
+            CircuitSettings {
+                failures: 1,
+                cooldown: Duration::from_secs(60),
+            },
+            Duration::from_secs(5),
+            1,
+        );
+        let (mut parts, _) = dispatcher.split(vec![
+            message(Some("a"), "a1"),
+            message(Some("a"), "a2"),
+            message(None, "u"),
+            message(Some("a"), "a3"),
+        ]);
+        let window = Window::until(Instant::now() + Duration::from_secs(60));
+        let outcomes = dispatcher.publish(&parts.remove(0), &window).await;
+
+        assert_eq!(
+            *scripted.calls.lock().unwrap(),
+            [vec!["a1", "u"]],
+            "nothing is sent after the window closed"
+        );
+        assert_eq!(outcomes[0], Outcome::Delivered);
+        assert_eq!(outcomes[2], Outcome::Delivered);
+        assert_eq!(outcomes[1], Window::closed());
+        assert!(
+            matches!(&outcomes[3], Outcome::NotAttempted { .. }),
+            "{:?}",
+            outcomes[3]
+        );
+        assert!(
+            dispatcher.lanes[0].breaker.admits(),
+            "messages given back unsent do not count against the circuit"
+        );
+
+        let (mut parts, _) = dispatcher.split(vec![message(None, "late")]);
+        let outcomes = dispatcher.publish(&parts.remove(0), &window).await;
+        assert_eq!(outcomes, [Window::closed()]);
+        assert_eq!(scripted.calls.lock().unwrap().len(), 1, "no call at all");
     }
 }

@@ -1,7 +1,7 @@
-//! The leases of the batches in flight: when each was claimed or last extended and until
-//! when its dispatch may run, so that the lease keeper extends only batches still being
-//! worked on and a batch whose leases may have run out is not published (the stale-publish
-//! guard).
+//! The leases of the batches in flight: when each was claimed or last extended and its
+//! publish [`Window`], so that the lease keeper extends only batches still being worked on
+//! and moves their windows, and nothing of a batch whose leases may have run out is
+//! published (the stale-publish guard, checked before every call to a destination).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::Relay;
+use crate::destination::Window;
 use crate::message::{ClaimedMessage, LeaseToken, OutboxId};
 use crate::telemetry;
 
@@ -18,8 +19,9 @@ use crate::telemetry;
 pub(super) struct Leases {
     /// When it was claimed or last extended.
     since: Instant,
-    /// Until when this process may still publish it, by its own monotonic clock.
-    publish_before: Instant,
+    /// Until when this process may still publish it, by its own monotonic clock; shared with
+    /// the dispatch of the batch.
+    window: Window,
     /// Its dispatch deadline, once it is being published: the lease keeper does not extend
     /// it past this (the destination did not answer; the batch is being given back).
     dispatch_until: Option<Instant>,
@@ -41,25 +43,27 @@ impl LeaseBook {
     }
 
     /// Books a batch whose claim was sent at `asked`; it may be published until
-    /// `asked + publish_window`.
+    /// `asked + publish_window`, or later once its leases are extended: the window returned
+    /// says until when.
     pub(super) fn insert(
         &self,
         batch: &[ClaimedMessage],
         asked: Instant,
         publish_window: Duration,
-    ) -> u64 {
+    ) -> (u64, Window) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let leases = batch.iter().map(|m| (m.id, m.lease_token)).collect();
+        let window = Window::until(asked + publish_window);
         self.lock().insert(
             id,
             Leases {
                 since: asked,
-                publish_before: asked + publish_window,
+                window: window.clone(),
                 dispatch_until: None,
                 leases,
             },
         );
-        id
+        (id, window)
     }
 
     pub(super) fn remove(&self, id: u64) {
@@ -68,13 +72,6 @@ impl LeaseBook {
 
     pub(super) fn messages(&self) -> usize {
         self.lock().values().map(|b| b.leases.len()).sum()
-    }
-
-    /// Whether batch `id` may still be published.
-    pub(super) fn publishable(&self, id: u64) -> bool {
-        self.lock()
-            .get(&id)
-            .is_some_and(|b| Instant::now() < b.publish_before)
     }
 
     /// Batch `id` is being published and must be answered by `deadline`.
@@ -105,14 +102,14 @@ impl LeaseBook {
     /// `margin` before the lease does.
     pub(super) fn lease_left(&self, id: u64, margin: Duration) -> Duration {
         self.lock().get(&id).map_or(Duration::ZERO, |b| {
-            (b.publish_before + margin).saturating_duration_since(Instant::now())
+            (b.window.end() + margin).saturating_duration_since(Instant::now())
         })
     }
 
     /// The leases of batch `id` were extended by a call sent at `asked`.
     pub(super) fn extended(&self, id: u64, asked: Instant, publish_window: Duration) {
         if let Some(batch) = self.lock().get_mut(&id) {
-            batch.publish_before = asked + publish_window;
+            batch.window.extend_to(asked + publish_window);
         }
     }
 }
@@ -165,21 +162,15 @@ mod tests {
     fn the_lease_keeper_stops_extending_a_batch_past_its_dispatch_deadline() {
         let book = LeaseBook::default();
         let asked = Instant::now();
-        let waiting = book.insert(
-            &[ClaimedMessage::example(serde_json::Value::Null)],
-            asked,
-            Duration::from_secs(60),
-        );
-        let answering = book.insert(
-            &[ClaimedMessage::example(serde_json::Value::Null)],
-            asked,
-            Duration::from_secs(60),
-        );
-        let overdue = book.insert(
-            &[ClaimedMessage::example(serde_json::Value::Null)],
-            asked,
-            Duration::from_secs(60),
-        );
+        let book_one = || {
+            book.insert(
+                &[ClaimedMessage::example(serde_json::Value::Null)],
+                asked,
+                Duration::from_secs(60),
+            )
+            .0
+        };
+        let (waiting, answering, overdue) = (book_one(), book_one(), book_one());
         book.dispatching(answering, Instant::now() + Duration::from_secs(60));
         book.dispatching(overdue, Instant::now());
         let mut due: Vec<u64> = book
@@ -189,5 +180,19 @@ mod tests {
             .collect();
         due.sort_unstable();
         assert_eq!(due, vec![waiting, answering]);
+    }
+
+    #[test]
+    fn an_extension_moves_the_window_the_dispatch_holds() {
+        let book = LeaseBook::default();
+        let asked = Instant::now();
+        let (id, window) = book.insert(
+            &[ClaimedMessage::example(serde_json::Value::Null)],
+            asked,
+            Duration::from_secs(10),
+        );
+        let end = window.end();
+        book.extended(id, asked + Duration::from_secs(5), Duration::from_secs(10));
+        assert_eq!(window.end(), end + Duration::from_secs(5));
     }
 }

@@ -311,7 +311,7 @@ impl Relay {
         handoff: Option<Arc<OwnedSemaphorePermit>>,
     ) -> Summary {
         let batch = &part.messages;
-        let book_id = self.leases.insert(batch, asked, self.publish_window());
+        let (book_id, window) = self.leases.insert(batch, asked, self.publish_window());
         telemetry::in_flight(self.leases.messages());
         let admitted = tokio::select! {
             permit = self.dispatcher.admit(&part) => Some(permit),
@@ -320,7 +320,7 @@ impl Relay {
         drop(handoff);
         let summary = match admitted {
             None => self.release(batch).await,
-            Some(_room) if !self.leases.publishable(book_id) => {
+            Some(_room) if !window.is_open() => {
                 telemetry::stale_batch(self.worker(), batch, asked.elapsed());
                 self.release(batch).await
             }
@@ -328,7 +328,7 @@ impl Relay {
                 self.leases
                     .dispatching(book_id, Instant::now() + self.dispatcher.deadline(&part));
                 let outcomes = tokio::select! {
-                    outcomes = self.dispatcher.publish(&part) => Some(outcomes),
+                    outcomes = self.dispatcher.publish(&part, &window) => Some(outcomes),
                     () = abandon.cancelled() => None,
                 };
                 match outcomes {

@@ -6,12 +6,14 @@
 //!   chaos [--short] [--only NAME,NAME] [--messages N] [--outage-secs S] [--horizon-secs S]
 //!         [--hostile N]
 //!
-//! Scenarios: kill-storm, pg-restart, freeze, destination-outage, poison, big-payloads,
-//! hot-key, horizon, hostile. `--short` is the CI size (kill-storm, freeze and hostile only, small sizes).
+//! Scenarios: kill-storm, pg-restart, freeze, slow-freeze, destination-outage, poison,
+//! big-payloads, hot-key, horizon, hostile. `--short` is the CI size (kill-storm, freeze,
+//! slow-freeze and hostile only, small sizes).
 //! Not part of `make test` (`test = false` in Cargo.toml).
 
 #[path = "../common/mod.rs"]
 mod common;
+mod slow_freeze;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -79,6 +81,7 @@ fn main() {
         "kill-storm",
         "pg-restart",
         "freeze",
+        "slow-freeze",
         "destination-outage",
         "poison",
         "big-payloads",
@@ -88,7 +91,12 @@ fn main() {
     ];
     let chosen: Vec<String> = match flag("--only") {
         Some(list) => list.split(',').map(str::to_owned).collect(),
-        None if short => vec!["kill-storm".into(), "freeze".into(), "hostile".into()],
+        None if short => vec![
+            "kill-storm".into(),
+            "freeze".into(),
+            "slow-freeze".into(),
+            "hostile".into(),
+        ],
         None => all.iter().map(|s| (*s).to_owned()).collect(),
     };
     for name in &chosen {
@@ -120,6 +128,7 @@ async fn run(name: &str, sizes: &Sizes) -> Outcome {
         "kill-storm" => kill_storm(sizes).await,
         "pg-restart" => pg_restart(sizes).await,
         "freeze" => freeze(sizes).await,
+        "slow-freeze" => slow_freeze::slow_freeze(sizes).await,
         "destination-outage" => destination_outage(sizes).await,
         "poison" => poison().await,
         "big-payloads" => big_payloads(sizes).await,

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::common::TestDb;
 use crate::proxy::Proxy;
-use crate::{Arrived, Freeze, Harness, KillConnections, Outage, UnsendableHeader};
+use crate::{Arrived, Freeze, Harness, InProcess, KillConnections, Outage, UnsendableHeader};
 
 const BROKER: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
@@ -149,3 +149,5 @@ impl Freeze for Rabbit {
         self.proxy.thaw();
     }
 }
+
+impl InProcess for Rabbit {}

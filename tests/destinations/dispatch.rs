@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use outbox_relay::config::{RawConfig, Settings};
-use outbox_relay::destination::Destination;
+use outbox_relay::destination::{Destination, Window};
 use outbox_relay::dispatch::Dispatcher;
 use outbox_relay::message::{ClaimedMessage, Outcome};
 use outbox_relay::relay::Relay;
@@ -206,7 +206,11 @@ async fn a_frozen_destination_does_not_hold_up_another() {
 struct Panicking;
 
 impl Destination for Panicking {
-    fn publish<'a>(&'a self, _: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    fn publish<'a>(
+        &'a self,
+        _: &'a [ClaimedMessage],
+        _: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async { panic!("the client library failed an assertion") })
     }
 

@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use crate::common::{self, TestDb};
 use crate::{
-    Arrived, Freeze, Harness, KillConnections, MINUTE, Outage, UnsendableHeader, drained, histories,
+    Arrived, Freeze, Harness, InProcess, KillConnections, MINUTE, Outage, UnsendableHeader,
+    drained, histories,
 };
 
 /// What the server saw, and how it answers.
@@ -304,3 +305,5 @@ async fn a_topic_with_slashes_and_query_characters_stays_one_path_segment() {
     );
     db.finish().await;
 }
+
+impl InProcess for Hooks {}

@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::common::TestDb;
-use crate::{Arrived, Harness};
+use crate::{Arrived, Harness, InProcess};
 
 /// Every line of `path` with topic `orders`.
 fn lines(path: &PathBuf) -> Vec<Arrived> {
@@ -70,6 +70,10 @@ async fn broken_json(c: &Client) -> (Uuid, &'static str) {
 ///   lines go to a local file or the process's standard output;
 /// - a server that stops answering: a local write stalls only on a full or frozen
 ///   filesystem, which a test cannot cause safely.
+///
+/// The `file` destination is built in the test's process for the publish window's scenario
+/// ([`InProcess`]); the `stdout` one is not, since it would write to the test's own standard
+/// output (it is the same code with another target).
 pub struct JsonLines<const STDOUT: bool> {
     path: PathBuf,
 }
@@ -106,3 +110,5 @@ impl<const STDOUT: bool> Harness for JsonLines<STDOUT> {
         broken_json(c).await
     }
 }
+
+impl InProcess for File {}

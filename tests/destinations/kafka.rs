@@ -25,7 +25,7 @@ use crate::common::{self, TestDb, eventually, pending};
 use crate::proxy::Proxy;
 use crate::server::Server;
 use crate::{
-    Arrived, Freeze, Harness, KillConnections, MINUTE, Outage, histories, start_relayer,
+    Arrived, Freeze, Harness, InProcess, KillConnections, MINUTE, Outage, histories, start_relayer,
     stop_relayer,
 };
 
@@ -358,3 +358,5 @@ async fn the_record_key_is_the_message_key_or_else_the_outbox_id() {
     assert_eq!(keys[&unkeyed], Some(unkeyed.to_string()));
     db.finish().await;
 }
+
+impl InProcess for Tansu {}

@@ -10,10 +10,12 @@
 //! they break: a header the protocol cannot carry fails only its message; the connection
 //! killed server-side is survived without a restart; the server down for a while opens the
 //! circuit with no attempts while it is open and everything delivered after; a server that
-//! stops answering hits the dispatch deadline.
+//! stops answering hits the dispatch deadline; a publish window that closes while the
+//! destination answers part of a batch publishes nothing more (the destination built in the
+//! test's process, see `window.rs`).
 //!
 //! A harness declares those capabilities by implementing their traits ([`UnsendableHeader`],
-//! [`KillConnections`], [`Outage`], [`Freeze`]); a scenario it cannot support is not
+//! [`KillConnections`], [`Outage`], [`Freeze`], [`InProcess`]); a scenario it cannot support is not
 //! generated for it (its line in `conformance!` says `no`, and the compiler refuses a `no`
 //! for a trait the harness implements), so no test passes without running. Why a harness
 //! lacks one is written on its type. The matrix (`-`: not generated), checked against the
@@ -30,6 +32,7 @@
 //! | the_connection_killed_server_side_is_survived             |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
 //! | an_outage_opens_the_circuit_and_everything_arrives_after  |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
 //! | a_server_that_stops_answering_hits_the_dispatch_deadline  |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
+//! | nothing_is_published_after_the_window_closes_mid_part     | yes  |   -    | yes  | yes  | yes  |  yes  |  yes  |
 //!
 //! Servers: Redis (`redis-server`), NATS (`nats-server`) and a Kafka-protocol broker
 //! (`tansu`, read back with `kcat`) started per test; RabbitMQ on 127.0.0.1:5672
@@ -47,11 +50,14 @@ mod nats;
 mod proxy;
 mod redis;
 mod server;
+mod window;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::{Relayer, TestDb, eventually, pending};
+use outbox_relay::destination::Window;
+use outbox_relay::message::Outcome;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
@@ -127,6 +133,10 @@ trait Freeze: Harness {
     async fn freeze(&mut self);
     async fn thaw(&mut self);
 }
+
+/// The destination can be built in the test's process and what it sends read back (not the
+/// `stdout` one: it writes to the test's own standard output).
+trait InProcess: Harness {}
 
 /// A relayer delivering everything to the harness's destination `d`, with a short retry
 /// backoff and a circuit that opens after two failed batches; its metrics on a port of its
@@ -503,6 +513,85 @@ async fn deadline<H: Freeze>() {
     db.finish().await;
 }
 
+/// A part whose first call is answered after its publish window closed: a run of key `k`
+/// (its head goes in the first call with the unkeyed messages, the rest one call each) beside
+/// unkeyed messages. The first call's messages arrive and are delivered; nothing after it is
+/// sent, and the rest comes back not attempted, with the window's reason. Then the
+/// destination itself, called with a closed window, sends nothing.
+async fn window_closes_mid_part<H: InProcess>() {
+    let db = TestDb::new().await;
+    let h = H::start(&db).await;
+    let deadline = Duration::from_secs(10);
+    let real = window::build(&h, deadline);
+    let dispatcher = window::dispatcher(
+        std::sync::Arc::new(window::AnswersAfterTheWindow(real.clone())),
+        deadline,
+    );
+    let keys = [
+        Some("k"),
+        None,
+        None,
+        Some("k"),
+        None,
+        None,
+        None,
+        Some("k"),
+    ];
+    let part: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .map(|(n, k)| window::message(*k, n))
+        .collect();
+    let first_call: HashSet<Uuid> = part
+        .iter()
+        .enumerate()
+        .filter(|(n, m)| m.key.is_none() || *n == 0)
+        .map(|(_, m)| m.id.0)
+        .collect();
+    let (mut parts, unrouted) = dispatcher.split(part.clone());
+    assert!(unrouted.is_empty());
+    let outcomes = dispatcher
+        .publish(&parts.remove(0), &window::open_window())
+        .await;
+    for (m, outcome) in part.iter().zip(&outcomes) {
+        if first_call.contains(&m.id.0) {
+            assert_eq!(
+                *outcome,
+                Outcome::Delivered,
+                "sent while the window was open"
+            );
+        } else {
+            assert!(
+                matches!(outcome, Outcome::NotAttempted { .. }),
+                "the rest of the run is given back: {outcome:?}"
+            );
+        }
+    }
+    assert_eq!(
+        outcomes[3],
+        Window::closed(),
+        "the run stops at k's second message"
+    );
+
+    let closed = window::open_window();
+    closed.close();
+    let late: Vec<_> = (0..5).map(|n| window::message(None, 100 + n)).collect();
+    let outcomes = real.publish(&late, &closed).await;
+    assert_eq!(
+        outcomes,
+        vec![Window::closed(); late.len()],
+        "a destination called with a closed window sends nothing"
+    );
+
+    let arrived: HashSet<Uuid> = h.received().await.iter().map(|a| a.id).collect();
+    assert_eq!(
+        arrived, first_call,
+        "exactly what was sent before the window closed arrived"
+    );
+    h.clean_up().await;
+    db.finish().await;
+}
+
 /// The scenarios every harness runs, by test name.
 const EVERY_HARNESS: [&str; 4] = [
     "five_thousand_arrive_exactly_once_with_the_outbox_id",
@@ -513,11 +602,12 @@ const EVERY_HARNESS: [&str; 4] = [
 
 /// The scenarios that need a capability, by test name, in the order of the `conformance!`
 /// arguments.
-const OPTIONAL: [&str; 4] = [
+const OPTIONAL: [&str; 5] = [
     "a_header_the_protocol_cannot_carry_fails_only_its_message",
     "the_connection_killed_server_side_is_survived",
     "an_outage_opens_the_circuit_and_everything_arrives_after",
     "a_server_that_stops_answering_hits_the_dispatch_deadline",
+    "nothing_is_published_after_the_window_closes_mid_part",
 ];
 
 /// One optional scenario: `yes` generates its test (which needs the harness to implement
@@ -560,7 +650,7 @@ macro_rules! supported {
 macro_rules! conformance {
     ($(
         $suite:ident: $harness:ty, $destination:literal,
-        [$header:ident, $killed:ident, $outage:ident, $stall:ident];
+        [$header:ident, $killed:ident, $outage:ident, $stall:ident, $window:ident];
     )*) => {
         $(
             mod $suite {
@@ -594,24 +684,27 @@ macro_rules! conformance {
                     an_outage_opens_the_circuit_and_everything_arrives_after, outage);
                 optional!($stall, Freeze, $harness,
                     a_server_that_stops_answering_hits_the_dispatch_deadline, deadline);
+                optional!($window, InProcess, $harness,
+                    nothing_is_published_after_the_window_closes_mid_part, window_closes_mid_part);
             }
         )*
 
         /// Each destination with the optional scenarios it runs, in the order of [`OPTIONAL`].
-        const MATRIX: &[(&str, [bool; 4])] = &[$(
-            ($destination, [supported!($header), supported!($killed), supported!($outage), supported!($stall)]),
+        const MATRIX: &[(&str, [bool; 5])] = &[$(
+            ($destination, [supported!($header), supported!($killed), supported!($outage),
+                supported!($stall), supported!($window)]),
         )*];
     };
 }
 
 conformance! {
-    file_conformance: jsonl::File, "file", [no, no, no, no];
-    stdout_conformance: jsonl::Stdout, "stdout", [no, no, no, no];
-    http_conformance: http::Hooks, "http", [yes, yes, yes, yes];
-    nats_conformance: nats::JetStream, "nats", [yes, yes, yes, yes];
-    amqp_conformance: amqp::Rabbit, "amqp", [yes, yes, yes, yes];
-    redis_conformance: redis::Streams, "redis", [no, yes, yes, yes];
-    kafka_conformance: kafka::Tansu, "kafka", [no, yes, yes, yes];
+    file_conformance: jsonl::File, "file", [no, no, no, no, yes];
+    stdout_conformance: jsonl::Stdout, "stdout", [no, no, no, no, no];
+    http_conformance: http::Hooks, "http", [yes, yes, yes, yes, yes];
+    nats_conformance: nats::JetStream, "nats", [yes, yes, yes, yes, yes];
+    amqp_conformance: amqp::Rabbit, "amqp", [yes, yes, yes, yes, yes];
+    redis_conformance: redis::Streams, "redis", [no, yes, yes, yes, yes];
+    kafka_conformance: kafka::Tansu, "kafka", [no, yes, yes, yes, yes];
 }
 
 /// The matrix of destinations and scenarios as the module docs show it.

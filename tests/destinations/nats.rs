@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::common::{self, TestDb};
 use crate::server::Server;
-use crate::{Arrived, Freeze, Harness, KillConnections, Outage, UnsendableHeader};
+use crate::{Arrived, Freeze, Harness, InProcess, KillConnections, Outage, UnsendableHeader};
 
 pub struct JetStream {
     port: u16,
@@ -126,3 +126,5 @@ impl Freeze for JetStream {
         self.server.signal("-CONT");
     }
 }
+
+impl InProcess for JetStream {}

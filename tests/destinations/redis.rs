@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::common::{self, TestDb};
 use crate::server::Server;
-use crate::{Arrived, Freeze, Harness, KillConnections, Outage};
+use crate::{Arrived, Freeze, Harness, InProcess, KillConnections, Outage};
 
 /// Not [`crate::UnsendableHeader`]: a stream entry carries the headers as a JSON field, so any
 /// header can be sent.
@@ -160,3 +160,5 @@ impl Freeze for Streams {
         self.server.signal("-CONT");
     }
 }
+
+impl InProcess for Streams {}

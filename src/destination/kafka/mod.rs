@@ -32,7 +32,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 pub use config::KafkaConfig;
 use config::topic_char;
 
-use super::{Destination, metadata, user_headers};
+use super::{Destination, Window, metadata, user_headers};
 use crate::message::{ClaimedMessage, Outcome};
 
 fn create(config: &ClientConfig) -> Result<FutureProducer, KafkaError> {
@@ -157,17 +157,23 @@ fn headers(m: &ClaimedMessage) -> Result<OwnedHeaders, String> {
 
 impl Kafka {
     /// Produces `batch` with `producer` and waits for each record's report: one outcome
-    /// per message, and whether its error left the producer unusable.
+    /// per message, and whether its error left the producer unusable. Each record is a
+    /// produce call, sent only while `window` is open.
     async fn produce(
         &self,
         producer: &FutureProducer,
         batch: &[&ClaimedMessage],
+        window: &Window,
     ) -> Vec<(Outcome, bool)> {
         // Hand every record to the client first, then wait for the reports: the client
         // batches them into requests.
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
             let topic = self.topic.replace("{topic}", &m.topic);
+            if let Err(not_sent) = window.check() {
+                pending.push((topic, Err(not_sent)));
+                continue;
+            }
             if topic.is_empty() || topic.len() > 249 || !topic.chars().all(topic_char) {
                 let reason = format!(
                     "{topic:?} is not a valid Kafka topic name (1 to 249 letters, digits, '.', '_', '-')"
@@ -220,11 +226,15 @@ impl Kafka {
 }
 
 impl Destination for Kafka {
-    fn publish<'a>(&'a self, batch: &'a [ClaimedMessage]) -> BoxFuture<'a, Vec<Outcome>> {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let producer = self.producer();
             let all: Vec<&ClaimedMessage> = batch.iter().collect();
-            let mut outcomes = self.produce(&producer, &all).await;
+            let mut outcomes = self.produce(&producer, &all, window).await;
             let again: Vec<usize> = (0..outcomes.len()).filter(|&i| outcomes[i].1).collect();
             if !again.is_empty() {
                 // The producer cannot go on (fenced, its id or sequence refused): the
@@ -235,7 +245,10 @@ impl Destination for Kafka {
                 // second) and joins its thread: not on the runtime's threads.
                 tokio::task::spawn_blocking(move || drop(producer));
                 let retry: Vec<&ClaimedMessage> = again.iter().map(|&i| &batch[i]).collect();
-                for (i, outcome) in again.into_iter().zip(self.produce(&fresh, &retry).await) {
+                for (i, outcome) in again
+                    .into_iter()
+                    .zip(self.produce(&fresh, &retry, window).await)
+                {
                     outcomes[i] = outcome;
                 }
             }

@@ -1,0 +1,212 @@
+//! `slow-freeze`: a relayer frozen part-way through a batch to a destination that takes one
+//! request per message. Several relayers deliver keyed messages to an HTTP server that
+//! answers each request after 50 ms; one of them is stopped (SIGSTOP) while it is delivering,
+//! for longer than its lease, so that the others take its messages over, then woken
+//! (SIGCONT). The publish window is checked before every request, so the woken relayer
+//! sends nothing of what it held before the freeze: no delivery by it after it woke of a
+//! message another relayer had delivered already, and no key seeing an older message
+//! arrive after a newer one because of it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use crate::common::{Relayer, TestDb, pending};
+use crate::{Outcome, Sizes, check, wait_for};
+
+/// Each request the server took: the relayer whose URL it came to, the outbox id, and when.
+type Arrivals = Arc<Mutex<Vec<(String, Uuid, Instant)>>>;
+
+const LEASE_SECS: &str = "5";
+const FROZEN: Duration = Duration::from_secs(7);
+const ANSWER_AFTER: Duration = Duration::from_millis(50);
+const KEYS: i64 = 500;
+
+/// An HTTP server at `http://ADDR/{worker}/{topic}` answering 200 after [`ANSWER_AFTER`].
+async fn slow_hook() -> (String, Arrivals) {
+    let arrivals: Arrivals = Arc::default();
+    let seen = arrivals.clone();
+    let app = axum::Router::new().route(
+        "/{worker}/{topic}",
+        axum::routing::post(
+            move |axum::extract::Path((worker, _topic)): axum::extract::Path<(String, String)>,
+                  headers: axum::http::HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let id = headers["idempotency-key"]
+                        .to_str()
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or_default();
+                    seen.lock().unwrap().push((worker, id, Instant::now()));
+                    tokio::time::sleep(ANSWER_AFTER).await;
+                    axum::http::StatusCode::OK
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (format!("http://{addr}"), arrivals)
+}
+
+fn worker(db: &TestDb, base: &str, name: &str) -> Result<Relayer, String> {
+    let config = db.scratch_dir().join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.hook]\ntype = \"http\"\nurl = \"{base}/{name}/{{topic}}\"\n\
+             timeout_ms = 30000\n\n[[routes]]\ntopic = \"*\"\ndestination = \"hook\"\n"
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Relayer::start(
+        db,
+        name,
+        &[
+            "--config",
+            &config.display().to_string(),
+            "--lease-secs",
+            LEASE_SECS,
+            "--batch-size",
+            "200",
+            "--no-telemetry",
+            "--repair-interval-secs",
+            "1",
+        ],
+    ))
+}
+
+pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let n = (sizes.messages * 2).clamp(20_000, 100_000);
+    outbox_relay::store::fill_messages_returning_ids(&c, "slow", n, Some(1), KEYS, 0)
+        .await
+        .map_err(|e| e.to_string())?;
+    let order = crate::order_of(&c).await;
+    let (base, arrivals) = slow_hook().await;
+    let sleeper = worker(&db, &base, "sleeper")?;
+    let others = [
+        worker(&db, &base, "steady-1")?,
+        worker(&db, &base, "steady-2")?,
+    ];
+    let by_sleeper = || {
+        arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(w, _, _)| w == "sleeper")
+            .count()
+    };
+    let planned = if sizes.kills > 4 { 3 } else { 2 };
+    // (stopped, woken) per freeze.
+    let mut freezes: Vec<(Instant, Instant)> = Vec::new();
+    for _ in 0..planned {
+        // Stopped while it is delivering: its requests are still arriving.
+        let before = by_sleeper();
+        wait_for(
+            Duration::from_secs(60),
+            "the sleeper to be delivering",
+            async || by_sleeper() >= before + 100 || pending(&c).await < 2_000,
+        )
+        .await?;
+        if pending(&c).await < 2_000 {
+            break;
+        }
+        sleeper.signal("STOP");
+        let stopped = Instant::now();
+        tokio::time::sleep(FROZEN).await;
+        sleeper.signal("CONT");
+        freezes.push((stopped, Instant::now()));
+    }
+    check(!freezes.is_empty(), || {
+        "the backlog drained before the sleeper could be frozen: raise --messages".to_owned()
+    })?;
+    wait_for(
+        Duration::from_secs(600),
+        "the slow-freeze backlog to drain",
+        async || pending(&c).await == 0,
+    )
+    .await?;
+    let broken = crate::broken_histories(&c).await;
+    let dead = crate::common::dead_letters(&c).await.len();
+    drop((sleeper, others));
+
+    let arrivals = arrivals.lock().unwrap().clone();
+    let woken = |at: Instant| {
+        freezes
+            .iter()
+            .any(|(stopped, woke)| at >= *woke && at < *woke + FROZEN && at > *stopped)
+    };
+    // Deliveries by the sleeper after it woke of a message another relayer delivered first.
+    let mut delivered_by_other: HashMap<Uuid, Instant> = HashMap::new();
+    for (w, id, at) in &arrivals {
+        if w != "sleeper" {
+            delivered_by_other.entry(*id).or_insert(*at);
+        }
+    }
+    let stale = arrivals
+        .iter()
+        .filter(|(w, id, at)| {
+            w == "sleeper" && woken(*at) && delivered_by_other.get(id).is_some_and(|o| o < at)
+        })
+        .count();
+    // Keys where an older message arrived after a newer one, by the woken sleeper.
+    let mut newest: HashMap<&str, i64> = HashMap::new();
+    let mut rewound_by_stale: HashSet<&str> = HashSet::new();
+    let mut rewound: HashSet<&str> = HashSet::new();
+    for (w, id, at) in &arrivals {
+        if let Some((seq, Some(key))) = order.get(id) {
+            let top = newest.entry(key.as_str()).or_insert(*seq);
+            if *seq < *top {
+                rewound.insert(key);
+                if w == "sleeper" && woken(*at) {
+                    rewound_by_stale.insert(key);
+                }
+            }
+            *top = (*top).max(*seq);
+        }
+    }
+    let seen: HashSet<Uuid> = arrivals.iter().map(|(_, id, _)| *id).collect();
+    let lost = order.keys().filter(|id| !seen.contains(id)).count();
+    let after_wake = arrivals
+        .iter()
+        .filter(|(w, _, at)| w == "sleeper" && woken(*at))
+        .count();
+    check(stale == 0, || {
+        format!("{stale} deliveries by the woken relayer of messages another had delivered")
+    })?;
+    check(rewound_by_stale.is_empty(), || {
+        format!(
+            "{} keys saw an older message after a newer one from the woken relayer",
+            rewound_by_stale.len()
+        )
+    })?;
+    check(lost == 0 && dead == 0, || {
+        format!("{lost} messages never arrived, {dead} dead-lettered")
+    })?;
+    check(broken == 0, || {
+        format!("{broken} attempt histories with gaps")
+    })?;
+    db.finish().await;
+    Ok(format!(
+        "{n} keyed messages ({KEYS} keys), 3 processes, HTTP answering after 50 ms, batch 200, \
+         lease {LEASE_SECS} s, {} SIGSTOP of {} s mid-batch; requests {} ({} duplicates), by the \
+         woken relayer in the {} s after waking {after_wake}, of those already delivered by \
+         another {stale}; keys seeing an older message after a newer one: from the woken \
+         relayer {}, in all {}; lost 0",
+        freezes.len(),
+        FROZEN.as_secs(),
+        arrivals.len(),
+        arrivals.len() - seen.len(),
+        FROZEN.as_secs(),
+        rewound_by_stale.len(),
+        rewound.len()
+    ))
+}
