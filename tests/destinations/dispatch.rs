@@ -40,6 +40,8 @@ async fn an_outage_costs_one_attempt_per_failure_and_probe_and_no_message_two() 
         .collect();
     let outage = std::time::Instant::now();
     circuit_opens(&w).await;
+    // The sleep is the behaviour: an outage of 8 s of a real process's time, over which the
+    // attempts below are counted (one half-open probe per 1 s cool-down).
     tokio::time::sleep(Duration::from_secs(8)).await;
     let (status, body) = outbox_relay::http::probe(&telemetry, "/readyz")
         .await

@@ -248,6 +248,8 @@ pub async fn assert_no_attempts_while_open(c: &Client) {
     .await;
     let attempts = || async { common::count(c, "SELECT count(*) FROM outbox.attempts").await };
     let at_open = attempts().await;
+    // The sleep is the behaviour: nothing may happen during a second of open circuit (the
+    // relayer's own processes and clock, so no paused time).
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(
         attempts().await,
