@@ -125,8 +125,11 @@ fn two_relayers_over_three_messages_of_one_key_keep_every_property() {
 }
 
 #[test]
-fn two_relayers_over_two_keys_keep_every_property() {
-    check_all(model("ab", "AB", 2));
+fn two_relayers_over_two_keys_with_one_attempt_each_keep_every_property() {
+    check_all(LeaseModel {
+        max_attempts: 1,
+        ..model("aab", "AB", 2)
+    });
 }
 
 #[test]
