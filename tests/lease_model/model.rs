@@ -32,7 +32,8 @@ use stateright::{Model, Property};
 pub enum WindowCheck {
     /// Before every call to a destination: the contract.
     PerCall,
-    /// Once, before the first call of a batch: the stale-publish bug.
+    /// Once, before the first call of a batch. Not enough: a batch that stalls between two
+    /// calls publishes after its lease was taken over.
     PerBatch,
 }
 
@@ -210,8 +211,8 @@ pub enum Action {
 }
 
 impl LeaseModel {
-    /// Whether `worker` holding `token` passes the fence of `row`, as this model's fence
-    /// checks it.
+    /// Whether the batch in `slot`, holding `token`, passes the fence of `row` as this
+    /// model's fence checks it (`claimed_by` is compared with that slot's worker id).
     fn fence(&self, row: &Row, slot: usize, token: u8) -> bool {
         match row {
             Row::Pending { lease: Some(l), .. } => {
