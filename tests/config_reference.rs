@@ -67,10 +67,14 @@ fn help_section<'a>(help: &'a str, title: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// The options of a help text, without `--help` and `--version`.
+/// The options of a help text (its own, then the global ones), without `--help` and
+/// `--version`.
 fn flags(help: &str) -> Vec<Flag> {
     let mut flags: Vec<(String, String)> = Vec::new();
-    for line in help_section(help, "Options:") {
+    let lines = help_section(help, "Options:")
+        .into_iter()
+        .chain(help_section(help, "Global options:"));
+    for line in lines {
         let trimmed = line.trim_start();
         let option = trimmed
             .strip_prefix("--")
@@ -78,7 +82,9 @@ fn flags(help: &str) -> Vec<Flag> {
         match option {
             Some(rest) if line.len() - trimmed.len() <= 6 => {
                 let long = rest.split([' ', '[', '<']).next().unwrap().to_owned();
-                flags.push((long, String::new()));
+                // The description may follow on the same line, after two spaces.
+                let text = rest.split_once("  ").map_or("", |(_, t)| t.trim());
+                flags.push((long, format!("{text} ")));
             }
             _ => {
                 if let Some((_, text)) = flags.last_mut() {
