@@ -394,11 +394,12 @@ pub fn lease_lost(worker: &WorkerId, m: &ClaimedMessage) {
         "lease lost before completion; the outcome belongs to whoever holds it now");
 }
 
-pub fn released(worker: &WorkerId, batch: &[ClaimedMessage], released: i32) {
+pub fn released(worker: &WorkerId, batch: &[ClaimedMessage], released: i32, reason: &str) {
     for (topic, n) in by_topic(batch.iter()) {
         counter!(RELEASED, "topic" => topic.to_owned()).increment(n);
     }
-    tracing::info!(worker_id = %worker, messages = batch.len(), released, "released undelivered leases");
+    tracing::info!(worker_id = %worker, messages = batch.len(), released, reason,
+        "gave undelivered messages back without an attempt (claimable again at once)");
 }
 
 pub fn stale_batch(worker: &WorkerId, batch: &[ClaimedMessage], claimed_ago: Duration) {

@@ -24,17 +24,23 @@ impl Relay {
             return self.report(batch, outcomes).await;
         }
         let mut given_back = Vec::new();
+        let mut reason = String::new();
         let mut attempted = (Vec::new(), Vec::new());
         for (m, outcome) in batch.iter().zip(outcomes) {
             match outcome {
-                Outcome::NotAttempted { .. } => given_back.push(m.clone()),
+                Outcome::NotAttempted { reason: why } => {
+                    if reason.is_empty() {
+                        reason = why;
+                    }
+                    given_back.push(m.clone());
+                }
                 outcome => {
                     attempted.0.push(m.clone());
                     attempted.1.push(outcome);
                 }
             }
         }
-        let mut summary = self.release(&given_back).await;
+        let mut summary = self.release(&given_back, &reason).await;
         if !attempted.0.is_empty() {
             summary += self.report(&attempted.0, attempted.1).await;
         }
@@ -149,8 +155,9 @@ impl Relay {
         summary
     }
 
-    /// Gives a batch back without an attempt (shutdown deadline passed before delivery).
-    pub(super) async fn release(&self, batch: &[ClaimedMessage]) -> Summary {
+    /// Gives a batch back without an attempt, for `reason` (a shutdown deadline, a closed
+    /// publish window, an open circuit, a run stopped by its predecessor's failure).
+    pub(super) async fn release(&self, batch: &[ClaimedMessage], reason: &str) -> Summary {
         if batch.is_empty() {
             return Summary::default();
         }
@@ -158,7 +165,7 @@ impl Relay {
             batch.iter().map(|m| (m.id, m.lease_token)).collect();
         match self.store.release(self.worker(), &leases).await {
             Ok(n) => {
-                telemetry::released(self.worker(), batch, n);
+                telemetry::released(self.worker(), batch, n, reason);
                 Summary {
                     released: u64::from(n.unsigned_abs()),
                     ..Summary::default()

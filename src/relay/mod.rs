@@ -319,10 +319,10 @@ impl Relay {
         };
         drop(handoff);
         let summary = match admitted {
-            None => self.release(batch).await,
+            None => self.release(batch, "shutting down: its deliveries had not started").await,
             Some(_room) if !window.is_open() => {
                 telemetry::stale_batch(self.worker(), batch, asked.elapsed());
-                self.release(batch).await
+                self.release(batch, "its publish window closed before dispatch").await
             }
             Some(_room) => {
                 self.leases
@@ -337,7 +337,10 @@ impl Relay {
                         telemetry::lease_left(self.leases.lease_left(book_id, margin));
                         self.complete(batch, outcomes).await
                     }
-                    None => self.release(batch).await,
+                    None => {
+                        self.release(batch, "the shutdown deadline passed before delivery")
+                            .await
+                    }
                 }
             }
         };
