@@ -319,10 +319,14 @@ impl Relay {
         };
         drop(handoff);
         let summary = match admitted {
-            None => self.release(batch, "shutting down: its deliveries had not started").await,
+            None => {
+                self.release(batch, "shutting down: its deliveries had not started")
+                    .await
+            }
             Some(_room) if !window.is_open() => {
                 telemetry::stale_batch(self.worker(), batch, asked.elapsed());
-                self.release(batch, "its publish window closed before dispatch").await
+                self.release(batch, "its publish window closed before dispatch")
+                    .await
             }
             Some(_room) => {
                 self.leases

@@ -264,7 +264,9 @@ impl Store {
             .await?
             .query_typed("SELECT pg_notify($1, '')", &[(&channel, Type::TEXT)])
             .await?;
-        let heard = tokio::time::timeout(timeout, heard_rx).await.is_ok_and(|r| r.is_ok());
+        let heard = tokio::time::timeout(timeout, heard_rx)
+            .await
+            .is_ok_and(|r| r.is_ok());
         drop(client);
         driver.abort();
         Ok(heard)

@@ -180,10 +180,7 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
     }
     let seen: HashSet<Uuid> = arrivals.iter().map(|(_, id, _)| *id).collect();
     let lost = order.keys().filter(|id| !seen.contains(id)).count();
-    let after_wake = arrivals
-        .iter()
-        .filter(|(w, _, at)| woken(w, *at))
-        .count();
+    let after_wake = arrivals.iter().filter(|(w, _, at)| woken(w, *at)).count();
     check(after_wake == 0, || {
         format!(
             "{after_wake} requests by a relayer after it woke from a freeze past its leases \
