@@ -287,6 +287,9 @@ fn register() {
     }
     gauge!(IN_FLIGHT).set(0.0);
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    // Until the listener's first check and the start-up probe say otherwise.
+    gauge!(LISTENER_HEALTHY).set(0.0);
+    gauge!(UNNAMED_STATEMENTS).set(0.0);
 }
 
 fn by_topic<'a>(messages: impl Iterator<Item = &'a ClaimedMessage>) -> HashMap<&'a str, u64> {
