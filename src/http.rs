@@ -98,8 +98,12 @@ async fn health(State(probe): State<Probe>) -> axum::Json<serde_json::Value> {
 /// when a fix has to ship, while the relayer waits out the outage on its own (the circuit
 /// holds the destination's topics back and probes after each cool-down).
 async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
-    let (database, destinations) =
-        tokio::join!(probe.store.check_schema(), probe.dispatcher.readiness());
+    // A destination that does not answer (a broker dropping packets) must not hold the
+    // probe past its timeout: its state is then reported as unknown.
+    let (database, destinations) = tokio::join!(
+        probe.store.check_schema(),
+        tokio::time::timeout(DESTINATIONS_WAIT, probe.dispatcher.readiness())
+    );
     let mut body = match &database {
         Ok(version) => format!("database: ok (schema version {version})\n"),
         Err(e) => format!("database: {e}\n"),
@@ -108,6 +112,13 @@ async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
     // polling.
     body += &format!("wake-ups: {}\n", probe.store.listener_health().describe());
     let mut degraded = false;
+    let Ok(destinations) = destinations else {
+        body += &format!(
+            "destinations: no answer within {} ms (details: /health/destinations)\n",
+            DESTINATIONS_WAIT.as_millis()
+        );
+        return (ready_status(&database), body);
+    };
     for (name, circuit, ready) in destinations {
         let circuit = circuit_name(circuit);
         match ready {
@@ -122,12 +133,20 @@ async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
         body += "destinations do not affect readiness: delivery resumes by itself when they \
                  are back (details: /health/destinations)\n";
     }
-    let status = if database.is_ok() {
+    (ready_status(&database), body)
+}
+
+/// How long `/readyz` waits for the destinations' own answers (the probes' timeouts are a
+/// few seconds).
+const DESTINATIONS_WAIT: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// Ready when the database answers with the schema this build needs.
+fn ready_status<T, E>(database: &Result<T, E>) -> StatusCode {
+    if database.is_ok() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, body)
+    }
 }
 
 /// Each destination's health as JSON: `{"status": "ok" | "degraded", "destinations":

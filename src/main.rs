@@ -172,7 +172,11 @@ async fn dispatch(cli: Cli) -> Result<()> {
     // A store for the operator verbs, once the schema is known to be what this build needs.
     let quick_store = async |cli: &Cli| -> Result<Store> {
         let s = settings(cli, RawConfig::default())?;
-        let store = Store::connect(&s.database_url, 2)?;
+        let mut store = Store::connect(&s.database_url, 2)?;
+        // The relayers' listen URL (environment or config file), for status's wake-up test.
+        if let Some(url) = std::env::var("OUTBOX_LISTEN_URL").ok().or(s.listen_url) {
+            store = store.with_listen_url(&url)?;
+        }
         store.check_schema().await?;
         Ok(store)
     };

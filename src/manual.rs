@@ -26,8 +26,8 @@ const BIN: &str = "outbox-relay";
 /// clap_complete names the bash state of a verb two ways when the binary's name has a
 /// hyphen: the loop that walks the words sets `cmd` to `outbox__relay__subcmd__replay`,
 /// while the arms that complete a verb are labelled `outbox__subcmd__relay__subcmd__replay`,
-/// so no arm below the top level ever matches (`dead-letters <TAB>` fell back to file
-/// names, `replay --<TAB>` offered nothing). One spelling for both.
+/// and an arm below the top level matches only when both spell the state the same: this
+/// gives both one spelling.
 fn mend_bash(script: &str) -> String {
     let walked = BIN.replace('-', "__");
     let labelled = BIN.replace('-', "__subcmd__");

@@ -112,7 +112,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             if wake_ups == "deaf" {
                 outln!(
                     "wake-ups: deaf: LISTEN through this database URL did not hear a test \
-                     notification (a transaction pooler?); relayers on it poll every 200 ms: give \
+                     notification (a transaction pooler?); relayers on it poll at most every 200 ms: give \
                      them listen_url (OUTBOX_LISTEN_URL), a direct connection (docs/poolers.md)"
                 );
             }

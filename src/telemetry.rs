@@ -500,7 +500,6 @@ pub fn horizon_released(h: HorizonCulprit<'_>) {
         "MVCC horizon no longer held by it");
 }
 
-/// A duration in whole milliseconds as a log field: a number (u64), never a Debug string.
 /// Whether the notification listener hears its own test notification.
 pub fn listener_healthy(healthy: bool) {
     gauge!(LISTENER_HEALTHY).set(if healthy { 1.0 } else { 0.0 });
@@ -511,6 +510,7 @@ pub fn unnamed_statements(unnamed: bool) {
     gauge!(UNNAMED_STATEMENTS).set(if unnamed { 1.0 } else { 0.0 });
 }
 
+/// A duration in whole milliseconds as a log field: a number (u64), never a Debug string.
 pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -1074,6 +1074,14 @@ async fn a_hot_key_keeps_its_order_through_four_workers_and_kills() {
         pending(&c).await == 0
     })
     .await;
+    // A worker restarted last may still be starting: its first log line comes after its
+    // signal handler is installed, so SIGTERM then means a graceful stop.
+    for w in &workers {
+        eventually(MINUTE, "each worker to be up", || async {
+            !w.log_text().is_empty()
+        })
+        .await;
+    }
     for w in &workers {
         w.signal("TERM");
     }

@@ -2,8 +2,9 @@
 //! the relayer may still send its messages under the leases it holds (the lease minus a
 //! fifth; see `Relay::publish_window`). It exists so that the stale-publish guard holds per
 //! call to a destination, not per batch: a relayer frozen part-way through a batch (a
-//! stopped VM, a throttled container) and woken after its leases were taken over must not
-//! send the rest of that batch, which another relayer is delivering by then.
+//! stopped process, a throttled container) and woken after its leases were taken over must not
+//! start a call for the rest of that batch, which another relayer is delivering by then
+//! (docs/guarantees.md says what a check before the call cannot cover).
 //!
 //! Checking it is one clock read and one atomic load. The lease keeper moves its end when it
 //! extends the leases, so a part that is still being published keeps the window its leases

@@ -106,6 +106,13 @@ impl LeaseBook {
         })
     }
 
+    /// Batch `id` lost a lease it held: nothing more of it may be published.
+    pub(super) fn lost(&self, id: u64) {
+        if let Some(batch) = self.lock().get(&id) {
+            batch.window.close();
+        }
+    }
+
     /// The leases of batch `id` were extended by a call sent at `asked`.
     pub(super) fn extended(&self, id: u64, asked: Instant, publish_window: Duration) {
         if let Some(batch) = self.lock().get_mut(&id) {
@@ -145,6 +152,8 @@ impl Relay {
                     for (batch, leases) in &due {
                         if leases.iter().all(|(id, _)| held.contains(id)) {
                             self.leases.extended(*batch, asked, self.publish_window());
+                        } else {
+                            self.leases.lost(*batch);
                         }
                     }
                 }

@@ -54,7 +54,7 @@ impl ListenerHealth {
             ListenerHealth::Hears => "ok (the listener hears its own test notification)",
             ListenerHealth::Deaf => {
                 "deaf: the LISTEN connection did not hear its own test notification (a \
-                 transaction pooler?); polling every 200 ms; set listen_url \
+                 transaction pooler?); polling at most every 200 ms; set listen_url \
                  (OUTBOX_LISTEN_URL) to a direct connection"
             }
             ListenerHealth::Down => "down: the LISTEN connection is lost; reconnecting, polling",
@@ -111,11 +111,16 @@ impl Store {
         let mut backoff = Duration::from_millis(100);
         let channel = format!("outbox_probe_{}", uuid::Uuid::new_v4().simple());
         while !shutdown.is_cancelled() {
+            let connected = tokio::time::Instant::now();
             let ended = tokio::select! {
                 ended = self.listen_once(&wake, &channel) => ended,
                 () = shutdown.cancelled() => return,
             };
             self.set_listener_health(ListenerHealth::Down);
+            // A connection that lasted starts the backoff over.
+            if connected.elapsed() >= Duration::from_secs(60) {
+                backoff = Duration::from_millis(100);
+            }
             if let Err(e) = ended {
                 tracing::warn!(error = %e, retry_in_ms = crate::telemetry::millis(backoff),
                     "notification listener lost its connection; polling until it is back");
@@ -151,8 +156,11 @@ impl Store {
             }
             Ok::<(), tokio_postgres::Error>(())
         });
+        // The wake-up channel last, so that pg_stat_activity shows `LISTEN outbox_new` for
+        // the listening session.
+        client.batch_execute(&format!("LISTEN {channel}")).await?;
         client
-            .batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {channel}"))
+            .batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
             .await?;
         wake.notify_one();
         tracing::debug!(target = %target.describe(), channel, "listening");

@@ -3,8 +3,8 @@
 //!
 //! refinery's runner is driven through [`Locked`], one open transaction that holds the
 //! migration lock: the history it reads, the migrations it applies and the history rows it
-//! writes all commit together or not at all. Only the simple query protocol is used, so a
-//! migrate works through a transaction pooler (no named statements).
+//! writes all commit together or not at all. No named statement is used, so a migrate works
+//! through a transaction pooler.
 
 use refinery::Migration;
 use refinery_core::traits::r#async::{AsyncQuery, AsyncTransaction};
@@ -52,8 +52,12 @@ impl Store {
                 ),
             }));
         }
+        // READ COMMITTED whatever the database's default: a migrate that waited for the lock
+        // must read the history the one before it committed.
         let tx = (**client)
-            .transaction()
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+            .start()
             .await
             .map_err(refused_transaction)?;
         // Transaction-scoped: released by the commit, the rollback or the end of the

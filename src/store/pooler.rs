@@ -15,6 +15,9 @@ pub const STATEMENT_POOLING: &str = "the database URL reaches a connection poole
      transactions and `migrate` cannot run; point the URL at a pool in transaction or session \
      mode (see docs/poolers.md)";
 
+/// How long the probe waits for the first session's second answer.
+const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What the connections of a store go through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pooling {
@@ -64,14 +67,22 @@ impl Store {
             }
             Err(e) => return Err(e.into()),
         };
-        let after = backend_pid(&first, "SELECT pg_backend_pid()").await?;
+        // A pool of one server connection cannot serve the first session while the second
+        // holds it: no answer in time is a transaction pooler too.
+        let after =
+            match tokio::time::timeout(PROBE_WAIT, backend_pid(&first, "SELECT pg_backend_pid()"))
+                .await
+            {
+                Ok(pid) => Some(pid?),
+                Err(_) => None,
+            };
         second.batch_execute("COMMIT").await?;
-        let pooling = if held == before || after != before {
+        let pooling = if held == before || after != Some(before) {
             Pooling::Transaction
         } else {
             Pooling::Session
         };
-        tracing::debug!(before, held, after, ?pooling, "connection pooling probe");
+        tracing::debug!(before, held, ?after, ?pooling, "connection pooling probe");
         if pooling == Pooling::Transaction {
             const FOUND: &str = "the database URL goes through a transaction pooler (two \
                  sessions shared one server process)";
