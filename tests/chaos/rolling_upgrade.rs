@@ -136,7 +136,25 @@ fn previous_build(reference: Option<&str>) -> Result<Previous, String> {
         log.display()
     );
     let started = Instant::now();
-    let status = Command::new(&cargo)
+    let mut build = Command::new(&cargo);
+    // Without the variables cargo sets for this test process (CARGO_PKG_NAME, OUT_DIR …):
+    // build scripts that watch them (ring's) would otherwise build again at every change
+    // between a build from here and one from a shell.
+    for (name, _) in std::env::vars() {
+        let injected = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_str());
+        if injected {
+            build.env_remove(name);
+        }
+    }
+    let status = build
         .current_dir(&source)
         .env("CARGO_TARGET_DIR", base.join("target"))
         .args(["build", "--release", "--bin", "outbox-relay"])
@@ -258,6 +276,12 @@ fn read_log(r: &Relayer) -> LogSummary {
     s
 }
 
+/// The last lines of a log, for an error message.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
+}
+
 /// The schema version `outbox.schema_version()` reports.
 async fn version(c: &tokio_postgres::Client) -> Result<i32, String> {
     c.query_one("SELECT outbox.schema_version()", &[])
@@ -342,7 +366,8 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
             &format!("{} (previous build) to deliver", r.worker_id),
             async || by(&r.worker_id) > 0,
         )
-        .await?;
+        .await
+        .map_err(|e| format!("{e}; the end of its log: {}", tail(&r.log_text())))?;
     }
     tokio::time::sleep(steady).await;
 
@@ -360,6 +385,7 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
     })?;
     // Each old relayer goes on delivering on the new schema.
     let marks: Vec<usize> = old.iter().map(|r| by(&r.worker_id)).collect();
+    let migrated_at = arrivals.lock().unwrap().len();
     let carried_on = wait_for(
         Duration::from_secs(60),
         "every old relayer to deliver on the new schema",
@@ -387,10 +413,10 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
         )
         .await?;
         steps.push(format!(
-            "{} stopped in {:.1} s, {name} delivering {:.1} s after start",
+            "{} stopped in {} ms, {name} delivering {} ms after start",
             o.worker_id,
-            stopped.as_secs_f64(),
-            delivering.as_secs_f64()
+            stopped.as_millis(),
+            delivering.as_millis()
         ));
     }
     tokio::time::sleep(steady).await;
@@ -442,6 +468,10 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
         }
     }
     let broken = crate::broken_histories(&c).await;
+    let old_after_migrate = arrivals[migrated_at..]
+        .iter()
+        .filter(|(w, _)| w.starts_with("old-"))
+        .count();
 
     // Each relayer's sends against its completions: accepted (an attempt under its worker
     // id) or fenced (lease_lost).
@@ -567,7 +597,8 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
         "previous build {short} ({}), schema {from} → {to}; {n} keyed messages ({KEYS} keys) \
          enqueued through outbox.enqueue at {:.0} msg/s over {:.1} s, {FLEET} relayers, HTTP \
          destination, batch 100; new `migrate` under load took {:.2} s, every old relayer \
-         delivered on the new schema within {:.1} s; replacements: {}; drained {:.1} s after \
+         delivered on the new schema within {:.1} s ({old_after_migrate} messages sent by old \
+         relayers after the migration); replacements: {}; drained {:.1} s after \
          the producer stopped, {:.1} s in all; sent by old relayers {old_sent} (accepted \
          {old_accepted}, fenced {old_fenced}), by new {new_sent} (accepted {new_accepted}, \
          fenced {new_fenced}); retried attempts {}, expired leases requeued {}; lost 0, \
