@@ -32,6 +32,7 @@ type Arrivals = Arc<Mutex<Vec<(String, Uuid)>>>;
 const KEYS: i64 = 100;
 const FLEET: usize = 4;
 const TICK: Duration = Duration::from_millis(50);
+const TICKS_PER_SECOND: i64 = 20;
 
 /// An HTTP server at `http://ADDR/{worker}/{topic}` answering 200 at once.
 async fn hook() -> (String, Arrivals) {
@@ -294,7 +295,7 @@ async fn version(c: &tokio_postgres::Client) -> Result<i32, String> {
 /// what it enqueued (id, its number, its key) in enqueue order, and the calls that failed.
 async fn produce(url: String, per_second: i64, stop: Arc<AtomicBool>) -> Produced {
     let c = connect(&url).await.expect("producer connects");
-    let per_tick = (per_second * TICK.as_millis() as i64 / 1000).max(1);
+    let per_tick = (per_second / TICKS_PER_SECOND).max(1);
     let mut produced = Produced::default();
     let started = Instant::now();
     let mut next = tokio::time::Instant::now();
@@ -507,13 +508,14 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
         if *code != Some(0) {
             bad_exits.push(format!("{w} exited with {code:?}"));
         }
-        let sent = sent_by.get(w.as_str()).map_or(0, HashSet::len) as i64;
+        let sent =
+            i64::try_from(sent_by.get(w.as_str()).map_or(0, HashSet::len)).unwrap_or(i64::MAX);
         let accepted = attempts
             .get(&(w.clone(), "DISPATCHED".to_owned()))
             .copied()
             .unwrap_or(0);
-        let fenced = log.lease_lost.map_or(-1, |n| n as i64);
-        if fenced < 0 || sent != accepted + fenced {
+        let fenced = log.lease_lost.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        if fenced.is_none_or(|f| sent != accepted + f) {
             unaccounted.push(format!(
                 "{w}: sent {sent}, accepted {accepted}, fenced {}",
                 log.lease_lost
@@ -522,7 +524,7 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
                     })
             ));
         }
-        let fenced = fenced.max(0);
+        let fenced = fenced.unwrap_or(0);
         if w.starts_with("old-") {
             (old_sent, old_accepted, old_fenced) = (
                 old_sent + sent,
