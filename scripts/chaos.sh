@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make chaos`: runs the fault-injection suite (tests/chaos) against a throwaway Postgres
 # cluster of its own, which the pg-restart scenario restarts and stops, and never the
-# machine's shared one. The release binary and the suite are built first.
-#   scripts/chaos.sh [--short] [--only NAME,NAME] [--messages N] [--outage-secs S] ...
+# machine's shared one. The release binary and the suite are built first; the
+# rolling-upgrade scenario also builds the previous release's binary from git, once per
+# commit, under target/rolling-upgrade/ (see tests/chaos/rolling_upgrade.rs).
+#   scripts/chaos.sh [--short] [--only NAME,NAME] [--messages N] [--outage-secs S] [--previous REF] ...
 # The cluster runs with fsync=off: the scenarios kill Postgres processes, not the machine,
 # and a process crash loses nothing the kernel already has.
 set -euo pipefail

@@ -4,15 +4,18 @@
 //! of figures and fails when a guarantee breaks; the process exits non-zero if any did.
 //!
 //!   chaos [--short] [--only NAME,NAME] [--messages N] [--outage-secs S] [--horizon-secs S]
-//!         [--hostile N]
+//!         [--hostile N] [--previous REF]
 //!
 //! Scenarios: kill-storm, pg-restart, freeze, slow-freeze, destination-outage, poison,
-//! big-payloads, hot-key, horizon, hostile. `--short` is the CI size (kill-storm, freeze,
-//! slow-freeze and hostile only, small sizes).
+//! big-payloads, hot-key, horizon, hostile, rolling-upgrade (`--previous REF`: the build
+//! upgraded from; see tests/chaos/rolling_upgrade.rs). `--short` is the CI size (kill-storm,
+//! freeze, slow-freeze and hostile only, small sizes): rolling-upgrade is left out of it
+//! because its first run builds a previous release from source.
 //! Not part of `make test` (`test = false` in Cargo.toml).
 
 #[path = "../common/mod.rs"]
 mod common;
+mod rolling_upgrade;
 mod slow_freeze;
 
 use std::collections::{HashMap, HashSet};
@@ -35,6 +38,8 @@ struct Sizes {
     horizon: Duration,
     hostile: usize,
     window: Duration,
+    /// The commit rolling-upgrade upgrades from (`--previous`); `None`: its default.
+    previous: Option<String>,
 }
 
 fn main() {
@@ -53,6 +58,7 @@ fn main() {
             horizon: Duration::from_secs(30),
             hostile: 1_000,
             window: Duration::from_secs(10),
+            previous: None,
         }
     } else {
         Sizes {
@@ -62,6 +68,7 @@ fn main() {
             horizon: Duration::from_secs(180),
             hostile: 10_000,
             window: Duration::from_secs(30),
+            previous: None,
         }
     };
     let number = |name: &str| flag(name).map(|v| v.parse::<u64>().expect(name));
@@ -77,6 +84,7 @@ fn main() {
     if let Some(n) = number("--hostile") {
         sizes.hostile = usize::try_from(n).expect("--hostile");
     }
+    sizes.previous = flag("--previous");
     let all = [
         "kill-storm",
         "pg-restart",
@@ -88,6 +96,7 @@ fn main() {
         "hot-key",
         "horizon",
         "hostile",
+        "rolling-upgrade",
     ];
     let chosen: Vec<String> = match flag("--only") {
         Some(list) => list.split(',').map(str::to_owned).collect(),
@@ -135,6 +144,7 @@ async fn run(name: &str, sizes: &Sizes) -> Outcome {
         "hot-key" => hot_key(sizes).await,
         "horizon" => horizon(sizes).await,
         "hostile" => hostile(sizes).await,
+        "rolling-upgrade" => rolling_upgrade::rolling_upgrade(sizes).await,
         _ => unreachable!(),
     }
 }
