@@ -15,6 +15,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod hook;
 mod rolling_upgrade;
 mod slow_freeze;
 

@@ -16,53 +16,20 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
 use crate::common::{Relayer, TestDb, connect, pending};
+use crate::hook::recording_hook;
 use crate::{Outcome, Sizes, check, wait_for};
-
-/// Each request the server took, in arrival order: the relayer whose URL it came to, and the
-/// outbox id.
-type Arrivals = Arc<Mutex<Vec<(String, Uuid)>>>;
 
 const KEYS: i64 = 100;
 const FLEET: usize = 4;
 const TICK: Duration = Duration::from_millis(50);
 const TICKS_PER_SECOND: i64 = 20;
-
-/// An HTTP server at `http://ADDR/{worker}/{topic}` answering 200 at once.
-async fn hook() -> (String, Arrivals) {
-    let arrivals: Arrivals = Arc::default();
-    let seen = arrivals.clone();
-    let app = axum::Router::new().route(
-        "/{worker}/{topic}",
-        axum::routing::post(
-            move |axum::extract::Path((worker, _topic)): axum::extract::Path<(String, String)>,
-                  headers: axum::http::HeaderMap| {
-                let seen = seen.clone();
-                async move {
-                    let id = headers["idempotency-key"]
-                        .to_str()
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or_default();
-                    seen.lock().unwrap().push((worker, id));
-                    axum::http::StatusCode::OK
-                }
-            },
-        ),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    (format!("http://{addr}"), arrivals)
-}
 
 /// `git ARGS` in the repository; its trimmed output, or an error naming the command.
 fn git(args: &[&str]) -> Result<String, String> {
@@ -342,13 +309,13 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
     migrate(&db, &previous.binary, "previous").await?;
     let c = db.client().await;
     let from = version(&c).await?;
-    let (base, arrivals) = hook().await;
+    let (base, arrivals) = recording_hook(Duration::ZERO).await;
     let by = |name: &str| {
         arrivals
             .lock()
             .unwrap()
             .iter()
-            .filter(|(w, _)| w == name)
+            .filter(|(w, _, _)| w == name)
             .count()
     };
     let rate = (sizes.messages / 200).clamp(100, 1_000);
@@ -442,7 +409,7 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
     let arrivals = arrivals.lock().unwrap().clone();
     let dead = crate::common::dead_letters(&c).await;
     let dead_ids: HashSet<Uuid> = dead.iter().map(|(id, _)| *id).collect();
-    let seen: HashSet<Uuid> = arrivals.iter().map(|(_, id)| *id).collect();
+    let seen: HashSet<Uuid> = arrivals.iter().map(|(_, id, _)| *id).collect();
     let lost = produced
         .sent
         .iter()
@@ -456,7 +423,7 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
     let mut first: HashSet<Uuid> = HashSet::new();
     let mut newest: HashMap<&str, i64> = HashMap::new();
     let mut out_of_order = 0;
-    for (_, id) in &arrivals {
+    for (_, id, _) in &arrivals {
         if !first.insert(*id) {
             continue;
         }
@@ -471,7 +438,7 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
     let broken = crate::broken_histories(&c).await;
     let old_after_migrate = arrivals[migrated_at..]
         .iter()
-        .filter(|(w, _)| w.starts_with("old-"))
+        .filter(|(w, _, _)| w.starts_with("old-"))
         .count();
 
     // Each relayer's sends against its completions: accepted (an attempt under its worker
@@ -495,7 +462,7 @@ pub async fn rolling_upgrade(sizes: &Sizes) -> Outcome {
             .sum()
     };
     let mut sent_by: HashMap<&str, HashSet<Uuid>> = HashMap::new();
-    for (w, id) in &arrivals {
+    for (w, id, _) in &arrivals {
         sent_by.entry(w.as_str()).or_default().insert(*id);
     }
     let mut unaccounted = Vec::new();

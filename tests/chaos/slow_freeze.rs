@@ -9,52 +9,18 @@
 //! message arrive after a newer one because of it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
 use crate::common::{Relayer, TestDb, pending};
+use crate::hook::recording_hook;
 use crate::{Outcome, Sizes, check, wait_for};
-
-/// Each request the server took: the relayer whose URL it came to, the outbox id, and when.
-type Arrivals = Arc<Mutex<Vec<(String, Uuid, Instant)>>>;
 
 const LEASE_SECS: &str = "5";
 const FROZEN: Duration = Duration::from_secs(7);
 const ANSWER_AFTER: Duration = Duration::from_millis(50);
 const KEYS: i64 = 500;
-
-/// An HTTP server at `http://ADDR/{worker}/{topic}` answering 200 after [`ANSWER_AFTER`].
-async fn slow_hook() -> (String, Arrivals) {
-    let arrivals: Arrivals = Arc::default();
-    let seen = arrivals.clone();
-    let app = axum::Router::new().route(
-        "/{worker}/{topic}",
-        axum::routing::post(
-            move |axum::extract::Path((worker, _topic)): axum::extract::Path<(String, String)>,
-                  headers: axum::http::HeaderMap| {
-                let seen = seen.clone();
-                async move {
-                    let id = headers["idempotency-key"]
-                        .to_str()
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or_default();
-                    seen.lock().unwrap().push((worker, id, Instant::now()));
-                    tokio::time::sleep(ANSWER_AFTER).await;
-                    axum::http::StatusCode::OK
-                }
-            },
-        ),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    (format!("http://{addr}"), arrivals)
-}
 
 fn worker(db: &TestDb, base: &str, name: &str) -> Result<Relayer, String> {
     let config = db.scratch_dir().join(format!("{name}.toml"));
@@ -91,7 +57,7 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
         .await
         .map_err(|e| e.to_string())?;
     let order = crate::order_of(&c).await;
-    let (base, arrivals) = slow_hook().await;
+    let (base, arrivals) = recording_hook(ANSWER_AFTER).await;
     let others = [
         worker(&db, &base, "steady-1")?,
         worker(&db, &base, "steady-2")?,
