@@ -384,7 +384,7 @@ fn local_only(config: &tokio_postgres::Config) -> bool {
 /// batch's retries. Not fatal: the messages wait and are retried, and /readyz and
 /// /health/destinations report it until it is fixed.
 async fn report_unusable_destinations(dispatcher: Arc<Dispatcher>) {
-    for (name, _, ready) in dispatcher.readiness().await {
+    for (name, _, ready) in dispatcher.readiness(Duration::MAX).await {
         if let Err(error) = ready {
             tracing::warn!(destination = %name, %error,
                 "destination not usable at start: its messages wait and are retried; \

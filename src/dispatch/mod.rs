@@ -219,15 +219,17 @@ impl Dispatcher {
         outcomes
     }
 
-    /// Each destination's name, circuit state and readiness (for /readyz), each answered
-    /// within its deadline. A destination whose circuit is not closed is not ready, whatever
-    /// its connection says.
-    pub async fn readiness(&self) -> Vec<(String, State, Result<(), String>)> {
+    /// Each destination's name, circuit state and readiness (for /readyz), each asked at
+    /// once and answered within its deadline or `within`, whichever is shorter (a probe has
+    /// a timeout of its own). A destination whose circuit is not closed is not ready,
+    /// whatever its connection says.
+    pub async fn readiness(&self, within: Duration) -> Vec<(String, State, Result<(), String>)> {
         join_all(self.lanes.iter().map(|lane| async move {
             let state = lane.breaker.state();
-            let answer = tokio::time::timeout(lane.deadline, lane.destination.ready())
+            let limit = lane.deadline.min(within);
+            let answer = tokio::time::timeout(limit, lane.destination.ready())
                 .await
-                .unwrap_or_else(|_| Err(format!("no answer within {} ms", lane.deadline.as_millis())));
+                .unwrap_or_else(|_| Err(format!("no answer within {} ms", limit.as_millis())));
             let ready = match (state, answer) {
                 (_, Err(e)) => Err(e),
                 (State::Closed, Ok(())) => Ok(()),
