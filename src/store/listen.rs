@@ -135,11 +135,7 @@ impl Store {
 
     async fn listen_once(&self, wake: &Arc<Notify>, channel: &str) -> Result<()> {
         let target = &self.listen_target;
-        let (client, mut connection) = target
-            .config
-            .connect(target.tls.clone())
-            .await
-            .map_err(|e| StoreError::connect_failed(target, e))?;
+        let (client, mut connection) = super::session(target).await?;
         let (forward, state, own) = (wake.clone(), self.listener.clone(), channel.to_owned());
         let mut driver = tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -246,12 +242,7 @@ impl Store {
     /// notification is sent through the pool, and the answer is whether it was heard
     /// within `timeout`.
     pub async fn wake_ups_heard(&self, timeout: Duration) -> Result<bool> {
-        let target = &self.listen_target;
-        let (client, mut connection) = target
-            .config
-            .connect(target.tls.clone())
-            .await
-            .map_err(|e| StoreError::connect_failed(target, e))?;
+        let (client, mut connection) = super::session(&self.listen_target).await?;
         let channel = format!("outbox_probe_{}", uuid::Uuid::new_v4().simple());
         let (heard_tx, heard_rx) = tokio::sync::oneshot::channel();
         let own = channel.clone();

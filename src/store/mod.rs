@@ -122,6 +122,24 @@ impl StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// A session's connection to drive: its messages (notifications among them) are read from it.
+type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+        tokio_postgres::Socket,
+    >>::Stream,
+>;
+
+/// A session of its own on `target`, outside the pool (the listener, the pooler probe);
+/// the caller drives its connection.
+async fn session(target: &Target) -> Result<(tokio_postgres::Client, Connection)> {
+    target
+        .config
+        .connect(target.tls.clone())
+        .await
+        .map_err(|e| StoreError::connect_failed(target, e))
+}
+
 /// Sizes of the connection pool, for the pool gauges.
 #[derive(Clone, Copy, Debug)]
 pub struct PoolStatus {

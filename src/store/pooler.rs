@@ -102,12 +102,7 @@ impl Store {
 
     /// A session of its own on the store's URL, outside the pool, for a probe.
     async fn probe_session(&self) -> Result<Client> {
-        let (client, connection) = self
-            .target
-            .config
-            .connect(self.target.tls.clone())
-            .await
-            .map_err(|e| StoreError::connect_failed(&self.target, e))?;
+        let (client, connection) = super::session(&self.target).await?;
         tokio::spawn(connection);
         Ok(client)
     }
