@@ -9,10 +9,10 @@
 -- The roles, and what each may do:
 --
 --   outbox_relay     the relayer and the operators' CLI: EXECUTE on the worker functions
---                    (claim, complete, extend, release), on maintenance (repair, prune,
---                    replay and its filter, observe), on enqueue and on schema_version;
---                    SELECT on the views. No right on any table: every change goes through
---                    the lease checks of the SQL API.
+--                    (claim, complete, extend, release, report_circuits), on maintenance
+--                    (repair, prune, replay and its filter, observe), on enqueue and on
+--                    schema_version; SELECT on the views. No right on any table: every
+--                    change goes through the lease checks of the SQL API.
 --   outbox_producer  applications: EXECUTE on the two enqueue overloads and on
 --                    schema_version, nothing else.
 --   outbox_reader    dashboards and operators who only look: SELECT on the views, EXECUTE

@@ -11,6 +11,7 @@
 --   outbox.turns                      rows locked to take turns (claim shards, repair, observe)
 --   outbox.observations               the fleet's latest observation snapshot
 --   outbox.replays                    the audit of dead-letter replays
+--   outbox.circuit_reports            each relayer's circuit state per destination
 --
 -- Who calls what: nobody but the schema owner reads or writes these tables. Producers
 -- (outbox_producer) write through outbox.enqueue, the relayer (outbox_relay) through the
@@ -143,7 +144,8 @@ REVOKE ALL ON FUNCTION outbox.uuid_v7() FROM PUBLIC;
 -- messages_settle_behind (deferred to commit, for a message inserted behind).
 CREATE TABLE outbox.messages (
     outbox_id        uuid        NOT NULL DEFAULT outbox.uuid_v7(),
-    -- enqueue order; decides which message is the head of its key
+    -- enqueue order; decides which message is the head of its key; sent to consumers of
+    -- keyed messages as their per-key sequence (claim_outbox_batch_seq, 04_claim.sql)
     seq              bigint      NOT NULL GENERATED ALWAYS AS IDENTITY,
     topic            text        NOT NULL,
     -- NULL: no order; otherwise delivered one at a time, in seq order, with its key
@@ -400,8 +402,9 @@ REVOKE ALL ON TABLE outbox.dead_letters FROM PUBLIC;
 --                       only under its turn, so two claims never walk one shard at once
 --   repair              one repair_expired_leases pass at a time across the fleet
 --   observe             one computation of the observation at a time
--- Locked by claim_outbox_batch, repair_expired_leases and observe; never updated. A
--- missing row is a turn nobody can take: the rows below are part of the contract.
+-- Locked by the claims (claim_outbox_batch_seq, claim_outbox_batch), repair_expired_leases
+-- and observe; never updated. A missing row is a turn nobody can take: the rows below are
+-- part of the contract.
 CREATE TABLE outbox.turns (
     name text NOT NULL,
     CONSTRAINT turns_pkey PRIMARY KEY (name)
@@ -412,7 +415,7 @@ SELECT 'claim:' || s FROM generate_series(0, 15) AS s;
 INSERT INTO outbox.turns (name) VALUES ('repair'), ('observe');
 
 COMMENT ON TABLE outbox.turns IS
-    'Rows locked by claim_outbox_batch, repair_expired_leases and observe to take turns; owner only.';
+    'Rows locked by the claims (claim_outbox_batch_seq, claim_outbox_batch), repair_expired_leases and observe to take turns; owner only.';
 
 REVOKE ALL ON TABLE outbox.turns FROM PUBLIC;
 
@@ -460,3 +463,30 @@ COMMENT ON TABLE outbox.replays IS
     'Audit of dead-letter replays: who, when, why, the filter, how many; one row per replay; written by start_replay and replay_step, read through outbox.replay_log; owner only.';
 
 REVOKE ALL ON TABLE outbox.replays FROM PUBLIC;
+
+
+-- outbox.circuit_reports: the circuit state of each destination as each relayer last
+-- reported it, one row per (worker, destination). Written by report_circuits when a
+-- circuit changes state and when the relayer renews its reports (never per claim or
+-- batch), so the table holds a few rows per relayer whatever the traffic; a relayer that
+-- stopped renewing leaves rows that expire (expires_at), kept an hour after that and then
+-- deleted by the next report of any relayer. Read through the view outbox.circuits; owner
+-- only.
+CREATE TABLE outbox.circuit_reports (
+    worker_id   text        NOT NULL,
+    destination text        NOT NULL,
+    state       text        NOT NULL,
+    -- when the circuit entered this state, by the relayer's clock
+    since       timestamptz NOT NULL,
+    -- when the relayer last reported it (the database's clock)
+    reported_at timestamptz NOT NULL,
+    -- after this the report is stale: the relayer did not renew it (stopped, or cut off)
+    expires_at  timestamptz NOT NULL,
+    CONSTRAINT circuit_reports_pkey PRIMARY KEY (worker_id, destination),
+    CONSTRAINT circuit_reports_state CHECK (state IN ('closed', 'open', 'half-open'))
+);
+
+COMMENT ON TABLE outbox.circuit_reports IS
+    'Each relayer''s circuit state per destination (closed, open, half-open), since when, and until when the report holds; written by report_circuits, read through outbox.circuits; owner only.';
+
+REVOKE ALL ON TABLE outbox.circuit_reports FROM PUBLIC;

@@ -68,8 +68,8 @@ REVOKE ALL ON FUNCTION outbox.invalid_argument(text, text) FROM PUBLIC;
 
 
 -- outbox.check_worker_id: internal; called by claim_outbox_batch, complete_outbox_batch
--- (and through it complete_outbox_attempt), extend_outbox_leases and
--- release_outbox_leases. Not granted.
+-- (and through it complete_outbox_attempt), extend_outbox_leases, release_outbox_leases
+-- and report_circuits. Not granted.
 --
 -- Inputs:     p_worker_id, the caller's worker id (it is written to leases and attempts).
 -- Returns:    nothing when the id is valid.

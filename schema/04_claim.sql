@@ -1,14 +1,18 @@
 -- The claim: a worker leases a batch of ready messages, and gets with each one the lease
 -- token that fences every later call about it (05_completion.sql).
 --
--- Called by: outbox_relay, through claim_outbox_batch. claim_shard_candidates is internal:
--- claim_outbox_batch calls it, and no role may execute it.
+-- Called by: outbox_relay, through claim_outbox_batch_seq (the relayer of this release) or
+-- claim_outbox_batch (kept for relayers of the previous release, which call it with prepared
+-- statements of its row type; docs/upgrades.md). claim_shard_candidates is internal: both
+-- claims call it, and no role may execute it.
 --
 -- Functions:
---   outbox.claim_outbox_batch      leases up to a batch of ready messages to one worker
+--   outbox.claim_outbox_batch_seq  leases up to a batch of ready messages to one worker,
+--                                  with each message's seq
+--   outbox.claim_outbox_batch      the same without seq; kept for the previous release
 --   outbox.claim_shard_candidates  internal: chooses and locks one shard's messages
 --
--- Conventions shared by both:
+-- Conventions shared by all three:
 -- * Ready: available_at <= now(), no lease (lease_token IS NULL), topic in p_topics when
 --   given, matching none of the LIKE patterns of p_exclude_topics when given.
 -- * Heads and runs. A keyed message is `behind` when an earlier message of its key is
@@ -37,11 +41,11 @@
 --   outbox.invalid_argument before anything is read or locked.
 -- * Isolation: READ COMMITTED, the relayer's. Under REPEATABLE READ or SERIALIZABLE a row
 --   changed after the snapshot raises 40001 where READ COMMITTED checks it again.
--- * Commit: claim_outbox_batch sets synchronous_commit off for its transaction
---   (set_config(…, true)); see its Crash.
+-- * Commit: both claims set synchronous_commit off for their transaction
+--   (set_config(…, true)); see Crash.
 
 
--- outbox.claim_outbox_batch: leases up to p_batch_size ready messages to p_worker_id:
+-- outbox.claim_outbox_batch_seq: leases up to p_batch_size ready messages to p_worker_id:
 -- unkeyed messages and the heads of keys, and behind each keyed head the run of its key
 -- that fits, taken shard by shard starting from a random shard.
 --
@@ -70,8 +74,9 @@
 --             p_max_message_bytes); content_type; headers; attempt_no (the number the
 --             attempt now starting will get, attempt_count + 1); created_at;
 --             lease_expires_at (now() + p_lease_seconds); payload_bytes (the stored
---             payload's length, read from the datum's header without fetching it). No rows
---             when nothing is ready in the shards it could take.
+--             payload's length, read from the datum's header without fetching it); seq (the
+--             message's enqueue order, outbox.messages.seq: see Guarantees). No rows when
+--             nothing is ready in the shards it could take.
 -- Locks:      It goes round the 16 shards once, from a random one. Per shard: a probe (no
 --             lock) for a ready entry of messages_shard_heads_idx within the topic filters,
 --             which stops at the first one, leased or not; none, and the shard is passed
@@ -104,6 +109,15 @@
 --               ready messages are all leased costs its turn and yields nothing.
 --             * Two claims never walk one shard at once, and a claim waits for another only
 --               when every shard with a ready entry is held, for one turn, holding none.
+--             * seq is the message's place in enqueue order, numbered when enqueue (or a
+--               replay) inserted it, increasing across the whole table (with gaps within a
+--               key). A message keeps it across retries, lease expiries and redeliveries;
+--               a replay from dead letters inserts it again with a new, higher seq. The
+--               first deliveries of a key follow seq, with one exception: a transaction
+--               that enqueued under a key and commits after a later-numbered message of
+--               that key was claimed gets its message delivered after that one, with the
+--               lower seq (overlapping producers of one key have no order between them;
+--               03_enqueue.sql). What a consumer does with it: docs/guarantees.md.
 -- Raises:     P7001 when p_batch_size is NULL or outside 1..10000, p_worker_id is NULL or
 --             blank, p_lease_seconds is NULL or outside 1..86400, or p_max_bytes or
 --             p_max_message_bytes is below 1. Nothing else (no P7002: the caller holds no
@@ -129,6 +143,136 @@
 --             a sort of the whole ready set; JIT off, because the disabled paths' inflated
 --             cost made it compile for 190 ms per claim. Asynchronous commit passes the
 --             turns on sooner. Details: docs/performance.md.
+--             A function of its own, not a changed claim_outbox_batch: relayers of the
+--             previous release hold prepared statements of that function's row type, and
+--             a new column would break them during a rolling upgrade (docs/upgrades.md).
+CREATE OR REPLACE FUNCTION outbox.claim_outbox_batch_seq(
+    p_batch_size integer,
+    p_worker_id text,
+    p_lease_seconds integer,
+    p_topics text[] DEFAULT NULL,
+    p_exclude_topics text[] DEFAULT NULL,
+    p_max_bytes bigint DEFAULT NULL,
+    p_max_message_bytes bigint DEFAULT NULL
+) RETURNS TABLE (
+    outbox_id uuid,
+    lease_token uuid,
+    topic text,
+    message_key text,
+    payload bytea,
+    content_type text,
+    headers jsonb,
+    attempt_no integer,
+    created_at timestamptz,
+    lease_expires_at timestamptz,
+    payload_bytes bigint,
+    seq bigint
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET jit = off
+AS $$
+DECLARE
+    v_start integer;
+    v_shard integer;
+    v_busy integer;
+    v_turns integer := 0;
+    v_ids uuid[] := '{}';
+    v_ctids tid[] := '{}';
+    v_bytes bigint := 0;
+BEGIN
+    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
+        PERFORM outbox.invalid_argument('p_batch_size', format('must be between 1 and 10000, got %s', p_batch_size));
+    END IF;
+    PERFORM outbox.check_worker_id(p_worker_id);
+    IF p_lease_seconds IS NULL OR p_lease_seconds < 1 OR p_lease_seconds > 86400 THEN
+        PERFORM outbox.invalid_argument('p_lease_seconds', format('must be between 1 and 86400, got %s', p_lease_seconds));
+    END IF;
+    IF p_max_bytes IS NOT NULL AND p_max_bytes < 1 THEN
+        PERFORM outbox.invalid_argument('p_max_bytes', format('must be at least 1 or NULL, got %s', p_max_bytes));
+    END IF;
+    IF p_max_message_bytes IS NOT NULL AND p_max_message_bytes < 1 THEN
+        PERFORM outbox.invalid_argument('p_max_message_bytes', format('must be at least 1 or NULL, got %s', p_max_message_bytes));
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+
+    -- The shards in turn from a random one. Each is probed for a ready entry before its
+    -- turn is taken, so that an idle queue costs no turn; the probe is a hint only (it
+    -- stops at the first entry, leased or not): the shard is read again under its turn.
+    -- Shards that other claims hold are skipped. Only when pass 1 took no turn while some
+    -- shard has work (all such shards are held) does pass 2 wait, for the turn of the first
+    -- shard it found with work, and then go on round the others, skipping those held.
+    v_start := floor(random() * 16)::integer;
+    FOR v_pass IN 1 .. 2 LOOP
+        EXIT WHEN v_turns > 0 OR (v_pass = 2 AND v_busy IS NULL);
+        FOR v_i IN 0 .. 15 LOOP
+            v_shard := (v_start + v_i) % 16;
+            IF v_pass = 2 AND v_shard = v_busy THEN
+                PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE;
+            ELSE
+                CONTINUE WHEN NOT EXISTS (
+                    SELECT 1
+                      FROM outbox.messages AS c
+                     WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = v_shard
+                       AND NOT c.behind
+                       AND c.available_at <= now()
+                       AND (p_topics IS NULL OR c.topic = ANY (p_topics))
+                       AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics)));
+                v_busy := coalesce(v_busy, v_shard);
+                PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE SKIP LOCKED;
+                CONTINUE WHEN NOT FOUND;
+            END IF;
+            v_turns := v_turns + 1;
+            SELECT v_ids || s.ids, v_ctids || s.ctids, v_bytes + s.bytes
+              INTO v_ids, v_ctids, v_bytes
+              FROM outbox.claim_shard_candidates(v_shard, p_batch_size - cardinality(v_ids), v_bytes,
+                                                 p_topics, p_exclude_topics, p_max_bytes,
+                                                 p_max_message_bytes) AS s;
+            EXIT WHEN cardinality(v_ids) >= p_batch_size
+                   OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
+        END LOOP;
+    END LOOP;
+
+    RETURN QUERY
+    WITH leased AS (
+        UPDATE outbox.messages AS m
+           SET claimed_by = p_worker_id,
+               lease_token = gen_random_uuid(),
+               lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+         WHERE m.ctid = ANY (v_ctids)
+           -- a check, not a way in: written so that it cannot drive an index scan
+           AND (m.outbox_id = ANY (v_ids)) IS TRUE
+           AND m.lease_token IS NULL
+        RETURNING m.seq, m.outbox_id, m.lease_token, m.topic, m.message_key,
+                  CASE WHEN octet_length(m.payload) > p_max_message_bytes THEN NULL ELSE m.payload END
+                      AS payload,
+                  m.content_type, m.headers, m.attempt_count + 1 AS attempt_no, m.created_at,
+                  m.lease_expires_at, octet_length(m.payload)::bigint AS payload_bytes
+    )
+    SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+           l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
+      FROM leased AS l
+     ORDER BY l.seq;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint) IS
+    'Leases up to p_batch_size ready messages (unkeyed ones, heads of keys, and the runs behind keyed heads) to p_worker_id for p_lease_seconds, within the topic filters and byte budget; rows in enqueue order, each with its seq; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint) TO outbox_relay;
+
+
+-- outbox.claim_outbox_batch: claim_outbox_batch_seq without the seq column, for relayers of
+-- the previous release, which call it during a rolling upgrade (docs/upgrades.md). Its
+-- inputs, locks, guarantees, errors and crash behaviour are those of
+-- claim_outbox_batch_seq above; its body is the same but for the seq it does not return,
+-- and a change to one is made to both. A later release's migration drops it, once no
+-- relayer of a release that calls it can still be running.
 CREATE OR REPLACE FUNCTION outbox.claim_outbox_batch(
     p_batch_size integer,
     p_worker_id text,
@@ -243,19 +387,19 @@ END;
 $$;
 
 COMMENT ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) IS
-    'Leases up to p_batch_size ready messages (unkeyed ones, heads of keys, and the runs behind keyed heads) to p_worker_id for p_lease_seconds, within the topic filters and byte budget; rows in enqueue order; P7001 on a bad argument.';
+    'Kept for relayers of the previous release: claim_outbox_batch_seq without the seq column (same leases, rows in enqueue order; P7001 on a bad argument). Dropped by a later release.';
 
 REVOKE ALL ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) TO outbox_relay;
 
 
 -- outbox.claim_shard_candidates (internal): chooses the messages one claim takes from one
--- shard and locks its heads. Called only by claim_outbox_batch, while it holds the shard's
--- turn; no role may execute it.
+-- shard and locks its heads. Called only by claim_outbox_batch_seq and claim_outbox_batch,
+-- while the claim holds the shard's turn; no role may execute it.
 --
 -- Inputs:     p_shard (0 to 15); p_room, the most ids to return (at least 1); p_used, the
 --             payload bytes the batch has counted so far; p_topics, p_exclude_topics,
---             p_max_bytes and p_max_message_bytes as claim_outbox_batch received them.
+--             p_max_bytes and p_max_message_bytes as the claim received them.
 -- Returns:    ids and ctids, parallel: the heads in claim order (available_at, seq), then
 --             the runs, head after head, each in seq order; bytes, the payload bytes they
 --             count against the budget (a head over p_max_message_bytes counts 0).
@@ -372,6 +516,6 @@ END;
 $$;
 
 COMMENT ON FUNCTION outbox.claim_shard_candidates(integer, integer, bigint, text[], text[], bigint, bigint) IS
-    'Internal (claim_outbox_batch, under the shard''s turn): locks up to p_room heads of one shard and returns their ids, tuple addresses and counted bytes, then the runs behind the keyed heads, within the room and budget left.';
+    'Internal (claim_outbox_batch_seq and claim_outbox_batch, under the shard''s turn): locks up to p_room heads of one shard and returns their ids, tuple addresses and counted bytes, then the runs behind the keyed heads, within the room and budget left.';
 
 REVOKE ALL ON FUNCTION outbox.claim_shard_candidates(integer, integer, bigint, text[], text[], bigint, bigint) FROM PUBLIC;

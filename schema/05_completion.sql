@@ -3,8 +3,8 @@
 -- gives back what it did not attempt.
 --
 -- Called by: outbox_relay, through complete_outbox_batch, complete_outbox_attempt,
--- extend_outbox_leases and release_outbox_leases. apply_outcomes, record_attempts and
--- promote_heads are internal and no role may execute them: the completion calls them, and
+-- extend_outbox_leases and release_outbox_leases. apply_outcomes, record_attempts,
+-- promote_heads and lock_keys are internal and no role may execute them: the completion calls them, and
 -- repair_expired_leases (06_repair_retention.sql) calls apply_outcomes.
 --
 -- Functions:
@@ -16,6 +16,7 @@
 --                                   dead-letter or requeue)
 --   outbox.record_attempts          internal: appends attempts in the arrays' order
 --   outbox.promote_heads            internal: a key's next message becomes its head
+--   outbox.lock_keys                internal: serializes the completions of a key
 --
 -- Conventions shared by all of them:
 -- * The lease fence. A listed (outbox_id, lease_token) pair is acted on only when
@@ -76,7 +77,9 @@
 --             number, see record_attempts); lease_lost; dead_lettered (applied as FAILED,
 --             or as RETRYABLE with no attempt left, which includes a message parked because
 --             a dead letter with its id exists).
--- Locks:      When every state is DISPATCHED, the fence is the deletion: one DELETE (this
+-- Locks:      First the completion lock of each listed message's key (lock_keys), so
+--             the completions of one key run one after the other. When every state is
+--             DISPATCHED, the fence is the deletion: one DELETE (this
 --             worker, a listed token, an unexpired lease) by one scan of messages_pkey for
 --             the listed ids, which locks the rows in id order, waits for a row another
 --             transaction holds and checks it again; the same statement inserts the
@@ -178,6 +181,10 @@ BEGIN
         PERFORM outbox.invalid_argument('p_retry_ats',
             'a retry time is only allowed with state RETRYABLE, not with a terminal state');
     END IF;
+
+    -- One completion at a time per key, so that promote_heads sees what the key's other
+    -- completions did.
+    PERFORM outbox.lock_keys(p_outbox_ids);
 
     IF 'DISPATCHED' = ALL (p_states) THEN
         BEGIN
@@ -693,6 +700,59 @@ COMMENT ON FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_sta
 REVOKE ALL ON FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_state[], text[], uuid[], text[]) FROM PUBLIC;
 
 
+-- outbox.lock_keys (internal): takes, for the transaction, the completion lock of the key
+-- of each listed message that has one (a transaction-scoped advisory lock, classid
+-- hashtext('outbox.key'), objid hashtext(key)), in objid order. Called by
+-- complete_outbox_batch before it changes anything; no role may execute it.
+--
+-- Locks:      the advisory locks, held until the caller's transaction ends, waiting for
+--             a completion of the same key (or of a key with the same hash) to end. Taken
+--             in one order, before any row lock of the completion, so two completions
+--             cannot deadlock on them; nothing else takes them.
+-- Guarantees: the completions of one key run one after the other, so promote_heads never
+--             decides on a snapshot that misses a concurrent completion of its key. Two
+--             messages of a key can be held by two workers at once (a key's heads are
+--             taken in commit order when producers overlap, docs/guarantees.md), and a
+--             relayer completes a run's messages as each is delivered: concurrent, each
+--             completion's promotion could see the other's message as the key's head and
+--             leave the key with no head at all.
+-- Raises:     nothing of its own.
+-- Shape:      one probe of messages_pkey per listed id, a LATERAL subquery that the
+--             planner cannot pull up (LIMIT 1): written as a join of the ids, with no
+--             statistics on a fresh table it walked all of messages_key_seq_idx instead
+--             (2,000 keyed rows read to find 3 at a 20,000 backlog). Unkeyed messages take
+--             no lock.
+CREATE OR REPLACE FUNCTION outbox.lock_keys(p_outbox_ids uuid[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_hash integer;
+BEGIN
+    FOR v_hash IN
+        SELECT DISTINCT hashtext(m.message_key)
+          FROM unnest(p_outbox_ids) AS u(id)
+         CROSS JOIN LATERAL (
+                SELECT x.message_key
+                  FROM outbox.messages AS x
+                 WHERE x.outbox_id = u.id
+                 LIMIT 1) AS m
+         WHERE m.message_key IS NOT NULL
+         ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(hashtext('outbox.key'), v_hash);
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.lock_keys(uuid[]) IS
+    'Internal (complete_outbox_batch): takes the transaction-scoped completion lock of the key of each listed message, in one order.';
+
+REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
+
+
 -- outbox.promote_heads (internal): the first pending message of each listed key becomes
 -- its head (behind = false) where it is not already. Called by complete_outbox_batch and
 -- apply_outcomes after they delete keyed messages, as a statement of its own, so that its
@@ -700,30 +760,67 @@ REVOKE ALL ON FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_
 -- execute it.
 --
 -- Raises:     nothing of its own.
+-- Locks:      each key's first pending message while it is marked behind (FOR NO KEY
+--             UPDATE, through the UPDATE), waiting for a transaction that holds it.
+-- Guarantees: when the caller commits, each listed key's first pending message, as any
+--             later statement sees it, is not marked behind, or is being deleted by a
+--             completion that has not committed and promotes the key itself. The message
+--             it finds may be one that another completion is deleting (two completions of
+--             consecutive messages of one key at once): the UPDATE waits for that
+--             completion and, the row gone, updates nothing; the key is then looked up
+--             again, in a new statement whose snapshot sees that deletion, until its first
+--             pending message is found already a head, is updated, or the key has none.
+--             The other completion, which saw this one's message still there and a head,
+--             changed nothing. Each round ends with a message of the key gone or promoted,
+--             so the loop ends.
 -- Shape:      the heads are found first (one probe of messages_key_seq_idx per distinct
 --             key) and then updated by primary key: joined in one statement, the planner
 --             could walk all of outbox.messages per call (11.7 s at a 480,000 backlog).
---             PL/pgSQL with plan_cache_mode = auto keeps the plan between calls (it does
---             not depend on the array): 0.19 ms per call against 0.30 ms planned each time.
+--             PL/pgSQL with plan_cache_mode = auto keeps the plans between calls (they do
+--             not depend on the arrays). A call without a concurrent deletion makes one
+--             round: the lookup and the UPDATE.
 CREATE OR REPLACE FUNCTION outbox.promote_heads(p_keys text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = auto
 SET enable_seqscan = off
 AS $$
+DECLARE
+    v_keys     text[] := ARRAY(SELECT DISTINCT k.key
+                                 FROM unnest(p_keys) AS k(key)
+                                WHERE k.key IS NOT NULL);
+    v_ids      uuid[];  -- the first pending message of a key, still marked behind
+    v_id_keys  text[];  -- its key
+    v_promoted text[];  -- the keys whose message this round's UPDATE changed
 BEGIN
-    UPDATE outbox.messages AS m
-       SET behind = false
-     WHERE m.outbox_id = ANY (ARRAY(
-               SELECT f.outbox_id
-                 FROM (SELECT DISTINCT k.key FROM unnest(p_keys) AS k(key)) AS k
-                CROSS JOIN LATERAL (
-                       SELECT n.outbox_id
-                         FROM outbox.messages AS n
-                        WHERE n.message_key = k.key
-                        ORDER BY n.seq
-                        LIMIT 1) AS f))
-       AND m.behind;
+    WHILE cardinality(v_keys) > 0 LOOP
+        SELECT array_agg(f.outbox_id), array_agg(k.key)
+          INTO v_ids, v_id_keys
+          FROM unnest(v_keys) AS k(key)
+         CROSS JOIN LATERAL (
+                SELECT n.outbox_id, n.behind
+                  FROM outbox.messages AS n
+                 WHERE n.message_key = k.key
+                 ORDER BY n.seq
+                 LIMIT 1) AS f
+         WHERE f.behind;
+        EXIT WHEN v_ids IS NULL;
+
+        WITH promoted AS (
+            UPDATE outbox.messages AS m
+               SET behind = false
+             WHERE m.outbox_id = ANY (v_ids)
+               AND m.behind
+            RETURNING m.message_key
+        )
+        SELECT coalesce(array_agg(p.message_key), '{}')
+          INTO v_promoted
+          FROM promoted AS p;
+
+        -- A message not updated was deleted (or made a head) by another transaction while
+        -- this one waited for it: its key is looked up again.
+        v_keys := ARRAY(SELECT unnest(v_id_keys) EXCEPT SELECT unnest(v_promoted));
+    END LOOP;
 END;
 $$;
 

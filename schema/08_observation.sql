@@ -15,12 +15,19 @@
 --   schema_version()
 --       the version of the newest applied migration; EXECUTE for all three roles (every
 --       verb and /readyz of the relayer compare it with the version the build needs).
+--   circuits (view)
+--       each destination's circuit state as each relayer last reported it, stale reports
+--       marked; SELECT for outbox_reader and outbox_relay (`outbox-relay status`).
+--   report_circuits(p_worker_id, p_destinations, p_states, p_since, p_ttl)
+--       a relayer's circuit states, written when one changes and renewed before they
+--       expire; EXECUTE for outbox_relay.
 --
 -- Conventions shared by all of them:
 -- * Views read the tables with the view owner's rights, and the functions are SECURITY
 --   DEFINER with search_path pg_catalog, pg_temp: readers hold no right on any table.
 -- * Everything here only reads the outbox's tables and takes no row lock on them; observe
---   alone writes, to its own table outbox.observations, under the 'observe' turn.
+--   alone writes, to its own table outbox.observations, under the 'observe' turn, and
+--   report_circuits to its own table outbox.circuit_reports.
 -- * Figures are as of one moment: now() (the reader's transaction start) in the views,
 --   clock_timestamp() at the start of the computation in the snapshot.
 -- * Message states, the same in every view and in the snapshot: ready (unleased,
@@ -231,7 +238,11 @@ WITH clock AS (
            count(*) FILTER (WHERE m.lease_expires_at > c.now)                        AS in_flight,
            count(*) FILTER (WHERE m.lease_expires_at <= c.now)                       AS expired_leases,
            min(m.available_at) FILTER (WHERE m.lease_token IS NULL
-                                         AND m.available_at <= c.now)                AS oldest_ready_at
+                                         AND m.available_at <= c.now)                AS oldest_ready_at,
+           -- parked messages (available_at 'infinity') are delayed but never due
+           min(m.available_at) FILTER (WHERE m.lease_token IS NULL
+                                         AND m.available_at > c.now
+                                         AND m.available_at < 'infinity')            AS next_due_at
       FROM outbox.messages AS m, clock AS c
      GROUP BY m.topic
 ), dead AS (
@@ -245,7 +256,8 @@ WITH clock AS (
            coalesce(p.in_flight, 0)    AS in_flight,
            coalesce(p.expired_leases, 0) AS expired_leases,
            coalesce(d.dead_letters, 0) AS dead_letters,
-           p.oldest_ready_at
+           p.oldest_ready_at,
+           p.next_due_at
       FROM pending AS p
       FULL JOIN dead AS d ON d.topic = p.topic
 ), ranked AS (
@@ -261,7 +273,8 @@ WITH clock AS (
            sum(r.in_flight)::bigint      AS in_flight,
            sum(r.expired_leases)::bigint AS expired_leases,
            sum(r.dead_letters)::bigint   AS dead_letters,
-           min(r.oldest_ready_at)        AS oldest_ready_at
+           min(r.oldest_ready_at)        AS oldest_ready_at,
+           min(r.next_due_at)            AS next_due_at
       FROM ranked AS r
      GROUP BY 1
 ), attempts AS (
@@ -316,7 +329,8 @@ SELECT jsonb_build_object(
                    'expired_leases', l.expired_leases,
                    'dead_letters', l.dead_letters,
                    'oldest_ready_age_seconds',
-                       extract(epoch FROM c.now - l.oldest_ready_at)::float8)
+                       extract(epoch FROM c.now - l.oldest_ready_at)::float8,
+                   'next_due_at', l.next_due_at)
                    ORDER BY l.ready + l.delayed + l.in_flight + l.expired_leases DESC, l.label)
           FROM labelled AS l, clock AS c), '[]'),
     'attempts_last_minute', coalesce((
@@ -352,8 +366,11 @@ REVOKE ALL ON FUNCTION outbox.observation(integer) FROM PUBLIC;
 --             stored yet, a row with observed_at and snapshot NULL.
 --             The snapshot (jsonb):
 --               topics                [{topic, ready, delayed, in_flight, expired_leases,
---                                      dead_letters, oldest_ready_age_seconds}], largest
---                                     backlog first; at most p_top_topics plus 'other'
+--                                      dead_letters, oldest_ready_age_seconds, next_due_at
+--                                      (when the first delayed message becomes ready; NULL
+--                                      when none is delayed or all are parked at
+--                                      'infinity')}], largest backlog first; at most
+--                                     p_top_topics plus 'other'
 --               attempts_last_minute  {state: attempts recorded in the last minute}
 --               horizon_holders       [{kind (session, replication slot, prepared
 --                                      transaction), pid, name (application name, slot name
@@ -466,3 +483,119 @@ COMMENT ON FUNCTION outbox.schema_version() IS
 
 REVOKE ALL ON FUNCTION outbox.schema_version() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.schema_version() TO outbox_relay, outbox_producer, outbox_reader;
+
+
+-- outbox.circuits: one row per (destination, worker) report of outbox.circuit_reports:
+-- destination, state (closed, open or half-open), worker_id (the relayer that reported
+-- it), since (when that relayer's circuit entered the state, by its clock), reported_at
+-- (its latest report), expires_at, and stale (expires_at has passed: the relayer stopped
+-- renewing its report; it stopped, or cannot reach the database). A relayer that stops
+-- cleanly deletes its rows; stale rows are deleted an hour after they expire. Reads
+-- outbox.circuit_reports whole: a few rows per relayer.
+CREATE VIEW outbox.circuits AS
+SELECT r.destination,
+       r.state,
+       r.worker_id,
+       r.since,
+       r.reported_at,
+       r.expires_at,
+       r.expires_at <= now() AS stale
+  FROM outbox.circuit_reports AS r;
+
+COMMENT ON VIEW outbox.circuits IS
+    'Each destination''s circuit state (closed, open, half-open) as each relayer last reported it, since when, and whether the report is stale (not renewed before expires_at).';
+
+REVOKE ALL ON outbox.circuits FROM PUBLIC;
+GRANT SELECT ON outbox.circuits TO outbox_reader, outbox_relay;
+
+-- outbox.report_circuits: one relayer's circuit state for each of its destinations.
+--
+-- Inputs:     p_worker_id     the relayer's worker id
+--             p_destinations  every destination of the relayer, by name, each once (an
+--                             empty array: the relayer has none, or is stopping)
+--             p_states        the circuit of each: 'closed', 'open' or 'half-open'
+--             p_since         when each circuit entered that state, by the relayer's clock
+--             p_ttl           how long the reports hold without being renewed (more than 0)
+--             (element i of p_destinations, p_states and p_since go together)
+-- Returns:    nothing.
+-- Locks:      the rows of outbox.circuit_reports of p_worker_id, and rows expired for more
+--             than an hour that no other call holds (FOR UPDATE SKIP LOCKED, never waits).
+--             No lock on the outbox's other tables.
+-- Guarantees: afterwards the worker's rows are exactly p_destinations, with these states
+--             and since, reported_at now() and expires_at now() + p_ttl; its rows for other
+--             destinations are deleted. Rows of any worker expired for more than an hour are
+--             deleted, so workers that stopped without a clean shutdown leave nothing
+--             behind for long.
+-- Raises:     P7001 (p_worker_id) when it is NULL or blank; P7001 (p_destinations) when it
+--             is NULL, holds a NULL or empty name or a name twice; P7001 (p_states) when it
+--             is NULL, of another length than p_destinations, or holds another value;
+--             P7001 (p_since) when it is NULL, of another length, or holds a NULL; P7001
+--             (p_ttl) when it is NULL or not positive.
+-- Crash:      nothing: one transaction; the previous reports stand until it commits.
+-- Shape:      the relayer calls it when a circuit changes state and to renew its reports
+--             (a third of the way to their expiry), never per claim or batch: its writes
+--             follow the destinations' health, not the traffic. The whole set in one call
+--             keeps one relayer's rows consistent with each other.
+CREATE OR REPLACE FUNCTION outbox.report_circuits(
+    p_worker_id text,
+    p_destinations text[],
+    p_states text[],
+    p_since timestamptz[],
+    p_ttl interval
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox.check_worker_id(p_worker_id);
+    IF p_destinations IS NULL
+       OR EXISTS (SELECT FROM unnest(p_destinations) AS d WHERE d IS NULL OR btrim(d) = '')
+       OR cardinality(p_destinations)
+          <> (SELECT count(DISTINCT d) FROM unnest(p_destinations) AS d) THEN
+        PERFORM outbox.invalid_argument('p_destinations',
+            'must be an array of distinct non-empty names');
+    END IF;
+    IF p_states IS NULL OR cardinality(p_states) <> cardinality(p_destinations)
+       OR EXISTS (SELECT FROM unnest(p_states) AS s
+                   WHERE s IS NULL OR s NOT IN ('closed', 'open', 'half-open')) THEN
+        PERFORM outbox.invalid_argument('p_states',
+            format('must hold closed, open or half-open for each of the %s destinations',
+                   cardinality(p_destinations)));
+    END IF;
+    IF p_since IS NULL OR cardinality(p_since) <> cardinality(p_destinations)
+       OR array_position(p_since, NULL) IS NOT NULL THEN
+        PERFORM outbox.invalid_argument('p_since',
+            format('must hold a time for each of the %s destinations',
+                   cardinality(p_destinations)));
+    END IF;
+    IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
+        PERFORM outbox.invalid_argument('p_ttl', 'must be a positive interval');
+    END IF;
+
+    INSERT INTO outbox.circuit_reports AS r
+           (worker_id, destination, state, since, reported_at, expires_at)
+    SELECT p_worker_id, d.destination, d.state, d.since, now(), now() + p_ttl
+      FROM unnest(p_destinations, p_states, p_since) AS d(destination, state, since)
+    ON CONFLICT (worker_id, destination) DO UPDATE
+        SET state = excluded.state,
+            since = excluded.since,
+            reported_at = excluded.reported_at,
+            expires_at = excluded.expires_at;
+    DELETE FROM outbox.circuit_reports AS r
+     WHERE r.worker_id = p_worker_id
+       AND r.destination <> ALL (p_destinations);
+    -- SKIP LOCKED: two relayers cleaning up at once never wait for each other
+    DELETE FROM outbox.circuit_reports AS r
+     WHERE (r.worker_id, r.destination) IN (
+               SELECT o.worker_id, o.destination
+                 FROM outbox.circuit_reports AS o
+                WHERE o.expires_at < now() - interval '1 hour'
+                  FOR UPDATE SKIP LOCKED);
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.report_circuits(text, text[], text[], timestamptz[], interval) IS
+    'A relayer''s circuit state per destination (closed, open, half-open) and since when, holding for p_ttl; replaces its earlier reports and deletes reports expired for an hour; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.report_circuits(text, text[], text[], timestamptz[], interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.report_circuits(text, text[], text[], timestamptz[], interval) TO outbox_relay;

@@ -301,7 +301,10 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V21__probe_without_walking_leases\n\
          applied V22__delivered_batch_in_one_statement\n\
          applied V23__retention_plan_pinned\n\
-         applied V24__contract_comments\n"
+         applied V24__contract_comments\n\
+         applied V25__claim_returns_the_key_sequence\n\
+         applied V26__circuit_reports_and_next_due_times\n\
+         applied V27__promote_heads_after_concurrent_completions\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

@@ -1,4 +1,5 @@
-//! The plans of the hot path's statements (inside claim, extend, release and complete),
+//! The plans of the hot path's statements (inside claim, extend, release and complete; the
+//! claim both as the relayer calls it and as the previous release's relayers do),
 //! read with auto_explain, at 0-row statistics over 20,000 rows (what autovacuum leaves
 //! after the queue drained), 20,000 analyzed rows and 1,000,000: each is driven by an index
 //! (the claim's lease by tuple address), never by a scan of outbox.messages that rescans
@@ -44,14 +45,19 @@ async fn explaining(url: &str) -> (Client, Arc<Mutex<Vec<String>>>) {
     (client, plans)
 }
 
-/// Seven rounds (past plpgsql's five custom plans, into its generic one) of: claim 500,
-/// extend them, release the last 100, complete the rest. Returns every plan auto_explain printed.
-async fn hot_path_plans(url: &str) -> Vec<String> {
+/// The claims whose plans are checked: the relayer's, and the one kept for relayers of the
+/// previous release (the same statements; both run during a rolling upgrade).
+const CLAIMS: [&str; 2] = ["claim_outbox_batch_seq", "claim_outbox_batch"];
+
+/// Seven rounds (past plpgsql's five custom plans, into its generic one) of: claim 500 with
+/// `outbox.<claim>`, extend them, release the last 100, complete the rest. Returns every plan
+/// auto_explain printed.
+async fn hot_path_plans(url: &str, claim: &str) -> Vec<String> {
     let (c, plans) = explaining(url).await;
     for _ in 0..7 {
         let rows = c
             .query(
-                "SELECT outbox_id, lease_token FROM outbox.claim_outbox_batch(500, 'w', 30)",
+                &format!("SELECT outbox_id, lease_token FROM outbox.{claim}(500, 'w', 30)"),
                 &[],
             )
             .await
@@ -126,11 +132,23 @@ fn assert_index_driven(shape: &str, plans: &[String]) {
             !plan.contains("Seq Scan on messages"),
             "{shape}: a hot-path statement scans outbox.messages:\n{plan}"
         );
-        if plan.contains("SET behind = false") && plan.contains("FROM outbox.messages AS n") {
+        if plan.contains("SET behind = false") && plan.contains("ANY (v_ids)") {
             promotions += 1;
             assert!(
                 plan.contains("Index Cond: (outbox_id = ANY"),
                 "{shape}: the keys' next heads are not updated by primary key:\n{plan}"
+            );
+        }
+        if plan.contains("FROM outbox.messages AS n") && plan.contains("ORDER BY n.seq") {
+            assert!(
+                plan.contains("messages_key_seq_idx"),
+                "{shape}: a key's next head is not found through messages_key_seq_idx:\n{plan}"
+            );
+        }
+        if plan.contains("hashtext(m.message_key)") {
+            assert!(
+                plan.contains("Index Cond: (outbox_id = u.id)"),
+                "{shape}: the completion's keys are not read by primary key:\n{plan}"
             );
         }
         if plan.contains("CROSS JOIN LATERAL") && plan.contains("FOR NO KEY UPDATE") {
@@ -210,17 +228,29 @@ async fn hot_path_plans_are_index_driven_at_any_backlog_and_any_statistics() {
         .get(0);
     assert!(reltuples < 1.0, "reltuples {reltuples}");
     fill(&c, 20_000).await;
-    assert_index_driven(
-        "0-row statistics, 20,000 rows",
-        &hot_path_plans(&db.url).await,
-    );
+    for claim in CLAIMS {
+        assert_index_driven(
+            &format!("{claim}, 0-row statistics, 20,000 rows"),
+            &hot_path_plans(&db.url, claim).await,
+        );
+    }
 
     c.batch_execute("ANALYZE outbox.messages").await.unwrap();
-    assert_index_driven("20,000 rows analyzed", &hot_path_plans(&db.url).await);
+    for claim in CLAIMS {
+        assert_index_driven(
+            &format!("{claim}, 20,000 rows analyzed"),
+            &hot_path_plans(&db.url, claim).await,
+        );
+    }
 
     fill(&c, 1_000_000).await;
     c.batch_execute("ANALYZE outbox.messages").await.unwrap();
-    assert_index_driven("1,000,000 rows analyzed", &hot_path_plans(&db.url).await);
+    for claim in CLAIMS {
+        assert_index_driven(
+            &format!("{claim}, 1,000,000 rows analyzed"),
+            &hot_path_plans(&db.url, claim).await,
+        );
+    }
     db.finish().await;
 }
 

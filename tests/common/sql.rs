@@ -14,6 +14,8 @@ pub struct Claimed {
     pub token: Uuid,
     pub attempt_no: i32,
     pub key: Option<String>,
+    /// `None` from the claim kept for the previous release, which does not return it.
+    pub seq: Option<i64>,
 }
 
 pub async fn enqueue(c: &Client, topic: &str, key: Option<&str>) -> Uuid {
@@ -36,7 +38,28 @@ pub async fn enqueue_with(c: &Client, key: Option<&str>, max_attempts: i32) -> U
     .get(0)
 }
 
+/// `outbox.claim_outbox_batch_seq`, the relayer's claim.
 pub async fn claim(c: &Client, n: i32, worker: &str, lease_secs: i32) -> Vec<Claimed> {
+    c.query(
+        "SELECT outbox_id, lease_token, attempt_no, message_key, seq \
+         FROM outbox.claim_outbox_batch_seq($1, $2, $3)",
+        &[&n, &worker, &lease_secs],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| Claimed {
+        id: r.get(0),
+        token: r.get(1),
+        attempt_no: r.get(2),
+        key: r.get(3),
+        seq: Some(r.get(4)),
+    })
+    .collect()
+}
+
+/// `outbox.claim_outbox_batch`, the claim kept for relayers of the previous release.
+pub async fn claim_kept(c: &Client, n: i32, worker: &str, lease_secs: i32) -> Vec<Claimed> {
     c.query(
         "SELECT outbox_id, lease_token, attempt_no, message_key \
          FROM outbox.claim_outbox_batch($1, $2, $3)",
@@ -50,6 +73,7 @@ pub async fn claim(c: &Client, n: i32, worker: &str, lease_secs: i32) -> Vec<Cla
         token: r.get(1),
         attempt_no: r.get(2),
         key: r.get(3),
+        seq: None,
     })
     .collect()
 }
@@ -149,7 +173,7 @@ pub async fn enqueue_id(
 pub async fn claim_texts(c: &Client, n: i32) -> Vec<(Option<String>, String, Uuid, Uuid)> {
     c.query(
         "SELECT message_key, convert_from(payload, 'UTF8'), outbox_id, lease_token \
-         FROM outbox.claim_outbox_batch($1, 'w', 30)",
+         FROM outbox.claim_outbox_batch_seq($1, 'w', 30)",
         &[&n],
     )
     .await

@@ -9,24 +9,36 @@ async fn invalid_arguments_raise_p7001_naming_the_argument() {
     let id = Uuid::new_v4();
     let cases: &[(&str, &str)] = &[
         (
-            "SELECT * FROM outbox.claim_outbox_batch(0, 'w1', 30)",
+            "SELECT * FROM outbox.claim_outbox_batch_seq(0, 'w1', 30)",
             "p_batch_size",
         ),
         (
-            "SELECT * FROM outbox.claim_outbox_batch(-5, 'w1', 30)",
+            "SELECT * FROM outbox.claim_outbox_batch_seq(-5, 'w1', 30)",
+            "p_batch_size",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch_seq(10, '', 30)",
+            "p_worker_id",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch_seq(10, NULL, 30)",
+            "p_worker_id",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch_seq(10, 'w1', -1)",
+            "p_lease_seconds",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch_seq(10, 'w1', 0)",
+            "p_lease_seconds",
+        ),
+        (
+            "SELECT * FROM outbox.claim_outbox_batch(0, 'w1', 30)",
             "p_batch_size",
         ),
         (
             "SELECT * FROM outbox.claim_outbox_batch(10, '', 30)",
             "p_worker_id",
-        ),
-        (
-            "SELECT * FROM outbox.claim_outbox_batch(10, NULL, 30)",
-            "p_worker_id",
-        ),
-        (
-            "SELECT * FROM outbox.claim_outbox_batch(10, 'w1', -1)",
-            "p_lease_seconds",
         ),
         (
             "SELECT * FROM outbox.claim_outbox_batch(10, 'w1', 0)",
@@ -107,6 +119,37 @@ async fn invalid_arguments_raise_p7001_naming_the_argument() {
         (
             "SELECT outbox.prune_attempts(interval '1 day', 0)",
             "p_limit",
+        ),
+        (
+            "SELECT outbox.report_circuits(' ', '{d}', '{open}', ARRAY[now()], interval '1 minute')",
+            "p_worker_id",
+        ),
+        (
+            "SELECT outbox.report_circuits('w1', '{d,d}', '{open,open}', ARRAY[now(), now()], \
+             interval '1 minute')",
+            "p_destinations",
+        ),
+        (
+            "SELECT outbox.report_circuits('w1', '{\"\"}', '{open}', ARRAY[now()], interval '1 minute')",
+            "p_destinations",
+        ),
+        (
+            "SELECT outbox.report_circuits('w1', '{d}', '{ajar}', ARRAY[now()], interval '1 minute')",
+            "p_states",
+        ),
+        (
+            "SELECT outbox.report_circuits('w1', '{d,e}', '{open}', ARRAY[now(), now()], \
+             interval '1 minute')",
+            "p_states",
+        ),
+        (
+            "SELECT outbox.report_circuits('w1', '{d}', '{open}', ARRAY[NULL::timestamptz], \
+             interval '1 minute')",
+            "p_since",
+        ),
+        (
+            "SELECT outbox.report_circuits('w1', '{d}', '{open}', ARRAY[now()], interval '0')",
+            "p_ttl",
         ),
     ];
     for (sql, argument) in cases {

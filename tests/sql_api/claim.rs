@@ -1,7 +1,8 @@
-//! `outbox.claim_outbox_batch`: what a claim returns and leases, fresh tokens, delayed and
-//! leased messages skipped, the byte budget, the shards' turns (a held shard is passed, no
+//! `outbox.claim_outbox_batch_seq`: what a claim returns and leases, fresh tokens, delayed
+//! and leased messages skipped, the byte budget, the shards' turns (a held shard is passed, no
 //! shard waits behind the others' backlog) and concurrent claimers that never share a
-//! message.
+//! message; and `outbox.claim_outbox_batch`, kept for relayers of the previous release, which
+//! leases the same messages and returns the same rows without seq.
 
 use super::*;
 
@@ -12,7 +13,10 @@ async fn happy_path_claims_completes_and_records_one_attempt() {
     let id = enqueue(&c, "orders", Some("customer-1")).await;
 
     let row = c
-        .query_one("SELECT * FROM outbox.claim_outbox_batch(10, 'w1', 30)", &[])
+        .query_one(
+            "SELECT * FROM outbox.claim_outbox_batch_seq(10, 'w1', 30)",
+            &[],
+        )
         .await
         .unwrap();
     assert_eq!(row.get::<_, Uuid>("outbox_id"), id);
@@ -26,12 +30,17 @@ async fn happy_path_claims_completes_and_records_one_attempt() {
     assert_eq!(row.get::<_, i32>("attempt_no"), 1);
     let leased = c
         .query_one(
-            "SELECT claimed_by, lease_token, lease_expires_at > now() + interval '25 seconds' \
+            "SELECT claimed_by, lease_token, lease_expires_at > now() + interval '25 seconds', seq \
              FROM outbox.messages WHERE outbox_id = $1",
             &[&id],
         )
         .await
         .unwrap();
+    assert_eq!(
+        row.get::<_, i64>("seq"),
+        leased.get::<_, i64>(3),
+        "the claim returns the message's seq"
+    );
     assert_eq!(leased.get::<_, String>(0), "w1");
     assert_eq!(leased.get::<_, Uuid>(1), row.get::<_, Uuid>("lease_token"));
     assert!(
@@ -44,6 +53,7 @@ async fn happy_path_claims_completes_and_records_one_attempt() {
         token: row.get("lease_token"),
         attempt_no: 1,
         key: None,
+        seq: Some(row.get("seq")),
     };
     assert_eq!(complete(&c, &m, "w1", "DISPATCHED", None).await.unwrap(), 1);
     assert_eq!(count(&c, "SELECT count(*) FROM outbox.messages").await, 0);
@@ -115,7 +125,7 @@ async fn a_claim_keeps_to_its_byte_budget_and_withholds_oversized_payloads() {
         sizes.sort_unstable();
         sizes
     };
-    let claim_sized = "SELECT payload_bytes, payload FROM outbox.claim_outbox_batch(10, 'w', 30, \
+    let claim_sized = "SELECT payload_bytes, payload FROM outbox.claim_outbox_batch_seq(10, 'w', 30, \
                        p_max_bytes => $1, p_max_message_bytes => $2)";
     // 600 + 600 is within 1000 before the second is added; the third would start past it.
     let first = sizes(c.query(claim_sized, &[&1000_i64, &2000_i64]).await.unwrap());
@@ -170,8 +180,11 @@ async fn a_claim_that_holds_its_shards_does_not_hold_up_claims_of_the_others() {
         .await
         .unwrap();
     let (code, _) = sqlstate(
-        c.query("SELECT * FROM outbox.claim_outbox_batch(10, 'w', 30)", &[])
-            .await,
+        c.query(
+            "SELECT * FROM outbox.claim_outbox_batch_seq(10, 'w', 30)",
+            &[],
+        )
+        .await,
     );
     assert_eq!(
         code, "57014",
@@ -348,5 +361,101 @@ async fn eight_concurrent_claimers_never_receive_the_same_message_twice() {
         .await,
         MESSAGES
     );
+    db.finish().await;
+}
+
+/// The claim kept for relayers of the previous release leases what the relayer's claim
+/// leases, in the same order, with the same columns but seq: each claims everything ready
+/// (unkeyed messages, heads and their runs, past a delayed head and a leased one) in a
+/// transaction rolled back afterwards, so both start from the same outbox.
+#[tokio::test]
+async fn the_kept_claim_leases_what_the_relayers_claim_leases_without_seq() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "SELECT outbox.enqueue(CASE WHEN n % 5 = 0 THEN 'u' ELSE 't' END, jsonb_build_object('n', n),
+                               CASE WHEN n % 3 <> 0 THEN 'k' || (n % 4) END,
+                               p_available_at => CASE WHEN n = 7 THEN now() + interval '1 hour' END)
+           FROM generate_series(1, 60) AS n",
+    )
+    .await
+    .unwrap();
+    let held = claim(&c, 1, "other", 30).await;
+    assert_eq!(held.len(), 1);
+
+    const COLUMNS: &str = "outbox_id, topic, message_key, payload, content_type, headers::text, \
+                           attempt_no, created_at, payload_bytes";
+    type Row = (
+        Uuid,
+        String,
+        Option<String>,
+        Vec<u8>,
+        String,
+        String,
+        i32,
+        chrono::DateTime<chrono::Utc>,
+        i64,
+    );
+    let rows = |rows: Vec<tokio_postgres::Row>| -> Vec<Row> {
+        rows.iter()
+            .map(|r| {
+                (
+                    r.get(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get(4),
+                    r.get(5),
+                    r.get(6),
+                    r.get(7),
+                    r.get(8),
+                )
+            })
+            .collect()
+    };
+    c.batch_execute("BEGIN").await.unwrap();
+    let with_seq = c
+        .query(
+            &format!("SELECT {COLUMNS}, seq FROM outbox.claim_outbox_batch_seq(10000, 'w', 30)"),
+            &[],
+        )
+        .await
+        .unwrap();
+    c.batch_execute("ROLLBACK").await.unwrap();
+    c.batch_execute("BEGIN").await.unwrap();
+    let kept = c
+        .query(
+            &format!("SELECT {COLUMNS} FROM outbox.claim_outbox_batch(10000, 'w', 30)"),
+            &[],
+        )
+        .await
+        .unwrap();
+    c.batch_execute("ROLLBACK").await.unwrap();
+
+    let seqs: Vec<i64> = with_seq.iter().map(|r| r.get(9)).collect();
+    let with_seq = rows(with_seq);
+    // Of the 60: one leased, one delayed (and its key behind it), and runs that stop where
+    // a key's topic changes.
+    assert!(
+        (20..59).contains(&with_seq.len()),
+        "the claims take some of the fixture, not all of it ({})",
+        with_seq.len()
+    );
+    assert_eq!(rows(kept), with_seq, "the same rows, in the same order");
+    assert!(
+        seqs.windows(2).all(|p| p[0] < p[1]),
+        "rows come in seq order: {seqs:?}"
+    );
+    for (row, seq) in with_seq.iter().zip(&seqs) {
+        let stored: i64 = c
+            .query_one(
+                "SELECT seq FROM outbox.messages WHERE outbox_id = $1",
+                &[&row.0],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(*seq, stored, "the seq of {}", row.0);
+    }
     db.finish().await;
 }

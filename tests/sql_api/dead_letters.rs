@@ -12,11 +12,17 @@ async fn retries_dead_letter_at_max_attempts_and_replay_gives_a_fresh_budget() {
     let behind = enqueue_with(&c, Some("k"), 2).await;
 
     let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
+    let first_life_seq = m.seq.unwrap();
     complete(&c, &m, "w1", "RETRYABLE", Some("timeout 1"))
         .await
         .unwrap();
     let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
     assert_eq!((m.id, m.attempt_no), (id, 2));
+    assert_eq!(
+        m.seq,
+        Some(first_life_seq),
+        "a retry keeps the message's seq"
+    );
     complete(&c, &m, "w1", "RETRYABLE", Some("timeout 2"))
         .await
         .unwrap();
@@ -56,6 +62,12 @@ async fn retries_dead_letter_at_max_attempts_and_replay_gives_a_fresh_budget() {
     // A fresh budget of 2: attempt 3 may fail and 4 still happens.
     let m = claim(&c, 1, "w1", 30).await.pop().unwrap();
     assert_eq!((m.id, m.attempt_no), (id, 3));
+    assert!(
+        m.seq > next[0].seq && next[0].seq > Some(first_life_seq),
+        "a replay is numbered after the key's messages delivered before it ({:?} after {:?})",
+        m.seq,
+        next[0].seq
+    );
     complete(&c, &m, "w1", "RETRYABLE", Some("timeout 3"))
         .await
         .unwrap();

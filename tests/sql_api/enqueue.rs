@@ -105,7 +105,7 @@ async fn producer_supplied_ids_headers_and_bytes_are_kept() {
     let row = c
         .query_one(
             "SELECT c.payload, c.content_type, c.headers->>'trace', m.max_attempts \
-             FROM outbox.claim_outbox_batch(1, 'w', 30) AS c JOIN outbox.messages AS m USING (outbox_id)",
+             FROM outbox.claim_outbox_batch_seq(1, 'w', 30) AS c JOIN outbox.messages AS m USING (outbox_id)",
             &[],
         )
         .await

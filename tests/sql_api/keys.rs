@@ -1,7 +1,9 @@
 //! Per-key order: a key's head blocks the rest of the key (through retries and delays), a
 //! claim takes a run of a key in order, a failure in a run gives the rest back, and producers
 //! committing behind a head neither lose their place, nor wait for completions, nor make a
-//! lease fence wait.
+//! lease fence wait. And the sequence consumers get (`seq`): a run redelivered after a crash
+//! comes again with the seqs it had, and overlapping producers of one key are the one case
+//! where first deliveries do not follow seq (docs/guarantees.md).
 
 use super::*;
 
@@ -243,6 +245,101 @@ async fn a_producer_committing_behind_a_head_being_completed_becomes_the_next_he
     db.finish().await;
 }
 
+/// Two completions of consecutive messages of one key at once (the relayer completes a run's
+/// messages as each is delivered, on connections of its pool): the head's completion finds,
+/// in its promotion, the next message that the other completion is deleting, waits for it,
+/// and then promotes the message after both, so the key goes on.
+#[tokio::test]
+async fn concurrent_completions_of_a_run_leave_the_message_after_it_the_head() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for _ in 0..3 {
+        enqueue(&c, "t", Some("k")).await;
+    }
+    let run = claim(&c, 2, "w", 30).await;
+    assert_eq!(run.len(), 2, "the head and the run behind it");
+
+    // The second message's completion deletes it and has not committed yet.
+    let second = db.client().await;
+    second.batch_execute("BEGIN").await.unwrap();
+    complete(&second, &run[1], "w", "DISPATCHED", None)
+        .await
+        .unwrap();
+    // The head's completion deletes the head; its promotion waits for the second message.
+    let c2 = db.client().await;
+    let completing = backend_pid(&c2).await;
+    let head = run[0].clone();
+    let first = tokio::spawn(async move {
+        complete(&c2, &head, "w", "DISPATCHED", None).await.unwrap();
+    });
+    until_waiting_for_a_lock(&c, completing, "the head's completion to wait for a lock").await;
+    second.batch_execute("COMMIT").await.unwrap();
+    first.await.unwrap();
+
+    let next = claim(&c, 10, "w", 30).await;
+    assert_eq!(
+        next.len(),
+        1,
+        "the third message is its key's head once both completions committed"
+    );
+    db.finish().await;
+}
+
+/// Two heads of one key held by two workers (overlapping producers: the later message
+/// committed first and was taken as the head, then the earlier one), completed at once: the
+/// second completion waits for the first, then makes the key's next message its head.
+#[tokio::test]
+async fn concurrent_completions_of_two_heads_of_a_key_leave_the_next_message_the_head() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let early = db.client().await;
+    early.batch_execute("BEGIN").await.unwrap();
+    let first = enqueue(&early, "t", Some("k")).await;
+    let second = enqueue(&c, "t", Some("k")).await;
+    let held_by_one = claim(&c, 10, "one", 30).await;
+    assert_eq!(
+        held_by_one.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [second]
+    );
+    early.batch_execute("COMMIT").await.unwrap();
+    let held_by_two = claim(&c, 10, "two", 30).await;
+    assert_eq!(
+        held_by_two.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [first]
+    );
+    let next = enqueue(&c, "t", Some("k")).await;
+
+    let a = db.client().await;
+    a.batch_execute("BEGIN").await.unwrap();
+    complete(&a, &held_by_two[0], "two", "DISPATCHED", None)
+        .await
+        .unwrap();
+    let b = db.client().await;
+    let completing = backend_pid(&b).await;
+    let other = held_by_one[0].clone();
+    let done = tokio::spawn(async move {
+        complete(&b, &other, "one", "DISPATCHED", None)
+            .await
+            .unwrap();
+    });
+    until_waiting_for_a_lock(
+        &c,
+        completing,
+        "the second completion to wait for the first",
+    )
+    .await;
+    a.batch_execute("COMMIT").await.unwrap();
+    done.await.unwrap();
+
+    let after = claim(&c, 10, "one", 30).await;
+    assert_eq!(
+        after.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [next],
+        "the message after both heads is the key's head"
+    );
+    db.finish().await;
+}
+
 #[tokio::test]
 async fn a_producer_behind_messages_being_completed_commits_without_waiting_or_deadlocking() {
     let db = TestDb::new().await;
@@ -326,5 +423,70 @@ async fn no_lease_fence_waits_for_a_producer_committing_behind_the_message() {
         .expect("the retry's completion does not wait for the producer");
     assert_eq!(attempt, 1);
     p.batch_execute("COMMIT").await.unwrap();
+    db.finish().await;
+}
+
+/// A run whose relayer died (its leases expired and were repaired) is claimed again from its
+/// head with the same seqs, so a consumer that kept the last seq of the key recognises the
+/// rewind: every message of it has a seq at or below the last one it saw.
+#[tokio::test]
+async fn a_run_redelivered_after_a_crash_keeps_its_seqs() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let ids = [
+        enqueue(&c, "t", Some("k")).await,
+        enqueue(&c, "t", Some("k")).await,
+        enqueue(&c, "t", Some("k")).await,
+    ];
+    let first = claim(&c, 10, "w1", 30).await;
+    assert_eq!(first.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
+    let seqs: Vec<i64> = first.iter().map(|m| m.seq.unwrap()).collect();
+    assert!(
+        seqs.windows(2).all(|p| p[0] < p[1]),
+        "a run's seqs increase: {seqs:?}"
+    );
+
+    // w1 delivered the run and died before recording it.
+    expire_leases(&c).await;
+    assert_eq!(repair(&c).await, (3, 0));
+    let again = claim(&c, 10, "w2", 30).await;
+    assert_eq!(again.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
+    assert_eq!(
+        again.iter().map(|m| m.seq.unwrap()).collect::<Vec<_>>(),
+        seqs,
+        "the redelivered run carries the seqs of its first delivery"
+    );
+    assert_eq!(again[0].attempt_no, 2);
+    db.finish().await;
+}
+
+/// Two transactions enqueue under one key at once. `early` is numbered first but commits
+/// last, after `late` (numbered after it) was claimed and delivered: `early` is delivered
+/// second, with the lower seq. This is the case the consumer rule of docs/guarantees.md
+/// excludes (producers of a key that overlap have no order between them).
+#[tokio::test]
+async fn overlapping_producers_of_a_key_are_delivered_in_commit_order_not_seq_order() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let producer = db.client().await;
+    producer.batch_execute("BEGIN").await.unwrap();
+    let early = enqueue(&producer, "t", Some("k")).await;
+    let late = enqueue(&c, "t", Some("k")).await;
+
+    let first = claim(&c, 10, "w1", 30).await;
+    assert_eq!(first.iter().map(|m| m.id).collect::<Vec<_>>(), [late]);
+    complete(&c, &first[0], "w1", "DISPATCHED", None)
+        .await
+        .unwrap();
+
+    producer.batch_execute("COMMIT").await.unwrap();
+    let second = claim(&c, 10, "w1", 30).await;
+    assert_eq!(second.iter().map(|m| m.id).collect::<Vec<_>>(), [early]);
+    assert!(
+        second[0].seq < first[0].seq,
+        "the message delivered second has the lower seq ({:?} after {:?})",
+        second[0].seq,
+        first[0].seq
+    );
     db.finish().await;
 }

@@ -18,11 +18,14 @@ async fn roles_can_do_their_job_and_nothing_more() {
         .await
         .expect("producer can enqueue bytes");
     for sql in [
+        "SELECT * FROM outbox.claim_outbox_batch_seq(1, 'p', 30)",
         "SELECT * FROM outbox.claim_outbox_batch(1, 'p', 30)",
         "SELECT * FROM outbox.messages",
         "INSERT INTO outbox.messages (topic, payload) VALUES ('t', '\\x00')",
         "SELECT * FROM outbox.status",
         "SELECT * FROM outbox.repair_expired_leases()",
+        "SELECT * FROM outbox.circuits",
+        "SELECT outbox.report_circuits('p', '{d}', '{open}', ARRAY[now()], interval '1 minute')",
     ] {
         let (code, _) = sqlstate(c.execute(sql, &[]).await);
         assert_eq!(code, "42501", "producer must not run {sql}");
@@ -38,18 +41,36 @@ async fn roles_can_do_their_job_and_nothing_more() {
     complete(&c, &m, "relay", "DISPATCHED", None)
         .await
         .expect("relay can complete");
+    enqueue(&c, "t", None).await;
+    let m = claim_kept(&c, 1, "relay", 30)
+        .await
+        .pop()
+        .expect("relay can claim with the claim kept for the previous release");
+    complete(&c, &m, "relay", "DISPATCHED", None)
+        .await
+        .expect("relay can complete what the kept claim leased");
     c.query("SELECT * FROM outbox.repair_expired_leases()", &[])
         .await
         .expect("relay can repair");
     c.query("SELECT * FROM outbox.status", &[])
         .await
         .expect("relay can read status");
+    c.query(
+        "SELECT outbox.report_circuits('relay', '{d}', '{open}', ARRAY[now()], interval '1 minute')",
+        &[],
+    )
+    .await
+    .expect("relay can report its circuits");
+    c.query("SELECT * FROM outbox.circuits", &[])
+        .await
+        .expect("relay can read the circuits");
     for sql in [
         "DELETE FROM outbox.messages",
         "UPDATE outbox.messages SET lease_token = NULL",
         "INSERT INTO outbox.attempts VALUES (gen_random_uuid(), 1, 'DISPATCHED', 'x', gen_random_uuid())",
         "DELETE FROM outbox.dead_letters",
         "UPDATE outbox.attempts SET state = 'FAILED'",
+        "DELETE FROM outbox.circuit_reports",
         "SELECT outbox.apply_outcomes(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
     ] {
         let (code, _) = sqlstate(c.execute(sql, &[]).await);
@@ -66,6 +87,7 @@ async fn roles_can_do_their_job_and_nothing_more() {
         "worker_activity",
         "recent_failures",
         "attempt_rates",
+        "circuits",
     ] {
         c.query(&format!("SELECT * FROM outbox.{view}"), &[])
             .await
@@ -74,7 +96,10 @@ async fn roles_can_do_their_job_and_nothing_more() {
     for sql in [
         "SELECT * FROM outbox.messages",
         "SELECT outbox.enqueue('t', '{}'::jsonb)",
+        "SELECT * FROM outbox.claim_outbox_batch_seq(1, 'r', 30)",
         "SELECT * FROM outbox.claim_outbox_batch(1, 'r', 30)",
+        "SELECT * FROM outbox.circuit_reports",
+        "SELECT outbox.report_circuits('r', '{d}', '{open}', ARRAY[now()], interval '1 minute')",
     ] {
         let (code, _) = sqlstate(c.execute(sql, &[]).await);
         assert_eq!(code, "42501", "reader must not run {sql}");
