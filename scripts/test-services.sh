@@ -5,14 +5,22 @@
 #   - promtool (a test checks a live /metrics with `promtool check metrics`);
 #   - pgbouncer (tests/poolers.rs starts PgBouncers of its own; the Debian package's service
 #     is not started);
+#   - zsh and fish (tests/cli.rs completes command lines with each shell's own completion
+#     engine: zsh in a pseudo-terminal, fish with `complete -C`);
 #   - tansu, a Kafka-protocol broker (Kafka tests start brokers of their own), and kcat, the
 #     independent client they read back with;
+#   - mosquitto (MQTT tests start brokers of their own) and mosquitto_sub/mosquitto_pub,
+#     the independent clients they read back with;
+#   - the Google Cloud Pub/Sub emulator and Java 17 (Pub/Sub tests start emulators of their
+#     own and read them back with python3's standard library);
 #   - what the build needs (scripts/build-deps.sh);
 #   - the toolchains and drivers of the README's producer snippets (tests/producers.rs): Go
 #     and pgx v4 (Debian's golang-go and golang-github-jackc-pgx-v4-dev: the Go module
 #     proxy is not reachable from every machine, Debian's packages are), psycopg in a
-#     virtual environment at target/venv, and pg (npm) in target/node_modules.
-# Starts RabbitMQ, and the machine's Redis (6379), NATS (4222) and a tansu broker (9092)
+#     virtual environment at target/venv, and pg (npm) in target/node_modules;
+#   - moto in server mode and boto3 in the same virtual environment (the AWS destination
+#     tests start moto servers of their own and read back with boto3).
+# Starts RabbitMQ, and the machine's Redis (6379), NATS (4222), Mosquitto (1883) and a tansu broker (9092)
 # that `make bench` uses, when they are installed but down, and writes what it started to
 # target/test-services.started so that scripts/stop-test-services.sh (the end of `make
 # test`) stops those and nothing else. Installs with apt-get what Debian packages (each
@@ -55,6 +63,13 @@ if ! answers 4222 && [ -x /usr/sbin/nats-server ]; then
         -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log \
         && echo "nats $target/nats-4222.pid" >>"$started" || true
 fi
+if ! answers 1883 && [ -x /usr/sbin/mosquitto ]; then
+    # For `make bench --destination mqtt`; the MQTT tests start brokers of their own.
+    echo "test-services: starting Mosquitto on 127.0.0.1:1883" >&2
+    start-stop-daemon --start --oknodo --background --make-pidfile \
+        --pidfile "$target/mosquitto-1883.pid" --exec /usr/sbin/mosquitto -- -p 1883 \
+        && echo "mosquitto $target/mosquitto-1883.pid" >>"$started" || true
+fi
 apt_packages=()
 reasons=()
 if ! command -v promtool >/dev/null 2>&1; then
@@ -66,12 +81,24 @@ fi
 if ! command -v kcat >/dev/null 2>&1; then
     apt_packages+=(kcat); reasons+=("kcat reads back what the Kafka tests published")
 fi
+if [ ! -x /usr/sbin/mosquitto ]; then
+    apt_packages+=(mosquitto); reasons+=("the MQTT tests start Mosquitto brokers of their own")
+fi
+if ! command -v mosquitto_sub >/dev/null 2>&1; then
+    apt_packages+=(mosquitto-clients); reasons+=("mosquitto_sub reads back what the MQTT tests published")
+fi
 if ! command -v go >/dev/null 2>&1; then
     apt_packages+=(golang-go); reasons+=("go runs the README's Go producer snippet")
 fi
 if [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ]; then
     apt_packages+=(golang-github-jackc-pgx-v4-dev)
     reasons+=("pgx v4, the driver of the README's Go producer snippet")
+fi
+if ! command -v zsh >/dev/null 2>&1; then
+    apt_packages+=(zsh); reasons+=("zsh completes command lines with the generated zsh completion script")
+fi
+if ! command -v fish >/dev/null 2>&1; then
+    apt_packages+=(fish); reasons+=("fish completes command lines with the generated fish completion script")
 fi
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
     apt_packages+=(python3-venv); reasons+=("a virtual environment holds psycopg under $target/")
@@ -111,6 +138,14 @@ if [ ! -x "$target/venv/bin/python" ] || ! "$target/venv/bin/python" -c 'import 
     "$target/venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
         'psycopg[binary]' || true
 fi
+if [ ! -x "$target/venv/bin/moto_server" ] || ! "$target/venv/bin/python" -c 'import boto3' 2>/dev/null; then
+    echo "test-services: installing moto[server] and boto3 (PyPI) into the virtual environment" \
+         "$target/venv (the AWS destination tests' server and the client they read back" \
+         "with; about a minute)" >&2
+    [ -x "$target/venv/bin/python" ] || python3 -m venv "$target/venv"
+    "$target/venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
+        'moto[server]==5.2.5' boto3 || true
+fi
 if command -v npm >/dev/null 2>&1 && [ ! -d "$target/node_modules/pg" ]; then
     echo "test-services: installing pg (npm) into $target/node_modules (the Node producer" \
          "snippet's driver; under a minute)" >&2
@@ -123,6 +158,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=("redis-server (apt-get inst
 [ -x /usr/sbin/nats-server ] || missing+=("/usr/sbin/nats-server (apt-get install nats-server)")
 command -v promtool >/dev/null 2>&1 || missing+=("promtool (apt-get install prometheus)")
 command -v kcat >/dev/null 2>&1 || missing+=("kcat (apt-get install kcat)")
+[ -x /usr/sbin/mosquitto ] || missing+=("/usr/sbin/mosquitto (apt-get install mosquitto)")
+command -v mosquitto_sub >/dev/null 2>&1 || missing+=("mosquitto_sub (apt-get install mosquitto-clients)")
 [ -x /usr/sbin/pgbouncer ] || missing+=("/usr/sbin/pgbouncer (apt-get install pgbouncer)")
 [ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore --root target/tools)")
 answers 9092 || missing+=("a Kafka-protocol broker on 127.0.0.1:9092 (tansu broker, see above)")
@@ -130,8 +167,15 @@ command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")
 [ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] \
     || missing+=("pgx v4 for Go (apt-get install golang-github-jackc-pgx-v4-dev)")
 command -v node >/dev/null 2>&1 || missing+=("node and npm (apt-get install nodejs npm)")
+command -v zsh >/dev/null 2>&1 || missing+=("zsh (apt-get install zsh)")
+command -v fish >/dev/null 2>&1 || missing+=("fish (apt-get install fish)")
 "$target/venv/bin/python" -c 'import psycopg' 2>/dev/null \
     || missing+=("psycopg in $target/venv (python3 -m venv $target/venv; $target/venv/bin/pip install 'psycopg[binary]')")
+PUBSUB_EMULATOR="${PUBSUB_EMULATOR_BIN:-/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator}"
+[ -x "$PUBSUB_EMULATOR" ] && command -v java >/dev/null 2>&1 \
+    || missing+=("the Google Cloud Pub/Sub emulator at $PUBSUB_EMULATOR and Java 17 (apt-get install google-cloud-cli-pubsub-emulator openjdk-17-jre-headless, from Google Cloud's apt repository packages.cloud.google.com/apt; or gcloud components install pubsub-emulator, then PUBSUB_EMULATOR_BIN=<sdk>/platform/pubsub-emulator/bin/cloud-pubsub-emulator)")
+[ -x "$target/venv/bin/moto_server" ] && "$target/venv/bin/python" -c 'import boto3' 2>/dev/null \
+    || missing+=("moto and boto3 in $target/venv ($target/venv/bin/pip install 'moto[server]==5.2.5' boto3)")
 [ -d "$target/node_modules/pg" ] || missing+=("pg in $target/node_modules (npm install --prefix $target pg)")
 if [ ${#missing[@]} -gt 0 ]; then
     echo "test-services: the tests need:" >&2

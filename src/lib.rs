@@ -19,6 +19,8 @@
 //! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down.
 //! - [`retry`]: backoff with full jitter for retryable failures.
 //! - [`janitor`]: periodic repair of expired leases.
+//! - [`circuit_reports`]: each destination's circuit state, reported to the database as it
+//!   changes, for `status`.
 //! - [`observe`]: reads `outbox.observe` into fleet gauges and the MVCC watchdog, with a
 //!   diagnosis.
 //! - [`telemetry`]: metric names and one log-and-count function per event, taking plain values.
@@ -27,9 +29,10 @@
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
-//! `dispatch`, `observe`, `janitor`; `relay` and `http`; `config` on top. `tests/layers.rs`
+//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay` and `http`; `config` on top. `tests/layers.rs`
 //! fails on an import cycle between them.
 
+pub mod circuit_reports;
 pub mod config;
 pub mod connection;
 pub mod destination;

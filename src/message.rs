@@ -40,13 +40,16 @@ impl fmt::Display for WorkerId {
     }
 }
 
-/// A message leased to this worker by `claim_outbox_batch`.
+/// A message leased to this worker by `claim_outbox_batch_seq`.
 #[derive(Clone, Debug)]
 pub struct ClaimedMessage {
     pub id: OutboxId,
     pub lease_token: LeaseToken,
     pub topic: String,
     pub key: Option<String>,
+    /// The message's place in enqueue order (`outbox.messages.seq`): increasing within a
+    /// key, kept by every redelivery; sent with keyed messages as their per-key sequence.
+    pub seq: i64,
     pub payload: Vec<u8>,
     pub content_type: String,
     pub headers: serde_json::Value,
@@ -70,6 +73,7 @@ impl ClaimedMessage {
             lease_token: LeaseToken(Uuid::new_v4()),
             topic: "t".into(),
             key: None,
+            seq: 1,
             payload: Vec::new(),
             content_type: "application/json".into(),
             headers,

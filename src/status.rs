@@ -1,15 +1,18 @@
 //! The `status` verb: the fleet's figures per topic and what is wrong (from
-//! `outbox.observe`), once or, with `--watch`, redrawn every second with rates, like `top`
+//! `outbox.observe`), and each destination's circuit as the relayers last reported it
+//! (`outbox.circuits`), once or, with `--watch`, redrawn every second with rates, like `top`
 //! (plain blocks of lines when stdout is not a terminal). Rates below one a second are
-//! shown per minute, so that a few dead letters do not read as none.
+//! shown per minute, so that a few dead letters do not read as none; a topic's delayed
+//! messages show when the first of them is due.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use chrono::{DateTime, Utc};
 use outbox_relay::observe::{self, Observation, TopicFigures};
-use outbox_relay::store::Store;
+use outbox_relay::store::{ReportedCircuit, Store};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,6 +34,58 @@ pub struct Args {
     horizon_warn_secs: u64,
 }
 
+/// One destination's circuit in one state, as the relayers in `workers` reported it: the
+/// reports of a destination grouped by state, the stale ones apart.
+#[derive(serde::Serialize)]
+struct Circuit<'a> {
+    destination: &'a str,
+    state: &'a str,
+    /// Not renewed before they expired: the relayers stopped, or cannot reach the database.
+    stale: bool,
+    /// The earliest of the reports' `since`.
+    since: DateTime<Utc>,
+    workers: Vec<CircuitWorker<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct CircuitWorker<'a> {
+    worker_id: &'a str,
+    since: DateTime<Utc>,
+    reported_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+}
+
+/// `reports` (ordered by destination, stale, state, worker) grouped.
+fn circuits(reports: &[ReportedCircuit]) -> Vec<Circuit<'_>> {
+    let mut out: Vec<Circuit<'_>> = Vec::new();
+    for r in reports {
+        let worker = CircuitWorker {
+            worker_id: &r.worker_id,
+            since: r.report.since,
+            reported_at: r.reported_at,
+            expires_at: r.expires_at,
+        };
+        match out.last_mut() {
+            Some(c)
+                if c.destination == r.report.destination
+                    && c.state == r.report.state
+                    && c.stale == r.stale =>
+            {
+                c.since = c.since.min(r.report.since);
+                c.workers.push(worker);
+            }
+            _ => out.push(Circuit {
+                destination: &r.report.destination,
+                state: &r.report.state,
+                stale: r.stale,
+                since: r.report.since,
+                workers: vec![worker],
+            }),
+        }
+    }
+    out
+}
+
 /// Sums of the topics shown.
 #[derive(Default, serde::Serialize)]
 struct Totals {
@@ -40,6 +95,7 @@ struct Totals {
     expired_leases: i64,
     dead_letters: i64,
     oldest_ready_age_secs: Option<f64>,
+    next_due_at: Option<DateTime<Utc>>,
 }
 
 fn totals<'a>(topics: impl Iterator<Item = &'a TopicFigures>) -> Totals {
@@ -52,6 +108,9 @@ fn totals<'a>(topics: impl Iterator<Item = &'a TopicFigures>) -> Totals {
         t.dead_letters += f.dead_letters;
         if let Some(age) = f.oldest_ready_age_seconds {
             t.oldest_ready_age_secs = Some(t.oldest_ready_age_secs.map_or(age, |a| a.max(age)));
+        }
+        if let Some(due) = f.next_due_at {
+            t.next_due_at = Some(t.next_due_at.map_or(due, |d| d.min(due)));
         }
     }
     t
@@ -80,11 +139,13 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     if !args.watch {
         // Whether LISTEN through this URL hears (not through a transaction pooler), asked
         // while the observation is read.
-        let (o, heard) = tokio::join!(
+        let (o, heard, reports) = tokio::join!(
             observe(Duration::ZERO),
-            store.wake_ups_heard(Duration::from_secs(1))
+            store.wake_ups_heard(Duration::from_secs(1)),
+            store.circuits()
         );
         let o = o?;
+        let reports = reports.context("status: the circuits")?;
         let wake_ups = match heard {
             Ok(true) => "heard",
             Ok(false) => "deaf",
@@ -105,10 +166,11 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             value["horizon_holders"] = serde_json::to_value(&o.snapshot.horizon_holders)?;
             value["messages_table"] = serde_json::to_value(&o.snapshot.messages_table)?;
             value["problems"] = serde_json::to_value(problems)?;
+            value["circuits"] = serde_json::to_value(circuits(&reports))?;
             value["wake_ups"] = wake_ups.into();
             outln!("{}", serde_json::to_string(&value)?);
         } else {
-            out!("{}", render(args, &o, None, horizon_threshold));
+            out!("{}", render(args, &o, &reports, None, horizon_threshold));
             if wake_ups == "deaf" {
                 outln!(
                     "wake-ups: deaf: LISTEN through this database URL did not hear a test \
@@ -124,6 +186,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     let mut previous: Option<(Instant, Totals)> = None;
     loop {
         let o = observe(Duration::from_secs(1)).await?;
+        let reports = store.circuits().await.context("status: the circuits")?;
         let now = Instant::now();
         let shown = totals(o.snapshot.topics.iter().filter(|t| wanted(args, t)));
         let change = previous.as_ref().and_then(|(at, before)| {
@@ -131,7 +194,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             #[allow(clippy::cast_precision_loss)] // counts far below 2^52
             (secs > 0.0).then(|| (pending(&shown) - pending(before)) as f64 / secs)
         });
-        let screen = render(args, &o, change, horizon_threshold);
+        let screen = render(args, &o, &reports, change, horizon_threshold);
         if terminal {
             // Home the cursor and clear the screen, then draw: `top`'s way.
             out!("\x1b[H\x1b[2J{screen}");
@@ -151,10 +214,11 @@ fn pending(t: &Totals) -> i64 {
     t.ready + t.delayed + t.in_flight + t.expired_leases
 }
 
-/// The figures as a table, then the fleet's rates and the diagnosis.
+/// The figures as a table, then the fleet's rates, the circuits and the diagnosis.
 fn render(
     args: &Args,
     o: &Observation,
+    reports: &[ReportedCircuit],
     backlog_change_per_sec: Option<f64>,
     horizon_threshold: Duration,
 ) -> String {
@@ -167,22 +231,25 @@ fn render(
     );
     let _ = writeln!(
         out,
-        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
-        "TOPIC", "READY", "DELAYED", "IN FLIGHT", "EXPIRED", "DEAD", "OLDEST READY"
+        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14} {:>10}",
+        "TOPIC", "READY", "DELAYED", "IN FLIGHT", "EXPIRED", "DEAD", "OLDEST READY", "NEXT DUE"
     );
     let shown: Vec<&TopicFigures> = s.topics.iter().filter(|t| wanted(args, t)).collect();
     let age = |a: Option<f64>| a.map_or_else(|| "-".to_owned(), |a| format!("{a:.1}s"));
+    let due =
+        |d: Option<DateTime<Utc>>| d.map_or_else(|| "-".to_owned(), |d| due_in(d, o.observed_at));
     for t in &shown {
         let _ = writeln!(
             out,
-            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14} {:>10}",
             t.topic,
             t.ready,
             t.delayed,
             t.in_flight,
             t.expired_leases,
             t.dead_letters,
-            age(t.oldest_ready_age_seconds)
+            age(t.oldest_ready_age_seconds),
+            due(t.next_due_at)
         );
     }
     if shown.is_empty() {
@@ -192,14 +259,15 @@ fn render(
         let t = totals(shown.iter().copied());
         let _ = writeln!(
             out,
-            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14} {:>10}",
             "total",
             t.ready,
             t.delayed,
             t.in_flight,
             t.expired_leases,
             t.dead_letters,
-            age(t.oldest_ready_age_secs)
+            age(t.oldest_ready_age_secs),
+            due(t.next_due_at)
         );
     }
     let last_minute = |state: &str| s.attempts_last_minute.get(state).copied().unwrap_or(0);
@@ -228,6 +296,7 @@ fn render(
             table.live_tuples, table.dead_tuples
         );
     }
+    render_circuits(&mut out, reports);
     let problems = observe::diagnose(s, horizon_threshold);
     if problems.is_empty() {
         let oldest = s
@@ -247,6 +316,59 @@ fn render(
         }
     }
     out
+}
+
+/// The circuits as the relayers last reported them, a line per destination and state.
+fn render_circuits(out: &mut String, reports: &[ReportedCircuit]) {
+    let grouped = circuits(reports);
+    if grouped.is_empty() {
+        let _ = writeln!(out, "circuits: no relayer has reported any");
+        return;
+    }
+    let time = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<18} {:<24} REPORTED BY",
+        "DESTINATION", "CIRCUIT", "SINCE"
+    );
+    for c in grouped {
+        let workers: Vec<&str> = c.workers.iter().map(|w| w.worker_id).collect();
+        let state = if c.stale {
+            format!("{} (stale)", c.state)
+        } else {
+            c.state.to_owned()
+        };
+        let _ = write!(
+            out,
+            "{:<24} {:<18} {:<24} {}",
+            c.destination,
+            state,
+            time(c.since),
+            workers.join(", ")
+        );
+        if c.stale {
+            let expired = c.workers.iter().map(|w| w.expires_at).max();
+            if let Some(at) = expired {
+                let _ = write!(out, " (not renewed; expired {})", time(at));
+            }
+        }
+        out.push('\n');
+    }
+}
+
+/// How long after `now` a delayed message is due: `in 42s`, `in 12m05s`, `in 3h20m`, `in 2d04h`.
+fn due_in(due: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let secs = (due - now).num_seconds();
+    if secs <= 0 {
+        return "now".to_owned();
+    }
+    let (m, h, d) = (secs / 60, secs / 3600, secs / 86_400);
+    match secs {
+        ..60 => format!("in {secs}s"),
+        60..3600 => format!("in {m}m{:02}s", secs % 60),
+        3600..86_400 => format!("in {h}h{:02}m", m % 60),
+        _ => format!("in {d}d{:02}h", h % 24),
+    }
 }
 
 /// `n` events in the last minute as a rate: per second from one a second up, per minute
@@ -272,7 +394,18 @@ fn signed_rate(per_sec: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{rate, signed_rate};
+    use super::{due_in, rate, signed_rate};
+
+    #[test]
+    fn a_due_time_is_shown_as_how_long_from_the_observation() {
+        let now = chrono::Utc::now();
+        let after = |secs| due_in(now + chrono::Duration::seconds(secs), now);
+        assert_eq!(after(-3), "now");
+        assert_eq!(after(42), "in 42s");
+        assert_eq!(after(725), "in 12m05s");
+        assert_eq!(after(3 * 3600 + 20 * 60 + 59), "in 3h20m");
+        assert_eq!(after(2 * 86_400 + 4 * 3600), "in 2d04h");
+    }
 
     #[test]
     fn small_rates_are_counts_per_minute_and_large_ones_per_second() {

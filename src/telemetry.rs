@@ -87,7 +87,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         CLAIM_SECONDS,
         Kind::Histogram,
-        "Time of one claim_outbox_batch call.",
+        "Time of one claim_outbox_batch_seq call.",
     ),
     (
         COMPLETE_SECONDS,

@@ -1,5 +1,6 @@
 //! The operator verbs as processes: `enqueue` from a file or standard input with headers,
-//! content type, delay and id; its errors; `completions` as bash, fish and zsh run them and
+//! content type, delay and id; its errors; `completions` as bash, fish and zsh run them
+//! (each shell's own completion engine; a broken script fails each) and
 //! `man` pages for every verb, generated from the same definitions as the parser; `replay` with filters, a dry run and its audit row; the
 //! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`).
 
@@ -364,71 +365,121 @@ fn bash_completes_verbs_nested_verbs_and_each_verbs_flags() {
     std::fs::remove_file(&script).unwrap();
 }
 
-/// fish's own completion engine (`complete -C`), when fish is installed (Debian: `apt-get
-/// install fish`); bash, always present, is tested above.
+/// Fails naming the package when `shell` is not installed: scripts/test-services.sh
+/// installs it (`make test` runs that script), and a shell that is missing must not pass
+/// its test unexercised.
+fn require(shell: &str) {
+    let found = Command::new(shell).arg("--version").output();
+    assert!(
+        found.is_ok_and(|o| o.status.success()),
+        "{shell} is not installed: scripts/test-services.sh installs it (apt-get install {shell})"
+    );
+}
+
+/// What fish offers for `line`, by its own completion engine (`complete -C`), after
+/// sourcing `script`.
+fn fish_completes(script: &std::path::Path, line: &str) -> Vec<String> {
+    let probe = format!("source '{}'; complete -C '{line}'", script.display());
+    let out = Command::new("fish").args(["-c", &probe]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
 #[test]
 fn fish_completes_nested_verbs_and_flags() {
-    if Command::new("fish").arg("--version").output().is_err() {
-        eprintln!("fish is not installed: its completion is not exercised");
-        return;
-    }
+    require("fish");
     let script = completion_script("fish");
-    let offered = |line: &str| {
-        let probe = format!("source '{}'; complete -C '{line}'", script.display());
-        let out = Command::new("fish").args(["-c", &probe]).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
-            .collect::<Vec<_>>()
-    };
-    let nested = offered("outbox-relay dead-letters ");
+    let nested = fish_completes(&script, "outbox-relay dead-letters ");
     for verb in ["list", "show", "count"] {
         assert!(nested.iter().any(|w| w == verb), "{verb} in {nested:?}");
     }
-    let replay = offered("outbox-relay replay --");
-    for flag in ["--id", "--dry-run", "--database-url"] {
+    let replay = fish_completes(&script, "outbox-relay replay --");
+    for flag in ["--id", "--dry-run", "--reason", "--database-url"] {
         assert!(replay.iter().any(|w| w == flag), "{flag} in {replay:?}");
     }
+    assert!(
+        !replay.iter().any(|w| w == "--limit"),
+        "another verb's flag: {replay:?}"
+    );
+    // The check can fail: the same script with the nested verbs' conditions broken offers
+    // none of them.
+    let text = std::fs::read_to_string(&script).unwrap();
+    let broken_text = text.replace("dead-letters; and not", "dead-letter; and not");
+    assert_ne!(text, broken_text, "the script has the pattern broken here");
+    std::fs::write(&script, broken_text).unwrap();
+    let broken = fish_completes(&script, "outbox-relay dead-letters ");
+    assert!(!broken.iter().any(|w| w == "list"), "{broken:?}");
     std::fs::remove_file(&script).unwrap();
 }
 
-/// zsh, when installed: the script parses, and every completion function it hands a nested
-/// verb to is defined (the way bash's script broke: a state named two ways).
-#[test]
-fn the_zsh_script_defines_every_function_it_calls() {
-    if Command::new("zsh").arg("--version").output().is_err() {
-        eprintln!("zsh is not installed: its completion script is not exercised");
-        return;
-    }
-    let script = completion_script("zsh");
-    let parsed = Command::new("zsh").arg("-n").arg(&script).output().unwrap();
-    assert!(
-        parsed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&parsed.stderr)
+/// What zsh offers for `line` with `script` loaded, the way zsh completes for a user: an
+/// interactive zsh in a pseudo-terminal, compinit, the line and a TAB
+/// (tests/support/zsh-complete.zsh); each match it added, and what the completion functions
+/// wrote to standard error.
+fn zsh_completes(script: &std::path::Path, line: &str) -> (Vec<String>, String) {
+    let driver = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/zsh-complete.zsh"
     );
-    let text = std::fs::read_to_string(&script).unwrap();
-    let called: Vec<&str> = text
-        .split(":: :")
-        .skip(1)
-        .filter_map(|rest| rest.split('"').next())
-        .filter(|name| name.starts_with("_outbox-relay"))
+    let out = Command::new("zsh")
+        .args(["-f", driver])
+        .arg(script)
+        .arg(line)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "zsh completing {line:?}: {stderr}");
+    let offered = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
         .collect();
-    assert!(
-        called.contains(&"_outbox-relay__subcmd__dead-letters_commands"),
-        "{called:?}"
-    );
-    for name in called {
-        assert!(
-            text.contains(&format!("\n{name}() {{")),
-            "{name} is defined"
-        );
+    (offered, stderr)
+}
+
+#[test]
+fn zsh_completes_nested_verbs_and_flags() {
+    require("zsh");
+    let script = completion_script("zsh");
+    let (top, errors) = zsh_completes(&script, "outbox-relay en");
+    assert_eq!(top, ["enqueue"], "{errors}");
+    let (nested, errors) = zsh_completes(&script, "outbox-relay dead-letters ");
+    assert!(errors.is_empty(), "{errors}");
+    for verb in ["list", "show", "count"] {
+        assert!(nested.iter().any(|w| w == verb), "{verb} in {nested:?}");
     }
+    let (replay, errors) = zsh_completes(&script, "outbox-relay replay --");
+    assert!(errors.is_empty(), "{errors}");
+    for flag in ["--id", "--dry-run", "--reason", "--database-url"] {
+        assert!(replay.iter().any(|w| w == flag), "{flag} in {replay:?}");
+    }
+    assert!(
+        !replay.iter().any(|w| w == "--limit"),
+        "another verb's flag: {replay:?}"
+    );
+    let (limit, _) = zsh_completes(&script, "outbox-relay dead-letters list --li");
+    assert_eq!(limit, ["--limit"]);
+    // The check can fail: the script with a nested verb's function named two ways (the way
+    // bash's script broke) offers none of its verbs, and zsh says why.
+    let text = std::fs::read_to_string(&script).unwrap();
+    let broken_text = text.replace(
+        "\n_outbox-relay__subcmd__dead-letters_commands() {",
+        "\n_outbox-relay__dead-letters_commands() {",
+    );
+    assert_ne!(
+        text, broken_text,
+        "the script has the function renamed here"
+    );
+    std::fs::write(&script, broken_text).unwrap();
+    let (broken, errors) = zsh_completes(&script, "outbox-relay dead-letters ");
+    assert!(!broken.iter().any(|w| w == "list"), "{broken:?}");
+    assert!(errors.contains("command not found"), "{errors}");
     std::fs::remove_file(&script).unwrap();
 }
 
@@ -572,7 +623,7 @@ async fn settle(c: &tokio_postgres::Client, state: &str, error: &str) {
         &format!(
             "SELECT outbox.complete_outbox_attempt(outbox_id, lease_token, 'w', '{state}', $1, \
              CASE WHEN '{state}' = 'RETRYABLE' THEN now() END) \
-             FROM outbox.claim_outbox_batch(1, 'w', 30)"
+             FROM outbox.claim_outbox_batch_seq(1, 'w', 30)"
         ),
         &[&error],
     )

@@ -1,7 +1,9 @@
 //! The fleet gauges and the MVCC watchdog against a real database: figures per topic with
 //! the rest as `other`, one refresh per interval for the fleet, and a session idle in
 //! transaction found, named and cleared by a running relayer (its /metrics, /debug/health
-//! and `status`, with well-formed JSON logs).
+//! and `status`, with well-formed JSON logs); `status` showing each destination's circuit
+//! as relayer processes report it (open while the destination is down, closed once it is
+//! back, stale once a killed relayer stops renewing) and when delayed messages are due.
 
 mod common;
 
@@ -363,5 +365,204 @@ async fn status_shows_topics_filters_one_and_watches_with_rates() {
         blocks[2].contains("backlog +0/min"),
         "the second and later blocks carry the backlog's rate: {blocks:?}"
     );
+    db.finish().await;
+}
+
+/// `status --json`'s circuits: (destination, state, stale, the workers that reported it).
+fn circuits_shown(db: &TestDb) -> Vec<(String, String, bool, Vec<String>)> {
+    let out = verb(&["status", "--json"], &db.url);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["circuits"]
+        .as_array()
+        .unwrap_or_else(|| panic!("status --json has no circuits: {json}"))
+        .iter()
+        .map(|c| {
+            (
+                c["destination"].as_str().unwrap().to_owned(),
+                c["state"].as_str().unwrap().to_owned(),
+                c["stale"].as_bool().unwrap(),
+                c["workers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|w| w["worker_id"].as_str().unwrap().to_owned())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn circuit(state: &str, stale: bool, workers: &[&str]) -> (String, String, bool, Vec<String>) {
+    (
+        "hooks".to_owned(),
+        state.to_owned(),
+        stale,
+        workers.iter().map(|w| (*w).to_owned()).collect(),
+    )
+}
+
+/// `status`'s text line of destination `hooks` in `state`.
+fn circuit_line(db: &TestDb, state: &str) -> Option<String> {
+    let out = verb(&["status"], &db.url);
+    text(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("hooks ") && l.split_whitespace().nth(1) == Some(state))
+        .map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_each_destinations_circuit_as_the_relayers_last_reported_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // An HTTP destination on a port nothing listens on yet: down.
+    let port = free_port();
+    let config = db.scratch_dir().join("hooks.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.hooks]\ntype = \"http\"\nurl = \"http://127.0.0.1:{port}/\"\n\
+             [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let args = [
+        "--config",
+        &config,
+        "--no-telemetry",
+        "--batch-size",
+        "1",
+        "--circuit-failures",
+        "1",
+        "--circuit-cooldown-ms",
+        "2000",
+        "--retry-base-ms",
+        "10",
+    ];
+    let mut first = Relayer::start(&db, "relay-a", &args);
+    let mut second = Relayer::start(&db, "relay-b", &args);
+    eventually(
+        MINUTE,
+        "both relayers to report a closed circuit",
+        || async { circuits_shown(&db) == [circuit("closed", false, &["relay-a", "relay-b"])] },
+    )
+    .await;
+
+    common::fill(&c, "orders", 20, None).await;
+    eventually(
+        MINUTE,
+        "both relayers to report the circuit open",
+        || async { circuits_shown(&db) == [circuit("open", false, &["relay-a", "relay-b"])] },
+    )
+    .await;
+    eventually(MINUTE, "status to show the circuit open", || async {
+        circuit_line(&db, "open").is_some_and(|l| l.ends_with("relay-a, relay-b"))
+    })
+    .await;
+
+    // The destination is back: each relayer's next probe closes its circuit.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::OK });
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    eventually(
+        MINUTE,
+        "both relayers to report the circuit closed",
+        || async {
+            // A message for each relayer's probe: the other may have drained the rest.
+            common::fill(&c, "orders", 2, None).await;
+            circuits_shown(&db) == [circuit("closed", false, &["relay-a", "relay-b"])]
+        },
+    )
+    .await;
+    let line = circuit_line(&db, "closed").expect("a closed line");
+    assert!(line.ends_with("relay-a, relay-b"), "{line}");
+
+    // A relayer killed renews nothing: once its report expired (aged here instead of
+    // waiting out its 90 s), it is shown stale, apart from the live ones.
+    first.signal("KILL");
+    first.exit_code(MINUTE).await;
+    c.batch_execute(
+        "UPDATE outbox.circuit_reports SET expires_at = now() - interval '1 second' \
+         WHERE worker_id = 'relay-a'",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        circuits_shown(&db),
+        [
+            circuit("closed", false, &["relay-b"]),
+            circuit("closed", true, &["relay-a"])
+        ]
+    );
+    let out = text(&verb(&["status"], &db.url).stdout);
+    assert!(
+        out.lines().any(|l| l.starts_with("hooks ")
+            && l.contains("closed (stale)")
+            && l.contains("relay-a (not renewed; expired ")),
+        "{out}"
+    );
+    // A relayer stopping cleanly takes its reports with it.
+    second.signal("TERM");
+    assert_eq!(second.exit_code(MINUTE).await, Some(0));
+    assert_eq!(circuits_shown(&db), [circuit("closed", true, &["relay-a"])]);
+    server.abort();
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_when_the_first_delayed_message_of_a_topic_is_due() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "SELECT outbox.enqueue('later', '{}'::jsonb, p_available_at => now() + interval '90 seconds');
+         SELECT outbox.enqueue('later', '{}'::jsonb, p_available_at => now() + interval '1 day');
+         SELECT outbox.enqueue('parked', '{}'::jsonb, p_available_at => 'infinity');",
+    )
+    .await
+    .unwrap();
+    let asked = chrono::Utc::now();
+    let out = verb(&["status", "--json"], &db.url);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let topic = |name: &str| {
+        json["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["topic"] == name)
+            .unwrap_or_else(|| panic!("{name} in {json}"))
+            .clone()
+    };
+    let due: chrono::DateTime<chrono::Utc> = topic("later")["next_due_at"]
+        .as_str()
+        .unwrap_or_else(|| panic!("later has a due time: {json}"))
+        .parse()
+        .unwrap();
+    let in_secs = (due - asked).num_milliseconds() as f64 / 1000.0;
+    assert!(
+        (80.0..=90.0).contains(&in_secs),
+        "the earlier one, due 90 s after it was enqueued: {in_secs} s"
+    );
+    assert_eq!(topic("parked")["next_due_at"], serde_json::Value::Null);
+    assert_eq!(json["next_due_at"], topic("later")["next_due_at"], "{json}");
+
+    let out = verb(&["status"], &db.url);
+    let shown = text(&out.stdout);
+    let due_column = |name: &str| {
+        shown
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.rsplit("  ").next())
+            .map(str::trim)
+            .map(str::to_owned)
+    };
+    assert!(
+        due_column("later").is_some_and(|d| d.starts_with("in ")),
+        "{shown}"
+    );
+    assert_eq!(due_column("parked").as_deref(), Some("-"), "{shown}");
     db.finish().await;
 }

@@ -126,8 +126,9 @@ async fn a_migrate_killed_half_way_through_a_transaction_pooler_strands_nothing(
     let db = TestDb::at_version(version - 1).await;
     let bouncer = PgBouncer::start(&db.scratch_dir(), "transaction").await;
     let url = bouncer.url(&db);
-    // The last migration comments on outbox.messages: a session locking the table stops the
-    // migrate half-way, holding the migration lock.
+    // The last migration re-creates outbox.observation, whose body is checked against
+    // outbox.messages as it is created: a session locking the table stops the migrate
+    // half-way, holding the migration lock.
     let mut blocker = db.client().await;
     let tx = blocker.transaction().await.unwrap();
     tx.batch_execute("LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")

@@ -3,9 +3,10 @@
 //! relayer builds it, and what is removed afterwards.
 
 use std::sync::Arc;
+#[cfg_attr(not(any(feature = "kafka", feature = "aws")), allow(unused_imports))]
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use outbox_relay::destination::{Destination, DestinationConfig};
 
@@ -14,21 +15,40 @@ use super::BENCH_DEADLINE;
 /// What a destination benchmark leaves behind and removes afterwards.
 pub(super) enum Cleanup {
     Nothing,
+    #[cfg(feature = "nats")]
     NatsStream(async_nats::jetstream::Context),
+    #[cfg(feature = "amqp")]
     AmqpQueue(lapin::Channel),
+    #[cfg(feature = "redis")]
     RedisStream(redis::aio::MultiplexedConnection),
+    #[cfg(feature = "kafka")]
     KafkaTopic(rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>),
+    /// The topic's URL on the Pub/Sub emulator.
+    #[cfg(feature = "pubsub")]
+    PubsubTopic(String),
+    /// The queue's URL.
+    #[cfg(feature = "aws")]
+    SqsQueue(aws_sdk_sqs::Client, String),
+    /// The topic's ARN.
+    #[cfg(feature = "aws")]
+    SnsTopic(aws_sdk_sns::Client, String),
+    #[cfg(feature = "aws")]
+    EventBus(aws_sdk_eventbridge::Client),
+    #[cfg(feature = "aws")]
+    KinesisStream(aws_sdk_kinesis::Client),
 }
 
 impl Cleanup {
     pub(super) async fn run(self) {
-        let _ = match self {
+        let _: Result<(), String> = match self {
             Cleanup::Nothing => Ok(()),
+            #[cfg(feature = "nats")]
             Cleanup::NatsStream(js) => js
                 .delete_stream(BENCH_TARGET)
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
+            #[cfg(feature = "amqp")]
             Cleanup::AmqpQueue(ch) => ch
                 .queue_delete(
                     BENCH_TARGET.into(),
@@ -37,13 +57,55 @@ impl Cleanup {
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
+            #[cfg(feature = "redis")]
             Cleanup::RedisStream(mut r) => redis::cmd("DEL")
                 .arg(format!("{BENCH_TARGET}:bench"))
                 .query_async::<()>(&mut r)
                 .await
                 .map_err(|e| e.to_string()),
+            #[cfg(feature = "kafka")]
             Cleanup::KafkaTopic(admin) => admin
                 .delete_topics(&[BENCH_TARGET], &rdkafka::admin::AdminOptions::new())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "pubsub")]
+            Cleanup::PubsubTopic(url) => reqwest::Client::new()
+                .delete(url)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "aws")]
+            Cleanup::SqsQueue(client, url) => client
+                .delete_queue()
+                .queue_url(url)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "aws")]
+            Cleanup::SnsTopic(client, arn) => client
+                .delete_topic()
+                .topic_arn(arn)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "aws")]
+            Cleanup::EventBus(client) => client
+                .delete_event_bus()
+                .name(BENCH_TARGET)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "aws")]
+            Cleanup::KinesisStream(client) => client
+                .delete_stream()
+                .stream_name(BENCH_TARGET)
+                .enforce_consumer_deletion(true)
+                .send()
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
@@ -76,6 +138,7 @@ pub(super) async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cle
                 Cleanup::Nothing,
             )
         }
+        #[cfg(feature = "nats")]
         "nats" => {
             let js = async_nats::jetstream::new(
                 async_nats::connect("127.0.0.1:4222")
@@ -95,6 +158,7 @@ pub(super) async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cle
             ))?;
             (destination, Cleanup::NatsStream(js))
         }
+        #[cfg(feature = "amqp")]
         "amqp" => {
             let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
             let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
@@ -112,6 +176,7 @@ pub(super) async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cle
             ))?;
             (destination, Cleanup::AmqpQueue(ch))
         }
+        #[cfg(feature = "redis")]
         "redis" => {
             let r = redis::Client::open("redis://127.0.0.1:6379")?
                 .get_multiplexed_async_connection()
@@ -122,6 +187,7 @@ pub(super) async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cle
             ))?;
             (destination, Cleanup::RedisStream(r))
         }
+        #[cfg(feature = "kafka")]
         "kafka" => {
             use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
             let admin: AdminClient<_> = rdkafka::ClientConfig::new()
@@ -146,6 +212,136 @@ pub(super) async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cle
             ))?;
             (destination, Cleanup::KafkaTopic(admin))
         }
-        other => bail!("unknown destination {other}"),
+        "mqtt" => {
+            // QoS 1 to a topic nobody subscribes to: the broker acknowledges every publish
+            // and keeps nothing, so there is nothing to create or remove.
+            let destination = build(&format!(
+                "type = \"mqtt\"\nurl = \"mqtt://127.0.0.1:1883\"\ntopic = \"{BENCH_TARGET}/{{topic}}\"\n"
+            ))?;
+            (destination, Cleanup::Nothing)
+        }
+        #[cfg(feature = "pubsub")]
+        "pubsub" => {
+            // The emulator (no subscription: the bench measures publishing). Built first: it
+            // installs the TLS provider the HTTP client below needs.
+            let host = std::env::var("PUBSUB_EMULATOR_HOST")
+                .unwrap_or_else(|_| "127.0.0.1:8085".to_owned());
+            let destination = build(&format!(
+                "type = \"pubsub\"\nproject = \"{BENCH_TARGET}\"\nemulator_host = \"{host}\"\ntopic = \"{BENCH_TARGET}\"\n"
+            ))?;
+            let url = format!("http://{host}/v1/projects/{BENCH_TARGET}/topics/{BENCH_TARGET}");
+            let client = reqwest::Client::new();
+            let _ = client.delete(&url).send().await;
+            let created = client.put(&url).send().await.with_context(|| {
+                format!("the Pub/Sub emulator on {host} (PUBSUB_EMULATOR_HOST)")
+            })?;
+            if !created.status().is_success() {
+                anyhow::bail!("create Pub/Sub topic: HTTP {}", created.status());
+            }
+            (destination, Cleanup::PubsubTopic(url))
+        }
+        #[cfg(feature = "aws")]
+        "sqs" | "sns" | "eventbridge" | "kinesis" => aws(kind).await?,
+        // A destination this build leaves out: its settings name the missing feature.
+        other => (build(&format!("type = \"{other}\"\n"))?, Cleanup::Nothing),
     })
+}
+
+/// Where the AWS benchmarks send: `AWS_ENDPOINT_URL` (a moto server, whose figures measure
+/// moto more than the relayer; see docs/performance.md), region us-east-1 unless
+/// `AWS_REGION` says otherwise, credentials from the SDK's default chain.
+#[cfg(feature = "aws")]
+async fn aws(kind: &str) -> Result<(Arc<dyn Destination>, Cleanup)> {
+    let endpoint =
+        std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned());
+    let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".to_owned());
+    let config = outbox_relay::destination::aws_sdk_config(
+        Some(&region),
+        Some(&endpoint),
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    let server = || {
+        format!(
+            "{kind} on {endpoint} (AWS_ENDPOINT_URL; a moto server: \
+             target/venv/bin/python tests/destinations/moto_server.py -p 5000, \
+             with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set to anything)"
+        )
+    };
+    let settings = format!("region = \"{region}\"\nendpoint_url = \"{endpoint}\"\n");
+    Ok(match kind {
+        "sqs" => {
+            let client = aws_sdk_sqs::Client::new(&config);
+            let url = client
+                .create_queue()
+                .queue_name(BENCH_TARGET)
+                .send()
+                .await
+                .map_err(sdk_error)
+                .with_context(server)?
+                .queue_url
+                .context("CreateQueue answered no queue URL")?;
+            let destination = build(&format!(
+                "type = \"sqs\"\nqueue = \"{BENCH_TARGET}\"\n{settings}"
+            ))?;
+            (destination, Cleanup::SqsQueue(client, url))
+        }
+        "sns" => {
+            let client = aws_sdk_sns::Client::new(&config);
+            let arn = client
+                .create_topic()
+                .name(BENCH_TARGET)
+                .send()
+                .await
+                .map_err(sdk_error)
+                .with_context(server)?
+                .topic_arn
+                .context("CreateTopic answered no topic ARN")?;
+            let destination = build(&format!(
+                "type = \"sns\"\ntopic_arn = \"{arn}\"\n{settings}"
+            ))?;
+            (destination, Cleanup::SnsTopic(client, arn))
+        }
+        "eventbridge" => {
+            let client = aws_sdk_eventbridge::Client::new(&config);
+            // A bus left by an interrupted run is removed as a finished run removes it.
+            Cleanup::EventBus(client.clone()).run().await;
+            client
+                .create_event_bus()
+                .name(BENCH_TARGET)
+                .send()
+                .await
+                .map_err(sdk_error)
+                .with_context(server)?;
+            let destination = build(&format!(
+                "type = \"eventbridge\"\nevent_bus = \"{BENCH_TARGET}\"\n{settings}"
+            ))?;
+            (destination, Cleanup::EventBus(client))
+        }
+        _ => {
+            // Four shards, records spread over them by the partition key (the outbox_id).
+            let client = aws_sdk_kinesis::Client::new(&config);
+            Cleanup::KinesisStream(client.clone()).run().await;
+            client
+                .create_stream()
+                .stream_name(BENCH_TARGET)
+                .shard_count(4)
+                .send()
+                .await
+                .map_err(sdk_error)
+                .with_context(server)?;
+            let destination = build(&format!(
+                "type = \"kinesis\"\nstream = \"{BENCH_TARGET}\"\n{settings}"
+            ))?;
+            (destination, Cleanup::KinesisStream(client))
+        }
+    })
+}
+
+/// An AWS SDK error with its whole chain of causes (the SDK's `Display` gives only the
+/// outermost, such as "dispatch failure").
+#[cfg(feature = "aws")]
+fn sdk_error<E: std::error::Error + Send + Sync + 'static>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(e))
 }

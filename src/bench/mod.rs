@@ -61,9 +61,11 @@ pub struct Options {
     pub latency_secs: u64,
     /// Destination: null (measures the relayer and Postgres), or a local server: http (a
     /// server the bench starts), nats (127.0.0.1:4222), amqp (127.0.0.1:5672), redis
-    /// (127.0.0.1:6379), kafka (127.0.0.1:9092). With a server, only the drain and latency
-    /// figures are measured.
-    #[arg(long, default_value = "null", value_parser = ["null", "http", "nats", "amqp", "redis", "kafka"])]
+    /// (127.0.0.1:6379), kafka (127.0.0.1:9092), mqtt (127.0.0.1:1883), pubsub (the Pub/Sub
+    /// emulator at $PUBSUB_EMULATOR_HOST, default 127.0.0.1:8085), sqs, sns, eventbridge,
+    /// kinesis (a moto server at $AWS_ENDPOINT_URL, default http://127.0.0.1:5000). With a
+    /// server, only the drain and latency figures are measured.
+    #[arg(long, default_value = "null", value_parser = ["null", "http", "nats", "amqp", "redis", "kafka", "mqtt", "pubsub", "sqs", "sns", "eventbridge", "kinesis"])]
     pub destination: String,
     /// Instead of the other measurements: deliver this many messages (null destination) in
     /// ten rounds and print the resident memory after each, to show that it stays flat.

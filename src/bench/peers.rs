@@ -5,7 +5,7 @@
 //! median against it, and the median of the relayer's rate against it round by round.
 //!
 //! Contenders: the relayer (`--workers` relays, `--in-flight` batches each); the SQL
-//! functions it calls (`claim_outbox_batch` + `complete_outbox_batch` in a loop from
+//! functions it calls (`claim_outbox_batch_seq` + `complete_outbox_batch` in a loop from
 //! `--workers` clients, no relayer); the bare floor (one `DELETE … RETURNING` + attempt
 //! insert per batch, no leases); graphile-worker and pg-boss (`--workers` Node processes
 //! each, from DIR/node_modules); pgmq's read + delete (4 clients, at the run's batch and

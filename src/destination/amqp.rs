@@ -2,9 +2,11 @@
 //! `message_id` = outbox_id, `mandatory` so that a message no queue is bound for comes back
 //! (permanent: it would otherwise be dropped silently). The message's own headers go into
 //! the AMQP `headers` table with the outbox metadata (`outbox-id`, `outbox-topic`,
-//! `outbox-key`, `outbox-attempt`) beside them. A message is delivered when the broker
+//! `outbox-key`, `outbox-seq`, `outbox-attempt`) beside them. A message is delivered when the broker
 //! confirms it; a nack or a lost connection is retryable. The client has no timeout of its
-//! own: a broker that stops answering is cut off by the dispatch deadline.
+//! own: a broker that stops answering is cut off by the dispatch deadline. With the
+//! CloudEvents envelope, the attributes go as `cloudEvents_` headers (binary) or the body is
+//! the JSON event (structured).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,6 +17,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
+use super::cloudevents::{self, Envelope, Mode, STRUCTURED_CONTENT_TYPE};
 use super::{Destination, Setting, Window, install_tls_provider, metadata, user_headers};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
@@ -30,6 +33,14 @@ pub struct AmqpConfig {
     pub exchange: Option<String>,
     /// Routing key template [default: `{topic}`].
     pub routing_key: Option<String>,
+    /// `"cloudevents"` to send each message as a CloudEvent [default: none].
+    pub envelope: Option<String>,
+    /// `"binary"` or `"structured"` [default: binary].
+    pub cloudevents_mode: Option<String>,
+    /// The CloudEvents `source` template [default: /outbox-relay].
+    pub cloudevents_source: Option<String>,
+    /// The CloudEvents `type` template [default: `{topic}`].
+    pub cloudevents_type: Option<String>,
 }
 
 impl AmqpConfig {
@@ -53,7 +64,17 @@ impl AmqpConfig {
         if let Some(problem) = credentials_problem(url, &parsed.authority.host) {
             return Err(at.invalid("url", format!("{:?} {problem}", redact_url(url))));
         }
+        let envelope = Envelope::from_settings(
+            at,
+            &cloudevents::Settings {
+                envelope: self.envelope.as_deref(),
+                mode: self.cloudevents_mode.as_deref(),
+                source: self.cloudevents_source.as_deref(),
+                kind: self.cloudevents_type.as_deref(),
+            },
+        )?;
         Ok(Amqp {
+            envelope,
             url: url.to_owned(),
             exchange: self.exchange.clone().unwrap_or_default(),
             routing_key: self
@@ -97,6 +118,7 @@ pub struct Amqp {
     exchange: String,
     routing_key: String,
     channel: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+    envelope: Option<Envelope>,
 }
 
 impl Amqp {
@@ -128,9 +150,9 @@ impl Amqp {
     }
 }
 
-/// The AMQP `headers` table of `m`: its own headers, then the outbox metadata; or why they
-/// cannot be sent.
-fn headers(m: &ClaimedMessage) -> Result<FieldTable, String> {
+/// The AMQP `headers` table of `m`: its own headers, the CloudEvents attributes (binary
+/// mode), then the outbox metadata; or why they cannot be sent.
+fn headers(m: &ClaimedMessage, envelope: Option<&Envelope>) -> Result<FieldTable, String> {
     let mut table = FieldTable::default();
     let mut insert = |name: &str, value: AMQPValue| -> Result<(), String> {
         if name.is_empty() || name.len() > 255 {
@@ -143,6 +165,13 @@ fn headers(m: &ClaimedMessage) -> Result<FieldTable, String> {
     };
     for (name, value) in user_headers(m)? {
         insert(name, AMQPValue::LongString(LongString::from(value)))?;
+    }
+    // The AMQP binding's application properties, with the `cloudEvents_` prefix it prefers
+    // (JMS selectors refuse `:`); `datacontenttype` is the content-type property.
+    if let Some(e) = envelope.filter(|e| e.mode == Mode::Binary) {
+        for (name, value) in e.headers(m, "cloudEvents_", false) {
+            insert(&name, AMQPValue::LongString(LongString::from(value)))?;
+        }
     }
     for (name, value) in metadata(m) {
         insert(name, AMQPValue::LongString(LongString::from(value)))?;
@@ -174,17 +203,27 @@ impl Destination for Amqp {
                     confirms.push((routing_key, Err(not_sent)));
                     continue;
                 }
-                let headers = match headers(m) {
+                let headers = match headers(m, self.envelope.as_ref()) {
                     Ok(h) => h,
                     Err(reason) => {
                         confirms.push((routing_key, Err(Outcome::Permanent { reason })));
                         continue;
                     }
                 };
+                let (content_type, structured) = match &self.envelope {
+                    Some(e) if e.mode == Mode::Structured => match e.structured(m) {
+                        Ok(body) => (STRUCTURED_CONTENT_TYPE, Some(body)),
+                        Err(reason) => {
+                            confirms.push((routing_key, Err(Outcome::Permanent { reason })));
+                            continue;
+                        }
+                    },
+                    _ => (m.content_type.as_str(), None),
+                };
                 let properties = BasicProperties::default()
                     .with_message_id(ShortString::from(m.id.to_string()))
                     .with_delivery_mode(2)
-                    .with_content_type(ShortString::from(m.content_type.as_str()))
+                    .with_content_type(ShortString::from(content_type))
                     .with_headers(headers);
                 let sent = channel
                     .basic_publish(
@@ -194,7 +233,7 @@ impl Destination for Amqp {
                             mandatory: true,
                             ..BasicPublishOptions::default()
                         },
-                        &m.payload,
+                        structured.as_deref().unwrap_or(&m.payload),
                         properties,
                     )
                     .await

@@ -5,9 +5,10 @@
 //! HMAC-SHA256 of "id.timestamp.body">`) so receivers can verify with the existing libraries.
 //! The message's own headers (W3C `traceparent`/`tracestate` among them) become request
 //! headers, with the outbox metadata (`outbox-id`, `outbox-topic`, `outbox-key`,
-//! `outbox-attempt`) beside them; a header HTTP cannot carry makes that message permanent.
+//! `outbox-seq`, `outbox-attempt`) beside them; a header HTTP cannot carry makes that message permanent.
 //! 2xx is delivered; 408, 429, 5xx and transport errors are retryable (honouring
-//! `Retry-After` seconds); any other status is permanent.
+//! `Retry-After` seconds); any other status is permanent. With the CloudEvents envelope, the
+//! attributes go as `ce-` headers (binary) or the body is the JSON event (structured).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 
+use super::cloudevents::{self, Envelope, Mode, STRUCTURED_CONTENT_TYPE, percent_encode};
 use super::{Destination, Setting, Window, install_tls_provider, metadata, user_headers};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
@@ -36,6 +38,14 @@ pub struct HttpConfig {
     pub headers: Option<BTreeMap<String, String>>,
     /// Requests of one batch in flight at once, 1..=1024 [default: 64].
     pub concurrency: Option<i64>,
+    /// `"cloudevents"` to send each message as a CloudEvent [default: none].
+    pub envelope: Option<String>,
+    /// `"binary"` or `"structured"` [default: binary].
+    pub cloudevents_mode: Option<String>,
+    /// The CloudEvents `source` template [default: /outbox-relay].
+    pub cloudevents_source: Option<String>,
+    /// The CloudEvents `type` template [default: `{topic}`].
+    pub cloudevents_type: Option<String>,
 }
 
 impl HttpConfig {
@@ -64,6 +74,15 @@ impl HttpConfig {
             })
             .transpose()?;
         let concurrency = at.ranged("concurrency", self.concurrency, 64, 1, 1024)?;
+        let envelope = Envelope::from_settings(
+            at,
+            &cloudevents::Settings {
+                envelope: self.envelope.as_deref(),
+                mode: self.cloudevents_mode.as_deref(),
+                source: self.cloudevents_source.as_deref(),
+                kind: self.cloudevents_type.as_deref(),
+            },
+        )?;
         let concurrency = usize::try_from(concurrency).unwrap_or(64);
         let mut map = HeaderMap::new();
         for (name, value) in self.headers.iter().flatten() {
@@ -86,6 +105,7 @@ impl HttpConfig {
             secret,
             headers: map,
             concurrency,
+            envelope,
         })
     }
 }
@@ -96,12 +116,14 @@ pub struct Http {
     secret: Option<Vec<u8>>,
     headers: HeaderMap,
     concurrency: usize,
+    envelope: Option<Envelope>,
 }
 
 impl Http {
-    /// The request headers of `m`: the configured ones, the message's own, then the outbox
-    /// metadata; or why the message's own cannot be sent.
-    fn headers(&self, m: &ClaimedMessage, id: &str) -> Result<HeaderMap, String> {
+    /// The request headers of `m` with `body`: the configured ones, the message's own, the
+    /// CloudEvents attributes (binary mode), then the outbox metadata; or why the message's
+    /// own cannot be sent.
+    fn headers(&self, m: &ClaimedMessage, id: &str, body: &[u8]) -> Result<HeaderMap, String> {
         let mut headers = self.headers.clone();
         for (name, value) in user_headers(m)? {
             let header = HeaderName::try_from(name)
@@ -110,13 +132,25 @@ impl Http {
                 .map_err(|_| format!("header {name:?}: the value is not valid in HTTP"))?;
             headers.insert(header, value);
         }
-        let mut set = |name: &'static str, value: &str| -> Result<(), String> {
+        let mut set = |name: &str, value: &str| -> Result<(), String> {
+            let n = HeaderName::try_from(name)
+                .map_err(|_| format!("header name {name:?} is not valid in HTTP"))?;
             let v = HeaderValue::try_from(value)
                 .map_err(|_| format!("{name} {value:?} is not a valid HTTP header value"))?;
-            headers.insert(name, v);
+            headers.insert(n, v);
             Ok(())
         };
-        set("content-type", &m.content_type)?;
+        match &self.envelope {
+            Some(e) if e.mode == Mode::Structured => set("content-type", STRUCTURED_CONTENT_TYPE)?,
+            Some(e) => {
+                // The HTTP binding: `ce-` headers, `datacontenttype` as Content-Type.
+                set("content-type", &m.content_type)?;
+                for (name, value) in e.headers(m, "ce-", false) {
+                    set(&name, &percent_encode(&value))?;
+                }
+            }
+            None => set("content-type", &m.content_type)?,
+        }
         set("idempotency-key", id)?;
         for (name, value) in metadata(m) {
             set(name, &value)?;
@@ -127,7 +161,7 @@ impl Http {
             set("webhook-timestamp", &timestamp)?;
             set(
                 "webhook-signature",
-                &format!("v1,{}", sign(secret, id, &timestamp, &m.payload)),
+                &format!("v1,{}", sign(secret, id, &timestamp, body)),
             )?;
         }
         Ok(headers)
@@ -135,7 +169,14 @@ impl Http {
 
     async fn send(&self, m: &ClaimedMessage) -> Outcome {
         let id = m.id.to_string();
-        let headers = match self.headers(m, &id) {
+        let body = match &self.envelope {
+            Some(e) if e.mode == Mode::Structured => match e.structured(m) {
+                Ok(body) => body,
+                Err(reason) => return Outcome::Permanent { reason },
+            },
+            _ => m.payload.clone(),
+        };
+        let headers = match self.headers(m, &id, &body) {
             Ok(h) => h,
             Err(reason) => return Outcome::Permanent { reason },
         };
@@ -147,7 +188,7 @@ impl Http {
             .client
             .post(&url)
             .headers(headers)
-            .body(m.payload.clone())
+            .body(body)
             .send()
             .await;
         match response {

@@ -94,6 +94,8 @@ struct Line<'a> {
     outbox_id: String,
     topic: &'a str,
     key: Option<&'a str>,
+    /// The per-key sequence; `None` (null) for an unkeyed message.
+    seq: Option<i64>,
     attempt_no: i32,
     created_at: chrono::DateTime<chrono::Utc>,
     content_type: &'a str,
@@ -117,6 +119,7 @@ fn render(message: &ClaimedMessage, out: &mut Vec<u8>) -> Result<(), String> {
         outbox_id: message.id.to_string(),
         topic: &message.topic,
         key: message.key.as_deref(),
+        seq: message.key.as_ref().map(|_| message.seq),
         attempt_no: message.attempt_no,
         created_at: message.created_at,
         content_type: &message.content_type,
@@ -141,6 +144,16 @@ fn render(message: &ClaimedMessage, out: &mut Vec<u8>) -> Result<(), String> {
     serde_json::to_writer(&mut *out, &line).map_err(|e| format!("cannot encode line: {e}"))?;
     out.push(b'\n');
     Ok(())
+}
+
+/// `message` as the JSON object of its line, without the newline (the record of the
+/// `kinesis` destination and the detail of `eventbridge`'s event), or why it cannot be sent.
+#[cfg_attr(not(feature = "aws"), allow(dead_code))]
+pub(super) fn envelope(message: &ClaimedMessage) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(message.payload.len() + 256);
+    render(message, &mut out)?;
+    out.pop();
+    Ok(out)
 }
 
 /// Writes the whole buffer with one call per batch, so lines of concurrent batches (and of

@@ -26,15 +26,40 @@
 //! A problem with one message (a header the protocol cannot carry, a payload refused) makes
 //! that message permanent, never the batch.
 
+#[cfg(feature = "amqp")]
 mod amqp;
+#[cfg(feature = "aws")]
+mod aws;
+#[cfg_attr(
+    not(any(
+        feature = "http",
+        feature = "nats",
+        feature = "amqp",
+        feature = "redis",
+        feature = "kafka",
+        feature = "mqtt"
+    )),
+    allow(dead_code)
+)]
+mod cloudevents;
+#[cfg(feature = "http")]
 mod http;
 mod jsonl;
+#[cfg(feature = "kafka")]
 mod kafka;
+#[cfg(feature = "mqtt")]
+mod mqtt;
+#[cfg(feature = "nats")]
 mod nats;
 mod null;
+#[cfg(feature = "pubsub")]
+mod pubsub;
+#[cfg(feature = "redis")]
 mod redis;
 mod window;
 
+#[cfg(feature = "aws")]
+pub use aws::sdk_config as aws_sdk_config;
 pub use window::{WINDOW_CLOSED, Window};
 
 use std::sync::Arc;
@@ -60,22 +85,35 @@ pub trait Destination: Send + Sync + 'static {
 }
 
 /// The one list of destinations: each line names a destination's variant of
-/// [`DestinationConfig`], its `type` as written in the config, and its settings type. The
+/// [`DestinationConfig`], its `type` as written in the config, the cargo feature that
+/// builds it (`if "feature"`; none for those always built), and its settings type. The
 /// enum, [`DestinationConfig::kind`], [`DestinationConfig::KINDS`] and the factory
 /// ([`DestinationConfig::build`]) are generated from it, so a destination is registered
 /// here and nowhere else in the library. Every settings type has
-/// `build(&self, Setting, deadline) -> Result<impl Destination, ConfigError>`.
+/// `build(&self, Setting, deadline) -> Result<impl Destination, ConfigError>`. A type whose
+/// feature is off still parses (as [`NotBuilt`]), so that its config is refused naming the
+/// feature rather than as an unknown type.
 macro_rules! destinations {
-    ($($(#[$attr:meta])* $variant:ident = $kind:literal => $config:ty,)*) => {
+    ($($(#[$attr:meta])* $variant:ident = $kind:literal $(if $feature:literal)? => $config:ty,)*) => {
         /// One `[destinations.NAME]` table's destination part, chosen by its `type`.
         #[derive(Clone, Debug, serde::Deserialize)]
         #[serde(tag = "type")]
         pub enum DestinationConfig {
-            $($(#[$attr])* #[serde(rename = $kind)] $variant($config),)*
+            $(
+                $(#[$attr])*
+                #[cfg(all($(feature = $feature)?))]
+                #[serde(rename = $kind)]
+                $variant($config),
+                $(
+                    #[cfg(not(feature = $feature))]
+                    #[serde(rename = $kind)]
+                    $variant(NotBuilt),
+                )?
+            )*
         }
 
         impl DestinationConfig {
-            /// Every `type`, in the order of the list.
+            /// Every `type`, in the order of the list (those this build leaves out too).
             pub const KINDS: &'static [&'static str] = &[$($kind),*];
 
             /// The `type` as written in the config.
@@ -95,7 +133,14 @@ macro_rules! destinations {
             ) -> Result<Arc<dyn Destination>, ConfigError> {
                 let at = Setting(name);
                 Ok(match self {
-                    $(Self::$variant(c) => Arc::new(c.build(at, deadline)?),)*
+                    $(
+                        #[cfg(all($(feature = $feature)?))]
+                        Self::$variant(c) => Arc::new(c.build(at, deadline)?),
+                        $(
+                            #[cfg(not(feature = $feature))]
+                            Self::$variant(_) => return Err(at.not_built($kind, $feature)),
+                        )?
+                    )*
                 })
             }
         }
@@ -106,13 +151,24 @@ destinations! {
     Stdout = "stdout" => jsonl::StdoutConfig,
     File = "file" => jsonl::FileConfig,
     Null = "null" => null::NullConfig,
-    Http = "http" => http::HttpConfig,
-    Nats = "nats" => nats::NatsConfig,
-    Amqp = "amqp" => amqp::AmqpConfig,
-    Redis = "redis" => redis::RedisConfig,
+    Http = "http" if "http" => http::HttpConfig,
+    Nats = "nats" if "nats" => nats::NatsConfig,
+    Amqp = "amqp" if "amqp" => amqp::AmqpConfig,
+    Redis = "redis" if "redis" => redis::RedisConfig,
     /// Boxed: its settings are several times the size of the others'.
-    Kafka = "kafka" => Box<kafka::KafkaConfig>,
+    Kafka = "kafka" if "kafka" => Box<kafka::KafkaConfig>,
+    Mqtt = "mqtt" if "mqtt" => mqtt::MqttConfig,
+    Pubsub = "pubsub" if "pubsub" => pubsub::PubsubConfig,
+    Sqs = "sqs" if "aws" => aws::SqsConfig,
+    Sns = "sns" if "aws" => aws::SnsConfig,
+    Eventbridge = "eventbridge" if "aws" => aws::EventBridgeConfig,
+    Kinesis = "kinesis" if "aws" => aws::KinesisConfig,
 }
+
+/// The settings of a destination type this build leaves out (its cargo feature is off):
+/// whatever they are, building it is refused, naming the feature.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct NotBuilt {}
 
 impl DestinationConfig {
     /// The `stdout` destination (the default of a relayer given no destinations).
@@ -136,6 +192,22 @@ impl DestinationConfig {
 struct Setting<'a>(&'a str);
 
 impl Setting<'_> {
+    /// A destination of `kind`, which this build left out with its cargo `feature`.
+    #[allow(
+        dead_code,
+        reason = "used only by a build without some destination feature"
+    )]
+    fn not_built(self, kind: &str, feature: &str) -> ConfigError {
+        self.invalid(
+            "type",
+            format!(
+                "\"{kind}\" destinations are not in this build of outbox-relay: it was \
+                 built without the cargo feature `{feature}` (rebuild with `--features \
+                 {feature}`, or with the default features, which include every destination)"
+            ),
+        )
+    }
+
     fn invalid(self, field: &str, problem: impl Into<String>) -> ConfigError {
         ConfigError {
             setting: format!("destinations.{}.{field}", self.0),
@@ -164,6 +236,17 @@ impl Setting<'_> {
 /// The message's own headers (its `headers` object), as name/value text. A string value is
 /// taken as is, a number or boolean as its JSON text; anything else is refused with the
 /// reason, which makes that message permanent.
+#[cfg_attr(
+    not(any(
+        feature = "http",
+        feature = "nats",
+        feature = "amqp",
+        feature = "redis",
+        feature = "kafka",
+        feature = "mqtt"
+    )),
+    allow(dead_code)
+)]
 fn user_headers(m: &ClaimedMessage) -> Result<Vec<(&str, String)>, String> {
     let object = match &m.headers {
         serde_json::Value::Null => return Ok(Vec::new()),
@@ -189,6 +272,17 @@ fn user_headers(m: &ClaimedMessage) -> Result<Vec<(&str, String)>, String> {
         .collect()
 }
 
+#[cfg_attr(
+    not(any(
+        feature = "http",
+        feature = "nats",
+        feature = "amqp",
+        feature = "redis",
+        feature = "kafka",
+        feature = "mqtt"
+    )),
+    allow(dead_code)
+)]
 fn json_kind(v: &serde_json::Value) -> &'static str {
     match v {
         serde_json::Value::Null => "null",
@@ -201,7 +295,21 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 }
 
 /// The outbox metadata every header-carrying destination sends beside the message's own
-/// headers (and over them, on a clash: the consumer's dedupe id must be the outbox_id).
+/// headers (and over them, on a clash: the consumer's dedupe id must be the outbox_id). A
+/// keyed message also carries its key and its sequence (`outbox-seq`, increasing in the
+/// key's enqueue order), so that a consumer can drop a rewound run by the last sequence it
+/// saw for the key; an unkeyed message has no order, and so no sequence.
+#[cfg_attr(
+    not(any(
+        feature = "http",
+        feature = "nats",
+        feature = "amqp",
+        feature = "redis",
+        feature = "kafka",
+        feature = "mqtt"
+    )),
+    allow(dead_code)
+)]
 fn metadata(m: &ClaimedMessage) -> Vec<(&'static str, String)> {
     let mut headers = vec![
         ("outbox-id", m.id.to_string()),
@@ -210,11 +318,16 @@ fn metadata(m: &ClaimedMessage) -> Vec<(&'static str, String)> {
     ];
     if let Some(key) = &m.key {
         headers.push(("outbox-key", key.clone()));
+        headers.push(("outbox-seq", m.seq.to_string()));
     }
     headers
 }
 
 /// TLS (HTTPS, AMQPS) uses rustls with the ring provider, installed once per process.
+#[cfg_attr(
+    not(any(feature = "http", feature = "amqp", feature = "mqtt")),
+    allow(dead_code)
+)]
 fn install_tls_provider() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
@@ -227,11 +340,22 @@ fn install_tls_provider() {
 mod tests {
     use super::*;
 
+    /// A type this build leaves out parses, and building it names the feature to enable.
+    #[test]
+    #[cfg(not(feature = "mqtt"))]
+    fn a_type_built_without_its_feature_names_the_feature() {
+        let config = parse("type = \"mqtt\"\nurl = \"mqtt://x\"\n").unwrap();
+        let err = config.build("d", Duration::from_secs(1)).err().unwrap();
+        assert_eq!(err.setting, "destinations.d.type");
+        assert!(err.problem.contains("feature `mqtt`"), "{err}");
+    }
+
     fn parse(toml: &str) -> Result<DestinationConfig, String> {
         toml::from_str(toml).map_err(|e| e.to_string())
     }
 
     #[test]
+    #[cfg(all(feature = "redis", feature = "kafka"))]
     fn each_type_refuses_keys_it_does_not_know() {
         assert!(parse("type = \"redis\"\nstream = \"s\"\n").is_ok());
         let err = parse("type = \"redis\"\nstreem = \"s\"\n").unwrap_err();
@@ -243,6 +367,14 @@ mod tests {
     }
 
     #[test]
+    #[cfg(all(
+        feature = "http",
+        feature = "nats",
+        feature = "amqp",
+        feature = "redis",
+        feature = "kafka",
+        feature = "mqtt"
+    ))]
     fn bad_values_name_their_setting() {
         let cases = [
             ("type = \"http\"\nurl = \"ftp://x\"\n", "destinations.d.url"),
@@ -275,6 +407,27 @@ mod tests {
                 "type = \"nats\"\nsubject = \"\"\n",
                 "destinations.d.subject",
             ),
+            (
+                "type = \"http\"\nurl = \"http://x\"\nenvelope = \"xml\"\n",
+                "destinations.d.envelope",
+            ),
+            (
+                "type = \"kafka\"\nenvelope = \"cloudevents\"\ncloudevents_mode = \"batch\"\n",
+                "destinations.d.cloudevents_mode",
+            ),
+            ("type = \"mqtt\"\nurl = \"tcp://x\"\n", "destinations.d.url"),
+            (
+                "type = \"mqtt\"\nprotocol = \"4\"\n",
+                "destinations.d.protocol",
+            ),
+            (
+                "type = \"mqtt\"\ntopic = \"a/+/{topic}\"\n",
+                "destinations.d.topic",
+            ),
+            (
+                "type = \"mqtt\"\nprotocol = \"3.1.1\"\nenvelope = \"cloudevents\"\n",
+                "destinations.d.cloudevents_mode",
+            ),
         ];
         for (toml, setting) in cases {
             let config = parse(toml).unwrap();
@@ -284,6 +437,24 @@ mod tests {
             };
             assert_eq!(err.setting, setting, "{toml}: {err}");
         }
+    }
+
+    /// Runs in a build without the feature (`cargo test --lib --no-default-features`).
+    #[cfg(not(feature = "pubsub"))]
+    #[test]
+    fn a_type_compiled_out_is_refused_naming_its_feature() {
+        let config = parse("type = \"pubsub\"\nproject = \"p\"\n").unwrap();
+        assert_eq!(config.kind(), "pubsub");
+        let err = match config.build("d", Duration::from_secs(1)) {
+            Ok(_) => panic!("a type this build does not have was built"),
+            Err(e) => e,
+        };
+        assert_eq!(err.setting, "destinations.d.type");
+        assert!(
+            err.problem.contains("cargo feature \"pubsub\""),
+            "{}",
+            err.problem
+        );
     }
 
     #[test]

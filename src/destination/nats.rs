@@ -1,16 +1,18 @@
 //! The `nats` destination: JetStream publish to a subject template (`{topic}` replaced)
 //! with `Nats-Msg-Id` = outbox_id, so the stream's duplicate window drops a redelivery.
 //! The message's own headers travel as NATS headers, with the outbox metadata
-//! (`outbox-id`, `outbox-topic`, `outbox-key`, `outbox-attempt`) and `Content-Type` beside
-//! them; a header NATS cannot carry makes that message permanent. A message is delivered
+//! (`outbox-id`, `outbox-topic`, `outbox-key`, `outbox-seq`, `outbox-attempt`) and
+//! `Content-Type` beside them; a header NATS cannot carry makes that message permanent. A message is delivered
 //! when its PubAck arrives (a duplicate ack counts: the stream has it). No stream for the
-//! subject is permanent; timeouts and connection loss are retryable.
+//! subject is permanent; timeouts and connection loss are retryable. With the CloudEvents
+//! envelope, the attributes go as `ce-` headers (binary) or the payload is the JSON event.
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use futures_util::future::BoxFuture;
 
+use super::cloudevents::{self, Envelope, Mode, STRUCTURED_CONTENT_TYPE, percent_encode};
 use super::{Destination, Setting, Window, metadata, user_headers};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
@@ -24,6 +26,14 @@ pub struct NatsConfig {
     pub url: Option<String>,
     /// Subject template [default: `{topic}`].
     pub subject: Option<String>,
+    /// `"cloudevents"` to send each message as a CloudEvent [default: none].
+    pub envelope: Option<String>,
+    /// `"binary"` or `"structured"` [default: binary].
+    pub cloudevents_mode: Option<String>,
+    /// The CloudEvents `source` template [default: /outbox-relay].
+    pub cloudevents_source: Option<String>,
+    /// The CloudEvents `type` template [default: `{topic}`].
+    pub cloudevents_type: Option<String>,
 }
 
 impl NatsConfig {
@@ -68,7 +78,17 @@ impl NatsConfig {
         if subject.trim().is_empty() {
             return Err(at.invalid("subject", "must not be empty"));
         }
+        let envelope = Envelope::from_settings(
+            at,
+            &cloudevents::Settings {
+                envelope: self.envelope.as_deref(),
+                mode: self.cloudevents_mode.as_deref(),
+                source: self.cloudevents_source.as_deref(),
+                kind: self.cloudevents_type.as_deref(),
+            },
+        )?;
         Ok(Nats {
+            envelope,
             url: url.to_owned(),
             subject: subject.to_owned(),
             timeout: deadline,
@@ -82,6 +102,7 @@ pub struct Nats {
     subject: String,
     timeout: Duration,
     context: tokio::sync::Mutex<Option<jetstream::Context>>,
+    envelope: Option<Envelope>,
 }
 
 impl Nats {
@@ -118,8 +139,12 @@ impl Nats {
     }
 }
 
-/// The NATS headers of `m`: its own, then the outbox metadata; or why they cannot be sent.
-fn headers(m: &ClaimedMessage) -> Result<async_nats::HeaderMap, String> {
+/// The NATS headers of `m`: its own, `Content-Type`, the CloudEvents attributes (binary
+/// mode), then the outbox metadata; or why they cannot be sent.
+fn headers(
+    m: &ClaimedMessage,
+    envelope: Option<&Envelope>,
+) -> Result<async_nats::HeaderMap, String> {
     let mut headers = async_nats::HeaderMap::new();
     let mut insert = |name: &str, value: &str| -> Result<(), String> {
         let n: async_nats::HeaderName = name
@@ -134,7 +159,17 @@ fn headers(m: &ClaimedMessage) -> Result<async_nats::HeaderMap, String> {
     for (name, value) in user_headers(m)? {
         insert(name, &value)?;
     }
-    insert("Content-Type", &m.content_type)?;
+    match envelope {
+        Some(e) if e.mode == Mode::Structured => insert("Content-Type", STRUCTURED_CONTENT_TYPE)?,
+        Some(e) => {
+            // The NATS binding: every attribute as a `ce-` header, percent-encoded.
+            insert("Content-Type", &m.content_type)?;
+            for (name, value) in e.headers(m, "ce-", true) {
+                insert(&name, &percent_encode(&value))?;
+            }
+        }
+        None => insert("Content-Type", &m.content_type)?,
+    }
     for (name, value) in metadata(m) {
         insert(name, &value)?;
     }
@@ -172,15 +207,25 @@ impl Destination for Nats {
                     pending.push((subject, Err(not_sent)));
                     continue;
                 }
-                let headers = match headers(m) {
+                let headers = match headers(m, self.envelope.as_ref()) {
                     Ok(h) => h,
                     Err(reason) => {
                         pending.push((subject, Err(Outcome::Permanent { reason })));
                         continue;
                     }
                 };
+                let payload = match &self.envelope {
+                    Some(e) if e.mode == Mode::Structured => match e.structured(m) {
+                        Ok(body) => body,
+                        Err(reason) => {
+                            pending.push((subject, Err(Outcome::Permanent { reason })));
+                            continue;
+                        }
+                    },
+                    _ => m.payload.clone(),
+                };
                 let publish = jetstream::message::PublishMessage::build()
-                    .payload(m.payload.clone().into())
+                    .payload(payload.into())
                     .headers(headers)
                     .message_id(m.id.to_string());
                 // While the client is reconnecting, sending waits: bound it like the ack.

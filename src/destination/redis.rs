@@ -1,6 +1,6 @@
 //! The `redis` destination: `XADD` to a stream per topic (`{topic}` in the stream name
-//! template), fields `outbox_id`, `topic`, `key`, `attempt`, `content_type`, `headers`,
-//! `payload`, optionally trimmed with `MAXLEN ~`. A batch is one pipeline whose replies are
+//! template), fields `outbox_id`, `topic`, `key`, `seq` (keyed messages only), `attempt`,
+//! `content_type`, `headers`, `payload`, optionally trimmed with `MAXLEN ~`. A batch is one pipeline whose replies are
 //! read one per entry: a message is delivered when Redis answered its entry id, and an entry
 //! Redis refuses (a key of another type, say) fails only its own message. Streams do not
 //! deduplicate: consumers dedupe on the `outbox_id` field.
@@ -145,8 +145,11 @@ impl Destination for RedisStreams {
                     .arg("topic")
                     .arg(&m.topic)
                     .arg("key")
-                    .arg(m.key.as_deref().unwrap_or(""))
-                    .arg("attempt")
+                    .arg(m.key.as_deref().unwrap_or(""));
+                if m.key.is_some() {
+                    cmd.arg("seq").arg(m.seq);
+                }
+                cmd.arg("attempt")
                     .arg(m.attempt_no)
                     .arg("content_type")
                     .arg(&m.content_type)

@@ -8,10 +8,16 @@
 //! way when it opened are given back without an attempt too. After `cooldown` the circuit
 //! is half-open and one message goes through as the probe (one not tried before, when the
 //! batch has one: an outage charges no message twice); a delivery closes the circuit,
-//! a failure opens it again. Every change of state is logged.
+//! a failure opens it again. Every change of state is logged and signalled to the one
+//! waiter of the `changed` notification, which reports it to the database; the report says
+//! since when (wall clock) the circuit is closed, or is not (a probe that fails does not
+//! restart an outage's time).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
 
 // tokio's clock, not the wall clock: the same as `std::time::Instant` in the relayer, and
 // paused and advanced by the tests (`start_paused`, `tokio::time::advance`).
@@ -34,6 +40,17 @@ pub enum State {
     Closed,
     Open,
     HalfOpen,
+}
+
+impl State {
+    /// The name `outbox.report_circuits` and `status` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half-open",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -59,24 +76,30 @@ pub struct Ticket {
     opened: u64,
 }
 
+/// The state, how many times the circuit opened, and since when it is closed or not.
+type Book = (Inner, u64, DateTime<Utc>);
+
 #[derive(Debug)]
 pub struct Breaker {
     destination: String,
     settings: CircuitSettings,
-    inner: Mutex<(Inner, u64)>,
+    inner: Mutex<Book>,
+    changed: Arc<Notify>,
 }
 
 impl Breaker {
-    pub fn new(destination: &str, settings: CircuitSettings) -> Self {
+    /// A closed circuit; `changed` is notified at each change of state.
+    pub fn new(destination: &str, settings: CircuitSettings, changed: Arc<Notify>) -> Self {
         telemetry::circuit_started(destination);
         Self {
             destination: destination.to_owned(),
             settings,
-            inner: Mutex::new((Inner::Closed { failures: 0 }, 0)),
+            inner: Mutex::new((Inner::Closed { failures: 0 }, 0, Utc::now())),
+            changed,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Inner, u64)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -94,8 +117,18 @@ impl Breaker {
         Self::state_of(&self.lock().0)
     }
 
-    /// Moves to `next`, counting openings and logging a change of state.
-    fn enter(&self, guard: &mut (Inner, u64), next: Inner) {
+    /// The state, and since when (wall clock) the circuit is closed, or open and half-open
+    /// in turns: an outage's time runs from its first opening, through the probes. An
+    /// open circuit whose cool-down has passed is half-open from now.
+    pub fn state_since(&self) -> (State, DateTime<Utc>) {
+        let mut guard = self.lock();
+        self.cool(&mut guard);
+        (Self::state_of(&guard.0), guard.2)
+    }
+
+    /// Moves to `next`, counting openings; a change of state is logged and signalled, and
+    /// one into or out of closed restarts the time.
+    fn enter(&self, guard: &mut Book, next: Inner) {
         let before = Self::state_of(&guard.0);
         let after = Self::state_of(&next);
         if after == State::Open && before != State::Open {
@@ -103,6 +136,10 @@ impl Breaker {
         }
         guard.0 = next;
         if after != before {
+            if before == State::Closed || after == State::Closed {
+                guard.2 = Utc::now();
+            }
+            self.changed.notify_one();
             match after {
                 State::Open => telemetry::circuit_opened(&self.destination),
                 State::HalfOpen => telemetry::circuit_half_open(&self.destination),
@@ -112,7 +149,7 @@ impl Breaker {
     }
 
     /// Passing the cool-down moves an open circuit to half-open.
-    fn cool(&self, guard: &mut (Inner, u64)) {
+    fn cool(&self, guard: &mut Book) {
         if let Inner::Open { since } = guard.0
             && since.elapsed() >= self.settings.cooldown
         {
@@ -250,6 +287,7 @@ mod tests {
                 failures,
                 cooldown: COOLDOWN,
             },
+            Arc::default(),
         )
     }
 
@@ -315,6 +353,55 @@ mod tests {
         b.record(probe, &mut [Outcome::Delivered], &[]);
         assert_eq!(b.state(), State::Closed);
         assert!(b.admits());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_change_of_state_is_signalled_and_timed() {
+        let changed = Arc::new(Notify::new());
+        let b = Breaker::new(
+            "test",
+            CircuitSettings {
+                failures: 2,
+                cooldown: COOLDOWN,
+            },
+            changed.clone(),
+        );
+        let (state, created) = b.state_since();
+        assert_eq!(state, State::Closed);
+        let signalled = async || {
+            tokio::time::timeout(Duration::from_millis(1), changed.notified())
+                .await
+                .is_ok()
+        };
+        let t = b.start().unwrap();
+        b.record(t, &mut [retry()], &[]);
+        assert!(!signalled().await, "a first failure changes no state");
+        let t = b.start().unwrap();
+        b.record(t, &mut [retry()], &[]);
+        assert!(signalled().await, "opening is signalled");
+        let (state, opened) = b.state_since();
+        assert_eq!(state, State::Open);
+        assert!(opened >= created);
+        tokio::time::advance(COOLDOWN).await;
+        assert_eq!(
+            b.state_since(),
+            (State::HalfOpen, opened),
+            "half-open once the cool-down has passed, without a claim asking; the outage's \
+             time runs on"
+        );
+        assert!(signalled().await, "half-open is signalled");
+        let probe = b.start().unwrap();
+        b.record(probe, &mut [retry()], &[]);
+        assert!(signalled().await, "a failed probe is signalled");
+        assert_eq!(b.state_since(), (State::Open, opened));
+        tokio::time::advance(COOLDOWN).await;
+        let probe = b.start().unwrap();
+        assert!(signalled().await);
+        b.record(probe, &mut [Outcome::Delivered], &[]);
+        assert!(signalled().await, "closing is signalled");
+        let (state, closed) = b.state_since();
+        assert_eq!(state, State::Closed);
+        assert!(closed >= opened);
     }
 
     #[test]

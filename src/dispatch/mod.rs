@@ -38,9 +38,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use futures_util::future::join_all;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 pub use circuit::{CircuitSettings, State};
 pub use routes::{ClaimFilter, RouteConfig, Routes, TopicPattern};
@@ -71,11 +72,14 @@ pub struct Part {
 pub struct Dispatcher {
     lanes: Vec<Lane>,
     routes: Routes,
+    /// Notified when any destination's circuit changes state.
+    circuit_changed: Arc<Notify>,
 }
 
 impl Dispatcher {
     /// Builds every destination; an invalid setting is named.
     pub fn new(settings: &DispatchSettings) -> Result<Self, ConfigError> {
+        let circuit_changed = Arc::new(Notify::new());
         let lanes = settings
             .destinations
             .iter()
@@ -87,12 +91,14 @@ impl Dispatcher {
                     settings.circuit,
                     d.deadline,
                     d.max_in_flight,
+                    circuit_changed.clone(),
                 ))
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         Ok(Self {
             lanes,
             routes: settings.routes.clone(),
+            circuit_changed,
         })
     }
 
@@ -104,6 +110,7 @@ impl Dispatcher {
         deadline: Duration,
         max_in_flight: usize,
     ) -> Self {
+        let circuit_changed = Arc::new(Notify::new());
         Self {
             lanes: vec![Lane::new(
                 name,
@@ -111,9 +118,29 @@ impl Dispatcher {
                 circuit,
                 deadline,
                 max_in_flight,
+                circuit_changed.clone(),
             )],
             routes: Routes(vec![(TopicPattern::Any, 0)]),
+            circuit_changed,
         }
+    }
+
+    /// Each destination's name, circuit state and since when (wall clock), in the order of
+    /// the configuration.
+    pub fn circuits(&self) -> Vec<(String, State, DateTime<Utc>)> {
+        self.lanes
+            .iter()
+            .map(|lane| {
+                let (state, since) = lane.breaker.state_since();
+                (lane.name.clone(), state, since)
+            })
+            .collect()
+    }
+
+    /// Notified (one stored wake-up for one waiter) when any destination's circuit
+    /// changes state.
+    pub fn circuit_changed(&self) -> Arc<Notify> {
+        self.circuit_changed.clone()
     }
 
     /// The claim filter: the topics to leave unclaimed now, because their destination's
@@ -259,7 +286,7 @@ fn probe(messages: &[ClaimedMessage]) -> Option<usize> {
 }
 
 /// For each message of `messages`, the index of the message before it in its key, if the
-/// part holds one (a run, see `claim_outbox_batch`); `None` when no key appears twice.
+/// part holds one (a run, see `claim_outbox_batch_seq`); `None` when no key appears twice.
 fn runs(messages: &[ClaimedMessage]) -> Option<Vec<Option<usize>>> {
     let mut last: HashMap<&str, usize> = HashMap::new();
     let mut previous = Vec::with_capacity(messages.len());
@@ -382,11 +409,12 @@ impl Lane {
         circuit: CircuitSettings,
         deadline: Duration,
         max_in_flight: usize,
+        circuit_changed: Arc<Notify>,
     ) -> Self {
         Self {
             name: name.to_owned(),
             destination,
-            breaker: circuit::Breaker::new(name, circuit),
+            breaker: circuit::Breaker::new(name, circuit, circuit_changed),
             budget: Arc::new(Semaphore::new(max_in_flight)),
             deadline,
         }

@@ -57,6 +57,10 @@ pub struct TopicFigures {
     pub expired_leases: i64,
     pub dead_letters: i64,
     pub oldest_ready_age_seconds: Option<f64>,
+    /// When the first delayed message becomes ready (none delayed, or all parked at
+    /// `infinity`: `None`). Snapshots stored before V26 lack it.
+    #[serde(default)]
+    pub next_due_at: Option<DateTime<Utc>>,
 }
 
 /// A session, replication slot or prepared transaction that holds back what vacuum may

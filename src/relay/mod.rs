@@ -1,5 +1,5 @@
 //! The worker pool of one process. It is thin on purpose: the claimer leases batches with
-//! `claim_outbox_batch`, the [`Dispatcher`] splits each batch into one part per destination,
+//! `claim_outbox_batch_seq`, the [`Dispatcher`] splits each batch into one part per destination,
 //! and each part's outcomes go back in one `complete_outbox_batch` call as soon as its own
 //! destination answered, where the database checks the leases. Up to
 //! `max_batches_in_flight` claimed batches wait to be taken by their destinations; each
@@ -8,8 +8,9 @@
 //!
 //! Around that loop: the notification listener wakes the claimer when messages arrive
 //! (polling is the fallback), the lease keeper extends batches still in flight at a third
-//! of the lease, the janitor repairs expired leases, and shutdown stops claiming, lets
-//! in-flight deliveries finish until the deadline and releases what has no outcome.
+//! of the lease, the janitor repairs expired leases, the circuits' states are reported to
+//! the database as they change, and shutdown stops claiming, lets in-flight deliveries
+//! finish until the deadline and releases what has no outcome.
 //!
 //! `leases.rs` keeps the book of leases in flight and the lease keeper; `complete.rs` is
 //! the completer; `settings.rs` holds [`RelaySettings`], all the relay reads of the
@@ -34,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dispatch::{ClaimFilter, Dispatcher, Part};
 use crate::message::{ClaimedMessage, Outcome, WorkerId};
 use crate::store::{ClaimSizes, Store, StoreError};
-use crate::{janitor, telemetry};
+use crate::{circuit_reports, janitor, telemetry};
 
 /// What the relay did with the messages it claimed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -164,6 +165,12 @@ impl Relay {
             self.settings.repair_interval,
             self.settings.repair_limit,
             shutdown.clone(),
+        ));
+        helpers.spawn(circuit_reports::run(
+            self.store.clone(),
+            self.worker().clone(),
+            self.dispatcher.clone(),
+            background.clone(),
         ));
 
         let permits = Arc::new(Semaphore::new(self.settings.max_batches_in_flight));

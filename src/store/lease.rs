@@ -1,4 +1,4 @@
-//! The leasing functions, the relayer's hot path: `claim_outbox_batch`,
+//! The leasing functions, the relayer's hot path: `claim_outbox_batch_seq`,
 //! `complete_outbox_batch`, `extend_outbox_leases`, `release_outbox_leases` and
 //! `repair_expired_leases`. The fences (token, worker, expiry) are checked by the database;
 //! a lost lease comes back as a row or as [`StoreError::LeaseLost`](super::StoreError).
@@ -31,7 +31,7 @@ pub struct Repair {
 }
 
 impl Store {
-    /// `outbox.claim_outbox_batch`: leases up to `batch_size` ready messages of `topics`
+    /// `outbox.claim_outbox_batch_seq`: leases up to `batch_size` ready messages of `topics`
     /// (all when `None`) whose topic matches none of the LIKE patterns in `exclude`, within
     /// the byte limits of `sizes`.
     pub async fn claim(
@@ -45,7 +45,7 @@ impl Store {
     ) -> Result<Vec<ClaimedMessage>> {
         let rows = self
             .leasing_query(
-                "SELECT * FROM outbox.claim_outbox_batch($1, $2, $3, $4, $5, $6, $7)",
+                "SELECT * FROM outbox.claim_outbox_batch_seq($1, $2, $3, $4, $5, $6, $7)",
                 &[
                     (&batch_size, Type::INT4),
                     (&worker.as_str(), Type::TEXT),
@@ -173,6 +173,7 @@ fn claimed_from_row(r: &Row) -> ClaimedMessage {
         lease_token: LeaseToken(r.get("lease_token")),
         topic: r.get("topic"),
         key: r.get("message_key"),
+        seq: r.get("seq"),
         payload: payload.unwrap_or_default(),
         content_type: r.get("content_type"),
         headers: r.get("headers"),

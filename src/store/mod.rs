@@ -47,7 +47,7 @@ pub use enqueue::enqueue;
 pub use fill::{fill_messages, fill_messages_returning_ids};
 pub use lease::{ClaimSizes, Repair};
 pub use listen::{ListenerHealth, NOTIFY_CHANNEL};
-pub use observation::{ObservationRow, Status};
+pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, Status};
 pub use pooler::{Pooling, STATEMENT_POOLING};
 pub use statements::Statements;
 

@@ -1,6 +1,7 @@
 //! What the database says about the outbox as a whole: `outbox.observe` (the fleet's
-//! snapshot, computed by one process per interval; `observe` reads its JSON) and the
-//! `outbox.status` view (`outbox-relay status`).
+//! snapshot, computed by one process per interval; `observe` reads its JSON), the
+//! `outbox.status` view, and the destinations' circuits as the relayers report them
+//! (`outbox.report_circuits`, the `outbox.circuits` view; `outbox-relay status`).
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
 
 use super::{Result, Store};
+use crate::message::WorkerId;
 
 /// Figures of the `outbox.status` view.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -31,7 +33,83 @@ pub struct ObservationRow {
     pub snapshot: serde_json::Value,
 }
 
+/// One destination's circuit as one relayer reports it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CircuitReport {
+    pub destination: String,
+    /// `closed`, `open` or `half-open`.
+    pub state: String,
+    /// When the circuit entered the state, by the relayer's clock.
+    pub since: DateTime<Utc>,
+}
+
+/// A row of the `outbox.circuits` view.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ReportedCircuit {
+    pub worker_id: String,
+    #[serde(flatten)]
+    pub report: CircuitReport,
+    pub reported_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// Not renewed before `expires_at`: the relayer stopped, or cannot reach the database.
+    pub stale: bool,
+}
+
 impl Store {
+    /// `outbox.report_circuits`: `worker`'s circuits, every destination of it, holding for
+    /// `ttl` unless renewed; its reports of other destinations are deleted (none: all).
+    pub async fn report_circuits(
+        &self,
+        worker: &WorkerId,
+        circuits: &[CircuitReport],
+        ttl: Duration,
+    ) -> Result<()> {
+        let destinations: Vec<&str> = circuits.iter().map(|c| c.destination.as_str()).collect();
+        let states: Vec<&str> = circuits.iter().map(|c| c.state.as_str()).collect();
+        let since: Vec<DateTime<Utc>> = circuits.iter().map(|c| c.since).collect();
+        self.client()
+            .await?
+            .query_typed(
+                "SELECT outbox.report_circuits($1, $2, $3, $4, make_interval(secs => $5))",
+                &[
+                    (&worker.as_str(), Type::TEXT),
+                    (&destinations, Type::TEXT_ARRAY),
+                    (&states, Type::TEXT_ARRAY),
+                    (&since, Type::TIMESTAMPTZ_ARRAY),
+                    (&ttl.as_secs_f64(), Type::FLOAT8),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The `outbox.circuits` view, by destination, then state and worker.
+    pub async fn circuits(&self) -> Result<Vec<ReportedCircuit>> {
+        let rows = self
+            .client()
+            .await?
+            .query_typed(
+                "SELECT worker_id, destination, state, since, reported_at, expires_at, stale \
+                 FROM outbox.circuits ORDER BY destination, stale, state, worker_id",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ReportedCircuit {
+                worker_id: r.get(0),
+                report: CircuitReport {
+                    destination: r.get(1),
+                    state: r.get(2),
+                    since: r.get(3),
+                },
+                reported_at: r.get(4),
+                expires_at: r.get(5),
+                stale: r.get(6),
+            })
+            .collect())
+    }
+
     /// `outbox.observe`: the fleet's latest observation, refreshed first when it is older
     /// than `max_age` and no other process is refreshing it; `None` before the first one.
     /// The snapshot comes back as the JSON the function returned; `observe` reads it.

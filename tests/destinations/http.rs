@@ -307,3 +307,112 @@ async fn a_topic_with_slashes_and_query_characters_stays_one_path_segment() {
 }
 
 impl InProcess for Hooks {}
+
+/// `created_at` of `id` as CloudEvents' `time` writes it (RFC 3339, microseconds, UTC).
+pub async fn enqueue_time(c: &Client, id: Uuid) -> String {
+    let at: chrono::DateTime<chrono::Utc> = c
+        .query_one(
+            "SELECT created_at FROM outbox.messages WHERE outbox_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+/// The CloudEvents envelope over HTTP: binary mode puts each attribute in its `ce-` header
+/// (the content type in `Content-Type`, the body untouched); structured mode sends the JSON
+/// event format with every attribute and the payload as `data`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let hooks = Hooks::serve().await;
+    let binary = crate::enqueue(&c, "binary", Some("order-7"), serde_json::json!({})).await;
+    let structured = crate::enqueue(&c, "structured", Some("order-8"), serde_json::json!({})).await;
+    let unkeyed = crate::enqueue(&c, "binary", None, serde_json::json!({})).await;
+    let (binary_time, structured_time) = (
+        enqueue_time(&c, binary).await,
+        enqueue_time(&c, structured).await,
+    );
+    let url = hooks.url();
+    let path = db.scratch_dir().join("cloudevents.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[destinations.binary]\ntype = \"http\"\nurl = \"{url}\"\nenvelope = \"cloudevents\"\n\
+             cloudevents_source = \"/shop/{{topic}}\"\n\n\
+             [destinations.structured]\ntype = \"http\"\nurl = \"{url}\"\n\
+             envelope = \"cloudevents\"\ncloudevents_mode = \"structured\"\n\
+             cloudevents_type = \"com.example.{{topic}}\"\n\n\
+             [[routes]]\ntopic = \"binary\"\ndestination = \"binary\"\n\n\
+             [[routes]]\ntopic = \"structured\"\ndestination = \"structured\"\n"
+        ),
+    )
+    .unwrap();
+    let path = path.display().to_string();
+    let mut w = common::Relayer::start(&db, "cloudevents", &["--config", &path, "--no-telemetry"]);
+    drained(&c).await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+
+    let requests = hooks.seen.lock().unwrap().requests.clone();
+    let request = |id: Uuid| {
+        requests
+            .iter()
+            .find(|(_, h, _)| h["idempotency-key"].to_str().unwrap() == id.to_string())
+            .unwrap_or_else(|| panic!("{id} arrived"))
+    };
+    let (_, headers, body) = request(binary);
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(header("ce-specversion").as_deref(), Some("1.0"));
+    assert_eq!(header("ce-id"), Some(binary.to_string()));
+    assert_eq!(header("ce-source").as_deref(), Some("/shop/binary"));
+    assert_eq!(header("ce-type").as_deref(), Some("binary"));
+    assert_eq!(header("ce-time"), Some(binary_time));
+    assert_eq!(header("ce-partitionkey").as_deref(), Some("order-7"));
+    assert_eq!(header("content-type").as_deref(), Some("application/json"));
+    assert_eq!(
+        header("ce-datacontenttype"),
+        None,
+        "Content-Type carries it"
+    );
+    let payload: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(
+        payload,
+        serde_json::json!({"hello": "world"}),
+        "the body as enqueued"
+    );
+    let (_, headers, _) = request(unkeyed);
+    assert!(
+        headers.get("ce-partitionkey").is_none(),
+        "no key, no partitionkey"
+    );
+    assert_eq!(headers["ce-id"].to_str().unwrap(), unkeyed.to_string());
+
+    let (_, headers, body) = request(structured);
+    assert_eq!(
+        headers["content-type"].to_str().unwrap(),
+        "application/cloudevents+json; charset=UTF-8"
+    );
+    assert!(
+        headers.keys().all(|n| !n.as_str().starts_with("ce-")),
+        "structured mode has no ce- headers: {headers:?}"
+    );
+    let event: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(
+        event,
+        serde_json::json!({
+            "specversion": "1.0",
+            "id": structured.to_string(),
+            "source": "/outbox-relay",
+            "type": "com.example.structured",
+            "time": structured_time,
+            "datacontenttype": "application/json",
+            "partitionkey": "order-8",
+            "data": {"hello": "world"},
+        })
+    );
+    db.finish().await;
+}

@@ -41,6 +41,9 @@ fn lines(path: &PathBuf) -> Vec<Arrived> {
             if let Some(key) = l["key"].as_str() {
                 headers.insert("outbox-key".into(), key.to_owned());
             }
+            if let Some(seq) = l["seq"].as_i64() {
+                headers.insert("outbox-seq".into(), seq.to_string());
+            }
             Arrived {
                 id: l["outbox_id"].as_str().unwrap().parse().unwrap(),
                 headers,

@@ -360,3 +360,93 @@ async fn the_record_key_is_the_message_key_or_else_the_outbox_id() {
 }
 
 impl InProcess for Tansu {}
+
+/// The CloudEvents envelope over Kafka: binary mode puts each attribute in its `ce_` header
+/// (the content type in `content-type`, the value untouched); structured mode writes the
+/// JSON event format as the value, with `content-type: application/cloudevents+json`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = Tansu::start(&db).await;
+    h.create_topic("binary", 1);
+    h.create_topic("structured", 1);
+    let binary = crate::enqueue(&c, "binary", Some("order-7"), serde_json::json!({})).await;
+    let structured = crate::enqueue(&c, "structured", None, serde_json::json!({})).await;
+    let binary_time = crate::http::enqueue_time(&c, binary).await;
+    let structured_time = crate::http::enqueue_time(&c, structured).await;
+    let brokers = h.brokers();
+    let path = db.scratch_dir().join("cloudevents.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[destinations.binary]\ntype = \"kafka\"\nbrokers = \"{brokers}\"\n\
+             envelope = \"cloudevents\"\ncloudevents_source = \"/shop\"\n\n\
+             [destinations.structured]\ntype = \"kafka\"\nbrokers = \"{brokers}\"\n\
+             envelope = \"cloudevents\"\ncloudevents_mode = \"structured\"\n\
+             cloudevents_type = \"com.example.{{topic}}\"\n\n\
+             [[routes]]\ntopic = \"binary\"\ndestination = \"binary\"\n\n\
+             [[routes]]\ntopic = \"structured\"\ndestination = \"structured\"\n"
+        ),
+    )
+    .unwrap();
+    let path = path.display().to_string();
+    let mut w = common::Relayer::start(&db, "cloudevents", &["--config", &path, "--no-telemetry"]);
+    eventually(MINUTE, "the outbox to drain", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0));
+
+    let records = h.records("binary");
+    assert_eq!(records.len(), 1);
+    let headers = records[0].headers();
+    let expected = [
+        ("ce_specversion", "1.0".to_owned()),
+        ("ce_id", binary.to_string()),
+        ("ce_source", "/shop".to_owned()),
+        ("ce_type", "binary".to_owned()),
+        ("ce_time", binary_time),
+        ("ce_partitionkey", "order-7".to_owned()),
+        ("content-type", "application/json".to_owned()),
+    ];
+    for (name, value) in expected {
+        assert_eq!(headers.get(name), Some(&value), "{name} in {headers:?}");
+    }
+    assert!(
+        !headers.contains_key("ce_datacontenttype"),
+        "content-type carries it"
+    );
+    let value: serde_json::Value =
+        serde_json::from_str(records[0].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        value,
+        serde_json::json!({"hello": "world"}),
+        "the value as enqueued"
+    );
+
+    let records = h.records("structured");
+    assert_eq!(records.len(), 1);
+    let headers = records[0].headers();
+    assert_eq!(
+        headers["content-type"],
+        "application/cloudevents+json; charset=UTF-8"
+    );
+    assert!(headers.keys().all(|n| !n.starts_with("ce_")), "{headers:?}");
+    let event: serde_json::Value =
+        serde_json::from_str(records[0].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        event,
+        serde_json::json!({
+            "specversion": "1.0",
+            "id": structured.to_string(),
+            "source": "/outbox-relay",
+            "type": "com.example.structured",
+            "time": structured_time,
+            "datacontenttype": "application/json",
+        "data": {"hello": "world"},
+        })
+    );
+    db.finish().await;
+}

@@ -22,34 +22,45 @@
 //! suite by `the_matrix_of_destinations_and_scenarios_is_the_documented_one`, which prints
 //! it:
 //!
-//! | scenario                                                  | file | stdout | http | nats | amqp | redis | kafka |
-//! |-----------------------------------------------------------|------|--------|------|------|------|-------|-------|
-//! | five_thousand_arrive_exactly_once_with_the_outbox_id      | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  |
-//! | a_redelivery_is_recognisable_by_the_outbox_id             | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  |
-//! | message_headers_and_trace_context_arrive                  | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  |
-//! | a_permanent_refusal_dead_letters_only_that_message        | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  |
-//! | a_header_the_protocol_cannot_carry_fails_only_its_message |  -   |   -    | yes  | yes  | yes  |   -   |   -   |
-//! | the_connection_killed_server_side_is_survived             |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
-//! | an_outage_opens_the_circuit_and_everything_arrives_after  |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
-//! | a_server_that_stops_answering_hits_the_dispatch_deadline  |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  |
-//! | nothing_is_published_after_the_window_closes_mid_part     | yes  |   -    | yes  | yes  | yes  |  yes  |  yes  |
+//! | scenario                                                  | file | stdout | http | nats | amqp | redis | kafka | mqtt | pubsub | sqs | sns | kinesis | eventbridge |
+//! |-----------------------------------------------------------|------|--------|------|------|------|-------|-------|------|--------|-----|-----|---------|-------------|
+//! | five_thousand_arrive_exactly_once_with_the_outbox_id      | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  | yes  |  yes   | yes | yes |   yes   |     yes     |
+//! | a_redelivery_is_recognisable_by_the_outbox_id             | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  | yes  |  yes   | yes | yes |   yes   |     yes     |
+//! | message_headers_and_trace_context_arrive                  | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  | yes  |  yes   | yes | yes |   yes   |     yes     |
+//! | a_permanent_refusal_dead_letters_only_that_message        | yes  |  yes   | yes  | yes  | yes  |  yes  |  yes  | yes  |  yes   | yes | yes |   yes   |     yes     |
+//! | a_header_the_protocol_cannot_carry_fails_only_its_message |  -   |   -    | yes  | yes  | yes  |   -   |   -   | yes  |  yes   |  -  |  -  |    -    |      -      |
+//! | the_connection_killed_server_side_is_survived             |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  | yes  |  yes   | yes | yes |   yes   |     yes     |
+//! | an_outage_opens_the_circuit_and_everything_arrives_after  |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  | yes  |  yes   | yes | yes |   yes   |     yes     |
+//! | a_server_that_stops_answering_hits_the_dispatch_deadline  |  -   |   -    | yes  | yes  | yes  |  yes  |  yes  | yes  |  yes   | yes | yes |   yes   |     yes     |
+//! | nothing_is_published_after_the_window_closes_mid_part     | yes  |   -    | yes  | yes  | yes  |  yes  |  yes  | yes  |  yes   | yes | yes |   yes   |     yes     |
 //!
-//! Servers: Redis (`redis-server`), NATS (`nats-server`) and a Kafka-protocol broker
-//! (`tansu`, read back with `kcat`) started per test; RabbitMQ on 127.0.0.1:5672
-//! (`rabbitmq-server -detached`). `make test` installs or starts what is missing.
+//! Servers: Redis (`redis-server`), NATS (`nats-server`), a Kafka-protocol broker
+//! (`tansu`, read back with `kcat`) and the Google Cloud Pub/Sub emulator (read back through
+//! its REST API by `tests/support/pubsub-client.py`) started per test; Mosquitto
+//! (`mosquitto`, read back with `mosquitto_sub`) started per test behind a proxy; a moto
+//! server (`moto_server`, read back with boto3) per test for the AWS destinations; RabbitMQ
+//! on 127.0.0.1:5672 (`rabbitmq-server -detached`). `make test` installs or starts what is
+//! missing.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod amqp;
+mod aws;
 mod dispatch;
+mod eventbridge;
 mod http;
 mod jsonl;
 mod kafka;
+mod kinesis;
+mod mqtt;
 mod nats;
 mod proxy;
+mod pubsub;
 mod redis;
 mod server;
+mod sns;
+mod sqs;
 mod window;
 
 use std::collections::{BTreeMap, HashSet};
@@ -75,7 +86,7 @@ pub struct Arrived {
     /// Read from the destination's native dedupe field.
     pub id: Uuid,
     /// Headers (or the entry's header fields), with the outbox metadata under the names
-    /// `outbox-id`, `outbox-topic`, `outbox-key`, `outbox-attempt`.
+    /// `outbox-id`, `outbox-topic`, `outbox-key`, `outbox-seq`, `outbox-attempt`.
     pub headers: BTreeMap<String, String>,
 }
 
@@ -308,6 +319,9 @@ async fn redelivery<H: Harness>() {
     db.finish().await;
 }
 
+/// A message's own headers and trace context arrive beside the outbox metadata; the messages
+/// of a key carry their sequence (`outbox-seq`: `outbox.messages.seq`, read before the
+/// relayer starts), increasing in the order they arrive; unkeyed messages carry none.
 async fn headers<H: Harness>() {
     const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     const TRACESTATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
@@ -315,6 +329,7 @@ async fn headers<H: Harness>() {
     let c = db.client().await;
     let h = H::start(&db).await;
     let others = fill(&c, 20).await;
+    let first = enqueue(&c, "orders", Some("order-7"), serde_json::json!({})).await;
     let traced = enqueue(
         &c,
         "orders",
@@ -322,6 +337,21 @@ async fn headers<H: Harness>() {
         serde_json::json!({"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "x-tenant": "acme", "x-retries": 3}),
     )
     .await;
+    let last = enqueue(&c, "orders", Some("order-7"), serde_json::json!({})).await;
+    let seq: BTreeMap<Uuid, i64> = c
+        .query(
+            "SELECT outbox_id, seq FROM outbox.messages WHERE message_key = 'order-7'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(
+        seq[&first] < seq[&traced] && seq[&traced] < seq[&last],
+        "enqueue numbers a key's messages in order: {seq:?}"
+    );
     let w = start_relayer(&db, &h, "headers", 10_000);
     drained(&c).await;
     stop_relayer(w).await;
@@ -338,6 +368,7 @@ async fn headers<H: Harness>() {
         ("outbox-id", traced.to_string()),
         ("outbox-topic", "orders".to_owned()),
         ("outbox-key", "order-7".to_owned()),
+        ("outbox-seq", seq[&traced].to_string()),
         ("outbox-attempt", "1".to_owned()),
     ];
     for (name, value) in expected {
@@ -348,8 +379,33 @@ async fn headers<H: Harness>() {
             message.headers
         );
     }
+    let key_order: Vec<(Uuid, Option<&String>)> = arrived
+        .iter()
+        .filter(|a| a.headers.get("outbox-key").map(String::as_str) == Some("order-7"))
+        .map(|a| (a.id, a.headers.get("outbox-seq")))
+        .collect();
+    let expected_order: Vec<(Uuid, String)> = [first, traced, last]
+        .iter()
+        .map(|id| (*id, seq[id].to_string()))
+        .collect();
+    assert_eq!(
+        key_order,
+        expected_order
+            .iter()
+            .map(|(id, s)| (*id, Some(s)))
+            .collect::<Vec<_>>(),
+        "the key's messages arrive once each, in order, each with its own increasing sequence"
+    );
     let delivered: HashSet<Uuid> = arrived.iter().map(|a| a.id).collect();
     assert!(others.is_subset(&delivered));
+    let sequenced: Vec<&Arrived> = arrived
+        .iter()
+        .filter(|a| others.contains(&a.id) && a.headers.contains_key("outbox-seq"))
+        .collect();
+    assert!(
+        sequenced.is_empty(),
+        "an unkeyed message carries no sequence: {sequenced:?}"
+    );
     h.clean_up().await;
     db.finish().await;
 }
@@ -707,6 +763,12 @@ conformance! {
     amqp_conformance: amqp::Rabbit, "amqp", [yes, yes, yes, yes, yes];
     redis_conformance: redis::Streams, "redis", [no, yes, yes, yes, yes];
     kafka_conformance: kafka::Tansu, "kafka", [no, yes, yes, yes, yes];
+    mqtt_conformance: mqtt::Broker, "mqtt", [yes, yes, yes, yes, yes];
+    pubsub_conformance: pubsub::Emulator, "pubsub", [yes, yes, yes, yes, yes];
+    sqs_conformance: sqs::Queue, "sqs", [no, yes, yes, yes, yes];
+    sns_conformance: sns::Topic, "sns", [no, yes, yes, yes, yes];
+    kinesis_conformance: kinesis::Stream, "kinesis", [no, yes, yes, yes, yes];
+    eventbridge_conformance: eventbridge::Bus, "eventbridge", [no, yes, yes, yes, yes];
 }
 
 /// The matrix of destinations and scenarios as the module docs show it.

@@ -97,6 +97,9 @@ impl Harness for Streams {
                 headers.insert("outbox-topic".into(), field("topic"));
                 headers.insert("outbox-attempt".into(), field("attempt"));
                 headers.insert("outbox-key".into(), field("key"));
+                if let Some(seq) = e.get::<String>("seq") {
+                    headers.insert("outbox-seq".into(), seq);
+                }
                 Arrived {
                     id: field("outbox_id").parse().unwrap(),
                     headers,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use outbox_relay::destination::{Destination, DestinationConfig, Window};
-use outbox_relay::dispatch::{CircuitSettings, Dispatcher};
+use outbox_relay::destination::{Destination, Window};
+use outbox_relay::dispatch::{CircuitSettings, DestinationTable, Dispatcher};
 use outbox_relay::message::{ClaimedMessage, LeaseToken, OutboxId, Outcome};
 use uuid::Uuid;
 
@@ -19,11 +19,11 @@ use crate::Harness;
 pub fn build<H: Harness>(h: &H, deadline: Duration) -> Arc<dyn Destination> {
     #[derive(serde::Deserialize)]
     struct Tables {
-        destinations: std::collections::HashMap<String, DestinationConfig>,
+        destinations: std::collections::HashMap<String, DestinationTable>,
     }
     let tables: Tables = toml::from_str(&format!("[destinations.d]\n{}", h.table()))
         .unwrap_or_else(|e| panic!("the harness's table: {e}"));
-    match tables.destinations["d"].build("d", deadline) {
+    match tables.destinations["d"].destination.build("d", deadline) {
         Ok(d) => d,
         Err(e) => panic!("the harness's destination: {e}"),
     }
@@ -60,6 +60,7 @@ pub fn message(key: Option<&str>, n: usize) -> ClaimedMessage {
         lease_token: LeaseToken(Uuid::new_v4()),
         topic: "orders".into(),
         key: key.map(str::to_owned),
+        seq: i64::try_from(n).unwrap() + 1,
         payload_bytes: i64::try_from(payload.len()).unwrap(),
         payload,
         content_type: "application/json".into(),

@@ -5,7 +5,7 @@
 //!
 //! | action          | mirrors                                                            |
 //! | --------------- | ------------------------------------------------------------------ |
-//! | `Claim`         | `outbox.claim_outbox_batch` (04_claim.sql): heads, the runs behind them, a fresh token and `lease_expires_at = now() + lease` each |
+//! | `Claim`         | `outbox.claim_outbox_batch_seq` (04_claim.sql): heads, the runs behind them, a fresh token and `lease_expires_at = now() + lease` each |
 //! | `Publish`       | one call of a destination by `Lane::attempt` (src/dispatch), after the publish-window check (`Window::check`, src/destination/window.rs; the window comes from the lease book of src/relay/leases.rs) |
 //! | `GiveBackRest`  | `Outcome::NotAttempted` for what is left of a part: window closed, circuit open, destination panicked |
 //! | `Abandon`       | the shutdown deadline firing while a part is published: `Relay::deliver` releases the whole part |

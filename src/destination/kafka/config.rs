@@ -12,6 +12,7 @@ use rdkafka::error::KafkaError;
 
 use super::{Kafka, create};
 use crate::destination::Setting;
+use crate::destination::cloudevents::{self, Envelope};
 use crate::error::ConfigError;
 
 /// `type = "kafka"`.
@@ -51,6 +52,14 @@ pub struct KafkaConfig {
     /// Other librdkafka producer properties, passed through; the client refuses one it does
     /// not know at start-up.
     pub properties: Option<BTreeMap<String, toml::Value>>,
+    /// `"cloudevents"` to send each message as a CloudEvent [default: none].
+    pub envelope: Option<String>,
+    /// `"binary"` or `"structured"` [default: binary].
+    pub cloudevents_mode: Option<String>,
+    /// The CloudEvents `source` template [default: /outbox-relay].
+    pub cloudevents_source: Option<String>,
+    /// The CloudEvents `type` template [default: `{topic}`].
+    pub cloudevents_type: Option<String>,
 }
 
 /// Properties with a setting of their own, or that the guarantees depend on.
@@ -207,7 +216,17 @@ impl KafkaConfig {
             }
             other => at.invalid("properties", format!("the Kafka client refused: {other}")),
         })?;
+        let envelope = Envelope::from_settings(
+            at,
+            &cloudevents::Settings {
+                envelope: self.envelope.as_deref(),
+                mode: self.cloudevents_mode.as_deref(),
+                source: self.cloudevents_source.as_deref(),
+                kind: self.cloudevents_type.as_deref(),
+            },
+        )?;
         Ok(Kafka {
+            envelope,
             config,
             producer: RwLock::new(producer),
             topic: topic.to_owned(),

@@ -5,7 +5,8 @@
 //! and dispatch hands this destination a key's next message only once the one before it
 //! was delivered) or, without a key, by its outbox_id. The message's own headers travel as
 //! record headers, with the outbox metadata (`outbox-id`, the consumer's dedupe id;
-//! `outbox-topic`, `outbox-key`, `outbox-attempt`) and `content-type` beside them.
+//! `outbox-topic`, `outbox-key`, `outbox-seq`, `outbox-attempt`) and `content-type` beside
+//! them.
 //!
 //! A message is delivered only when its delivery report confirms it; each report settles
 //! its own message. A refusal the broker or the client will repeat (unknown topic or
@@ -15,6 +16,9 @@
 //! its own reason is the one recorded. A producer the broker fenced, or whose id or
 //! sequence state it refused, is replaced by a new one (a new producer id), which is given
 //! the records the old one could not write.
+//!
+//! With the CloudEvents envelope, the attributes go as `ce_` headers (binary) or the value
+//! is the JSON event (structured).
 //!
 //! Its settings and their validation are in `config.rs`; this file is the publisher.
 
@@ -32,6 +36,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 pub use config::KafkaConfig;
 use config::topic_char;
 
+use super::cloudevents::{Envelope, Mode, STRUCTURED_CONTENT_TYPE};
 use super::{Destination, Window, metadata, user_headers};
 use crate::message::{ClaimedMessage, Outcome};
 
@@ -47,6 +52,7 @@ pub struct Kafka {
     topic: String,
     brokers: String,
     readiness_timeout: Duration,
+    envelope: Option<Envelope>,
 }
 
 impl Kafka {
@@ -138,14 +144,22 @@ fn classify(topic: &str, e: &KafkaError) -> Outcome {
     }
 }
 
-/// The record headers of `m`: its own, then `content-type` and the outbox metadata.
-fn headers(m: &ClaimedMessage) -> Result<OwnedHeaders, String> {
+/// The record headers of `m`: its own, then `content-type`, the CloudEvents attributes
+/// (binary mode), and the outbox metadata.
+fn headers(m: &ClaimedMessage, envelope: Option<&Envelope>) -> Result<OwnedHeaders, String> {
     let own = user_headers(m)?;
     let outbox = metadata(m);
+    // The Kafka binding: `ce_` headers, `datacontenttype` as `content-type`.
+    let (content_type, attributes) = match envelope {
+        Some(e) if e.mode == Mode::Structured => (STRUCTURED_CONTENT_TYPE, Vec::new()),
+        Some(e) => (m.content_type.as_str(), e.headers(m, "ce_", false)),
+        None => (m.content_type.as_str(), Vec::new()),
+    };
     let all = own
         .iter()
         .map(|(n, v)| (*n, v.as_str()))
-        .chain([("content-type", m.content_type.as_str())])
+        .chain([("content-type", content_type)])
+        .chain(attributes.iter().map(|(n, v)| (n.as_str(), v.as_str())))
         .chain(outbox.iter().map(|(n, v)| (*n, v.as_str())));
     Ok(all.fold(OwnedHeaders::new(), |headers, (key, value)| {
         headers.insert(Header {
@@ -181,18 +195,28 @@ impl Kafka {
                 pending.push((topic, Err(Outcome::Permanent { reason })));
                 continue;
             }
-            let headers = match headers(m) {
+            let headers = match headers(m, self.envelope.as_ref()) {
                 Ok(h) => h,
                 Err(reason) => {
                     pending.push((topic, Err(Outcome::Permanent { reason })));
                     continue;
                 }
             };
+            let structured = match &self.envelope {
+                Some(e) if e.mode == Mode::Structured => match e.structured(m) {
+                    Ok(body) => Some(body),
+                    Err(reason) => {
+                        pending.push((topic, Err(Outcome::Permanent { reason })));
+                        continue;
+                    }
+                },
+                _ => None,
+            };
             let id = m.id.to_string();
             let key = m.key.as_deref().unwrap_or(&id);
             let record = FutureRecord::to(&topic)
                 .key(key)
-                .payload(&m.payload)
+                .payload(structured.as_deref().unwrap_or(&m.payload))
                 .headers(headers);
             let sent = producer
                 .send_result(record)
@@ -313,15 +337,27 @@ mod tests {
     #[test]
     fn headers_carry_the_outbox_metadata_beside_the_message_own() {
         use rdkafka::message::Headers;
-        let m = ClaimedMessage::example(serde_json::json!({"traceparent": "00-a-b-01"}));
-        let h = headers(&m).unwrap();
-        let all: BTreeMap<&str, &[u8]> = h
-            .iter()
-            .map(|h| (h.key, h.value.unwrap_or_default()))
-            .collect();
-        assert_eq!(all["traceparent"], b"00-a-b-01");
-        assert_eq!(all["outbox-id"], m.id.to_string().as_bytes());
-        assert_eq!(all["content-type"], b"application/json");
-        assert_eq!(all["outbox-attempt"], b"1");
+        let mut m = ClaimedMessage::example(serde_json::json!({"traceparent": "00-a-b-01"}));
+        let all = |m: &ClaimedMessage| -> BTreeMap<String, Vec<u8>> {
+            headers(m, None)
+                .unwrap()
+                .iter()
+                .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                .collect()
+        };
+        let unkeyed = all(&m);
+        assert_eq!(unkeyed["traceparent"], b"00-a-b-01");
+        assert_eq!(unkeyed["outbox-id"], m.id.to_string().as_bytes());
+        assert_eq!(unkeyed["content-type"], b"application/json");
+        assert_eq!(unkeyed["outbox-attempt"], b"1");
+        assert!(
+            !unkeyed.contains_key("outbox-seq"),
+            "an unkeyed message has no sequence"
+        );
+        m.key = Some("order-7".into());
+        m.seq = 42;
+        let keyed = all(&m);
+        assert_eq!(keyed["outbox-key"], b"order-7");
+        assert_eq!(keyed["outbox-seq"], b"42");
     }
 }

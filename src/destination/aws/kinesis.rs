@@ -1,0 +1,174 @@
+//! The `kinesis` destination: Amazon Kinesis Data Streams `PutRecords` to a stream
+//! (`{topic}` in its name replaced), in calls of at most 500 records and 5 MiB, each
+//! record's result its own message's outcome. The partition key is the message key, or the
+//! outbox_id for an unkeyed message; the record's data is the message as one JSON object, the
+//! same as a line of the `file` destination (outbox_id, topic, key, attempt, content type,
+//! headers, payload), since a Kinesis record has no headers.
+//!
+//! Order: Kinesis orders records by sequence number within a shard, and a partition key
+//! always maps to one shard while the stream is not resharded. The relayer sends a key's
+//! next message only after the previous one was acknowledged, so a key's records are in
+//! enqueue order within its shard; a message retried after a lost acknowledgement may
+//! appear twice, never after its successor. Across a reshard a key moves to a child shard,
+//! and a consumer keeps the order only by finishing the parent shard first (the KCL does).
+
+use std::time::Duration;
+
+use aws_sdk_kinesis::Client;
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use futures_util::future::BoxFuture;
+
+use super::{
+    Endpoint, Lazy, Prepared, call_failed, concurrency, expand, finish, positional, send_in_calls,
+    template,
+};
+use crate::destination::jsonl::envelope;
+use crate::destination::{Destination, Setting, Window};
+use crate::error::ConfigError;
+use crate::message::{ClaimedMessage, Outcome};
+
+/// Records per `PutRecords` call.
+const MAX_RECORDS: usize = 500;
+/// Bytes per call, data and partition keys together.
+const MAX_CALL_BYTES: usize = 5 * 1024 * 1024;
+/// The longest partition key Kinesis takes, in characters.
+const MAX_KEY_CHARS: usize = 256;
+
+/// `type = "kinesis"`.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KinesisConfig {
+    /// Stream name, `{topic}` replaced [default: `{topic}`].
+    pub stream: Option<String>,
+    /// AWS region [default: the SDK's chain: AWS_REGION, the profile].
+    pub region: Option<String>,
+    /// Endpoint override (a local Kinesis-compatible server, a VPC endpoint).
+    pub endpoint_url: Option<String>,
+    /// PutRecords calls in flight per batch, 1..=64 [default: 8].
+    pub concurrency: Option<i64>,
+}
+
+impl KinesisConfig {
+    pub(in crate::destination) fn build(
+        &self,
+        at: Setting<'_>,
+        deadline: Duration,
+    ) -> Result<Kinesis, ConfigError> {
+        Ok(Kinesis {
+            stream: template(at, "stream", self.stream.as_deref(), "{topic}")?,
+            client: Lazy::new(Endpoint::new(
+                at,
+                self.region.as_deref(),
+                self.endpoint_url.as_deref(),
+                deadline,
+            )?),
+            concurrency: concurrency(at, self.concurrency)?,
+            deadline,
+        })
+    }
+}
+
+pub struct Kinesis {
+    client: Lazy<Client>,
+    stream: String,
+    concurrency: usize,
+    /// The dispatch deadline of a batch.
+    deadline: Duration,
+}
+
+/// The record of `m` and its size, or why it cannot be sent.
+fn record(index: usize, m: &ClaimedMessage) -> Result<Prepared<PutRecordsRequestEntry>, String> {
+    let key = match &m.key {
+        Some(k) if k.chars().count() > MAX_KEY_CHARS => {
+            return Err(format!(
+                "the message key has {} characters, and a Kinesis partition key at most {MAX_KEY_CHARS}",
+                k.chars().count()
+            ));
+        }
+        Some(k) => k.clone(),
+        None => m.id.to_string(),
+    };
+    let data = envelope(m)?;
+    let bytes = data.len() + key.len();
+    let entry = PutRecordsRequestEntry::builder()
+        .data(Blob::new(data))
+        .partition_key(key)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(Prepared {
+        index,
+        bytes,
+        entry,
+    })
+}
+
+impl Destination for Kinesis {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let client = match self.client.get(Client::new).await {
+                Ok(c) => c,
+                Err(reason) => {
+                    return vec![
+                        Outcome::Retryable {
+                            reason,
+                            retry_after: None
+                        };
+                        batch.len()
+                    ];
+                }
+            };
+            let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+            let mut prepared = Vec::with_capacity(batch.len());
+            for (index, m) in batch.iter().enumerate() {
+                match record(index, m) {
+                    Ok(p) => prepared.push((expand(&self.stream, m), p)),
+                    Err(reason) => outcomes[index] = Some(Outcome::Permanent { reason }),
+                }
+            }
+            send_in_calls(
+                &mut outcomes,
+                prepared,
+                MAX_RECORDS,
+                MAX_CALL_BYTES,
+                self.concurrency,
+                self.deadline,
+                window,
+                |stream, entries| {
+                    let client = client.clone();
+                    async move {
+                        let ids: Vec<usize> = entries.iter().map(|(i, _)| *i).collect();
+                        let answer = client
+                            .put_records()
+                            .stream_name(&stream)
+                            .set_records(Some(entries.into_iter().map(|(_, e)| e).collect()))
+                            .send()
+                            .await
+                            .map_err(|e| {
+                                call_failed(&format!("kinesis PutRecords {stream}"), &e)
+                            })?;
+                        // One result per record, in the order of the request.
+                        Ok(positional(
+                            "kinesis PutRecords",
+                            ids,
+                            answer
+                                .records()
+                                .iter()
+                                .map(|r| (r.error_code(), r.error_message())),
+                        ))
+                    }
+                },
+            )
+            .await;
+            finish("kinesis PutRecords", outcomes)
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { self.client.get(Client::new).await.map(|_| ()) })
+    }
+}
