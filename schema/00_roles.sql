@@ -9,7 +9,8 @@
 -- The roles, and what each may do:
 --
 --   outbox_relay     the relayer and the operators' CLI: EXECUTE on the worker functions
---                    (claim, complete, extend, release, report_circuits), on maintenance
+--                    (claim, complete, extend, release, report_circuits, serve_source,
+--                    leave_source), on maintenance
 --                    (repair, prune, replay and its filter, observe), on enqueue and on
 --                    schema_version; SELECT on the views. No right on any table: every
 --                    change goes through the lease checks of the SQL API.

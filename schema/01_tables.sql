@@ -490,3 +490,45 @@ COMMENT ON TABLE outbox.circuit_reports IS
     'Each relayer''s circuit state per destination (closed, open, half-open), since when, and until when the report holds; written by report_circuits, read through outbox.circuits; owner only.';
 
 REVOKE ALL ON TABLE outbox.circuit_reports FROM PUBLIC;
+
+
+-- outbox.source_leases: which relayers serve this outbox, when a fleet serves many outboxes
+-- (many sources). One row per slot: a source may be served by at most as many processes as
+-- it has slots, and a slot is held by one worker until expires_at. token counts the
+-- takeovers of the slot: it grows by one each time a worker takes it, so a worker that held
+-- it and lost it (expired, taken by another) sees a different token. Written only by
+-- serve_source and leave_source, a few rows whatever the traffic; owner only.
+CREATE TABLE outbox.source_leases (
+    slot        integer     NOT NULL,
+    -- the worker holding the slot; NULL when free
+    worker_id   text,
+    token       bigint      NOT NULL DEFAULT 0,
+    acquired_at timestamptz,
+    -- the slot is free again after this (the holder did not renew it)
+    expires_at  timestamptz,
+    CONSTRAINT source_leases_pkey PRIMARY KEY (slot),
+    CONSTRAINT source_leases_slot CHECK (slot >= 0)
+);
+
+COMMENT ON TABLE outbox.source_leases IS
+    'The slots of the relayers serving this outbox when a fleet serves many: holder, takeover count (token) and expiry per slot; written by serve_source and leave_source; owner only.';
+
+REVOKE ALL ON TABLE outbox.source_leases FROM PUBLIC;
+
+
+-- outbox.source_members: every relayer of a fleet serving many outboxes that asked for this
+-- one lately, served or not, with the time its membership lapses. The fleet's size, as
+-- each outbox sees it, is the count of unexpired rows: a relayer takes its fair share of
+-- the sources from it. Written only by serve_source and leave_source (rows expired for an
+-- hour are deleted by the next call); owner only.
+CREATE TABLE outbox.source_members (
+    worker_id  text        NOT NULL,
+    seen_at    timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    CONSTRAINT source_members_pkey PRIMARY KEY (worker_id)
+);
+
+COMMENT ON TABLE outbox.source_members IS
+    'The relayers of a many-source fleet that asked for this outbox lately, and when each membership lapses; written by serve_source and leave_source; owner only.';
+
+REVOKE ALL ON TABLE outbox.source_members FROM PUBLIC;

@@ -103,8 +103,14 @@ as_owner=()
 if [ "$(id -u)" = 0 ]; then
     as_owner=(runuser -u postgres --)
 fi
+# A port nobody listens on and no socket holds (a connection to an earlier throwaway
+# cluster in TIME-WAIT keeps its port from being bound again for a minute).
+port_taken() {
+    answers 127.0.0.1 "$1" \
+        || { command -v ss >/dev/null 2>&1 && [ -n "$(ss -Htan "sport = :$1")" ]; }
+}
 port=55432
-while answers 127.0.0.1 "$port"; do port=$((port + 1)); done
+while port_taken "$port"; do port=$((port + 1)); done
 dir=$(mktemp -d /tmp/outbox-pg.XXXXXX)
 [ "$(id -u)" = 0 ] && chown postgres "$dir"
 stop() {

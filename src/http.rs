@@ -19,12 +19,20 @@ use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Dispatcher;
 use crate::observe::Latest;
+use crate::sources::Board;
 use crate::store::Store;
+
+/// What the process serves: one database, or many sources (their states on the board).
+#[derive(Clone)]
+pub enum Served {
+    One(Store),
+    Many(Arc<Board>),
+}
 
 #[derive(Clone)]
 struct Probe {
     metrics: PrometheusHandle,
-    store: Store,
+    served: Served,
     dispatcher: Arc<Dispatcher>,
     latest: Arc<Latest>,
 }
@@ -33,7 +41,7 @@ struct Probe {
 pub async fn serve(
     addr: SocketAddr,
     metrics: PrometheusHandle,
-    store: Store,
+    served: Served,
     dispatcher: Arc<Dispatcher>,
     latest: Arc<Latest>,
     shutdown: CancellationToken,
@@ -58,7 +66,7 @@ pub async fn serve(
         .route("/debug/health", get(health))
         .with_state(Probe {
             metrics,
-            store,
+            served,
             dispatcher,
             latest,
         });
@@ -75,8 +83,10 @@ pub async fn serve(
 }
 
 async fn render_metrics(State(probe): State<Probe>) -> String {
-    let pool = probe.store.pool_status();
-    crate::telemetry::pool(pool.size, pool.available, pool.max_size);
+    if let Served::One(store) = &probe.served {
+        let pool = store.pool_status();
+        crate::telemetry::pool(pool.size, pool.available, pool.max_size);
+    }
     let mut text = probe.metrics.render();
     if let Some(observation) = probe.latest.get() {
         text += &crate::observe::render(&observation, probe.latest.settings.horizon_threshold);
@@ -97,20 +107,30 @@ async fn health(State(probe): State<Probe>) -> axum::Json<serde_json::Value> {
 /// rollouts (`maxUnavailable: 0`) and refuse node drains (the disruption budget) exactly
 /// when a fix has to ship, while the relayer waits out the outage on its own (the circuit
 /// holds the destination's topics back and probes after each cool-down).
+///
+/// With many sources the process is ready once it runs: a source that cannot be served is
+/// one line of the body (and retried by itself), never the whole fleet's readiness.
 async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
+    let served = async {
+        match &probe.served {
+            Served::One(store) => {
+                let database = store.check_schema().await;
+                let mut body = match &database {
+                    Ok(version) => format!("database: ok (schema version {version})\n"),
+                    Err(e) => format!("database: {e}\n"),
+                };
+                // Reported, never failing readiness: without wake-ups the relayer still
+                // delivers, by polling.
+                body += &format!("wake-ups: {}\n", store.listener_health().describe());
+                (ready_status(&database), body)
+            }
+            Served::Many(board) => (StatusCode::OK, sources_lines(board)),
+        }
+    };
     // A destination that does not answer (a broker dropping packets) must not hold the
     // probe past its timeout: it is reported as not answering in time.
-    let (database, destinations) = tokio::join!(
-        probe.store.check_schema(),
-        probe.dispatcher.readiness(DESTINATIONS_WAIT)
-    );
-    let mut body = match &database {
-        Ok(version) => format!("database: ok (schema version {version})\n"),
-        Err(e) => format!("database: {e}\n"),
-    };
-    // Reported, never failing readiness: without wake-ups the relayer still delivers, by
-    // polling.
-    body += &format!("wake-ups: {}\n", probe.store.listener_health().describe());
+    let ((status, mut body), destinations) =
+        tokio::join!(served, probe.dispatcher.readiness(DESTINATIONS_WAIT));
     let mut degraded = false;
     for (name, circuit, ready) in destinations {
         let circuit = circuit_name(circuit);
@@ -126,7 +146,30 @@ async fn readyz(State(probe): State<Probe>) -> (StatusCode, String) {
         body += "destinations do not affect readiness: delivery resumes by itself when they \
                  are back (details: /health/destinations)\n";
     }
-    (ready_status(&database), body)
+    (status, body)
+}
+
+/// One line per source: its state, since when, who serves it.
+fn sources_lines(board: &Board) -> String {
+    let entries = board.entries();
+    let mut body = format!("sources: {}\n", entries.len());
+    for (name, entry) in entries {
+        let state = match &entry.state {
+            crate::sources::SourceState::Serving { slot } => format!("serving (slot {slot})"),
+            crate::sources::SourceState::Down(reason) => format!("down: {reason}"),
+            other => other.name().replace('_', " "),
+        };
+        body += &format!(
+            "source {name}: {state} since {} (served by: {})\n",
+            entry.since.format("%Y-%m-%dT%H:%M:%SZ"),
+            if entry.holders.is_empty() {
+                "nobody".to_owned()
+            } else {
+                entry.holders.join(", ")
+            }
+        );
+    }
+    body
 }
 
 /// How long `/readyz` and `/health/destinations` wait for each destination's own answer

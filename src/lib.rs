@@ -17,6 +17,8 @@
 //! - [`dispatch`]: routes, circuit breakers, the claim filter, per-destination deadlines and
 //!   budgets: what stands between the relay and the destinations.
 //! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down.
+//! - [`sources`]: many outboxes, one fleet: discovery, the slots through which processes
+//!   share the sources, one relay per served source.
 //! - [`retry`]: backoff with full jitter for retryable failures.
 //! - [`janitor`]: periodic repair of expired leases.
 //! - [`circuit_reports`]: each destination's circuit state, reported to the database as it
@@ -29,7 +31,7 @@
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
-//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay` and `http`; `config` on top. `tests/layers.rs`
+//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay`; `sources`; `http`; `config` on top. `tests/layers.rs`
 //! fails on an import cycle between them.
 
 pub mod circuit_reports;
@@ -47,5 +49,6 @@ pub mod relay;
 pub mod retry;
 pub mod schema;
 pub mod secret;
+pub mod sources;
 pub mod store;
 pub mod telemetry;

@@ -260,6 +260,9 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     logging::init(settings.log_format);
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
+    if settings.sources.is_many() {
+        return run_sources(settings, migrate, shutdown).await;
+    }
 
     let mut store = Store::connect(&settings.database_url, settings.pool_size)?
         .with_statements(settings.statements);
@@ -292,7 +295,7 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
             http::serve(
                 addr,
                 metrics,
-                store.clone(),
+                http::Served::One(store.clone()),
                 dispatcher.clone(),
                 latest.clone(),
                 shutdown.clone(),
@@ -314,6 +317,59 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
             .await;
         observer.abort();
     }
+    if let Some(listener) = listener {
+        listener.abort();
+    }
+    Ok(())
+}
+
+/// Many sources: one relay per source this process holds a slot on (see
+/// [`outbox_relay::sources`]); `database_url` is not used.
+async fn run_sources(settings: Settings, migrate: bool, shutdown: CancellationToken) -> Result<()> {
+    if migrate {
+        bail!(
+            "invalid setting migrate: with many sources, migrate each source with \
+             `outbox-relay migrate --database-url URL` before it is served (an unmigrated \
+             source is reported and retried)"
+        );
+    }
+    let destinations: Vec<&str> = settings
+        .dispatch
+        .destinations
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    let s = &settings.sources;
+    tracing::info!(worker_id = %settings.relay.worker_id, listed = s.listed.len(),
+        server = s.server_url.as_deref().map(redact_url).unwrap_or_default(),
+        catalogue = s.catalogue.as_ref().map(|(url, _)| redact_url(url)).unwrap_or_default(),
+        discover_interval_secs = s.discover_interval.as_secs(),
+        source_lease_secs = s.lease.as_secs(), destinations = destinations.join(","),
+        batch_size = settings.relay.batch_size, "starting with many sources");
+    let metrics = telemetry::install();
+    let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    tokio::spawn(report_unusable_destinations(dispatcher.clone()));
+    let fleet = Arc::new(outbox_relay::sources::Fleet::new(
+        settings.sources.clone(),
+        settings.relay.clone(),
+        settings.statements,
+        dispatcher.clone(),
+    ));
+    let listener = match settings.telemetry_addr {
+        Some(addr) => Some(
+            http::serve(
+                addr,
+                metrics,
+                http::Served::Many(fleet.board.clone()),
+                dispatcher,
+                observe::Latest::new(settings.observe),
+                shutdown.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    outbox_relay::sources::run(fleet, shutdown).await;
     if let Some(listener) = listener {
         listener.abort();
     }

@@ -34,6 +34,7 @@ pub const LEASE_LEFT_SECONDS: &str = "outbox_lease_left_at_completion_seconds";
 pub const BUILD_INFO: &str = "outbox_build_info";
 pub const LISTENER_HEALTHY: &str = "outbox_listener_healthy";
 pub const UNNAMED_STATEMENTS: &str = "outbox_unnamed_statements";
+pub const SOURCES: &str = "outbox_sources";
 // Fleet gauges, rendered from the latest observation (by `observe`).
 pub const OBSERVED_AT: &str = "outbox_observation_timestamp_seconds";
 pub const BACKLOG: &str = "outbox_backlog_messages";
@@ -154,6 +155,12 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         UNNAMED_STATEMENTS,
         Kind::Gauge,
         "1 when the leasing calls are sent as unnamed statements (for a transaction pooler).",
+    ),
+    (
+        SOURCES,
+        Kind::Gauge,
+        "Many sources: the sources this process knows, by state (serving, standby, \
+         over_budget, down, starting).",
     ),
     (
         CLAIM_SECONDS_PER_MESSAGE,
@@ -508,6 +515,13 @@ pub fn listener_healthy(healthy: bool) {
 /// Whether the leasing calls are sent unnamed.
 pub fn unnamed_statements(unnamed: bool) {
     gauge!(UNNAMED_STATEMENTS).set(if unnamed { 1.0 } else { 0.0 });
+}
+
+/// Many sources: how many sources this process knows in each state.
+pub fn sources(counts: &std::collections::BTreeMap<&'static str, usize>) {
+    for (&state, &count) in counts {
+        gauge!(SOURCES, "state" => state).set(count as f64);
+    }
 }
 
 /// A duration in whole milliseconds as a log field: a number (u64), never a Debug string.

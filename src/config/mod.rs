@@ -1,6 +1,7 @@
 //! The top of the settings: one process's configuration, composed from the settings each
 //! layer owns (a destination's in its module, dispatch's routes and budgets, the relay's
-//! claims, leases and timings, observe's intervals, retry's backoff, the log format).
+//! claims, leases and timings, observe's intervals, retry's backoff, the log format, the
+//! sources of a many-source fleet).
 //! Values come from flags, then `OUTBOX_*` environment variables, then an optional TOML
 //! file (`--config`), then defaults; they are read into [`RawConfig`] (every field
 //! optional, unknown TOML keys refused) and validated once into [`Settings`], with errors
@@ -24,6 +25,7 @@ use crate::message::WorkerId;
 use crate::observe::ObserveSettings;
 use crate::relay::RelaySettings;
 pub use crate::retry::RetrySettings;
+use crate::sources::{MAX_SLOTS, SourcesSettings};
 pub use crate::store::Statements;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -52,6 +54,8 @@ pub struct Settings {
     pub pool_size: usize,
     pub telemetry_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
+    /// Many sources: what to serve instead of `database_url` (empty: that one database).
+    pub sources: SourcesSettings,
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
@@ -99,6 +103,7 @@ impl Settings {
             )?),
         };
         let dispatch = dispatch_settings(&raw, circuit)?;
+        let sources = sources_settings(&raw)?;
         let worker_id = match raw.worker_id {
             Some(id) if id.trim().is_empty() => {
                 return Err(invalid("worker_id", "must not be empty"));
@@ -174,6 +179,7 @@ impl Settings {
             return Err(invalid("listen_url", "must not be empty"));
         }
         Ok(Settings {
+            sources,
             database_url: raw
                 .database_url
                 .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
@@ -253,6 +259,102 @@ impl Settings {
             log_format,
         })
     }
+}
+
+/// The sources to serve: `[sources.NAME]` tables, a server whose outbox databases are
+/// served, a catalogue query; the discovery interval, the slots, the slot lease, the pools
+/// and the connection budget.
+fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
+    let mut listed = std::collections::BTreeMap::new();
+    for (name, table) in raw.sources.iter().flatten() {
+        if name.trim().is_empty() {
+            return Err(invalid("sources", "a source needs a non-empty name"));
+        }
+        if table.database_url.trim().is_empty() {
+            return Err(invalid(
+                format!("sources.{name}.database_url"),
+                "must not be empty",
+            ));
+        }
+        crate::connection::Target::parse(&table.database_url).map_err(|e| {
+            invalid(
+                format!("sources.{name}.database_url"),
+                format!(
+                    "{e} (in {})",
+                    crate::secret::redact_url(&table.database_url)
+                ),
+            )
+        })?;
+        listed.insert(name.clone(), table.database_url.clone());
+    }
+    let non_empty = |setting: &str, value: &Option<String>| match value {
+        Some(v) if v.trim().is_empty() => Err(invalid(setting, "must not be empty")),
+        other => Ok(other.clone()),
+    };
+    let server_url = non_empty("sources_server_url", &raw.sources_server_url)?;
+    let catalogue = match (
+        non_empty("sources_catalogue_url", &raw.sources_catalogue_url)?,
+        non_empty("sources_catalogue_query", &raw.sources_catalogue_query)?,
+    ) {
+        (Some(url), Some(query)) => Some((url, query)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(invalid(
+                "sources_catalogue_query",
+                "sources_catalogue_url needs a query returning (name, connection string) rows",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "sources_catalogue_url",
+                "sources_catalogue_query needs the catalogue database it runs on",
+            ));
+        }
+    };
+    let pool_size = ranged(
+        "source_pool_size",
+        raw.source_pool_size.unwrap_or(3),
+        2,
+        256,
+    )?;
+    let settings = SourcesSettings {
+        listed,
+        server_url,
+        catalogue,
+        discover_interval: Duration::from_secs(ranged(
+            "sources_discover_interval_secs",
+            raw.sources_discover_interval_secs.unwrap_or(10),
+            1,
+            3600,
+        )?),
+        processes_per_source: raw
+            .processes_per_source
+            .map(|n| ranged("processes_per_source", n, 1, i64::from(MAX_SLOTS)))
+            .transpose()?,
+        lease: Duration::from_secs(ranged(
+            "source_lease_secs",
+            raw.source_lease_secs.unwrap_or(15),
+            3,
+            3600,
+        )?),
+        pool_size,
+        max_connections_per_server: raw
+            .max_connections_per_server
+            .map(|n| ranged("max_connections_per_server", n, 3, 100_000))
+            .transpose()?,
+    };
+    if let Some(budget) = settings.max_connections_per_server
+        && budget < settings.connections_per_source()
+    {
+        return Err(invalid(
+            "max_connections_per_server",
+            format!(
+                "{budget} is less than one source needs: source_pool_size {pool_size} + 1 \
+                 (its LISTEN session)"
+            ),
+        ));
+    }
+    Ok(settings)
 }
 
 /// The destinations and routes: from `[destinations]`/`[[routes]]` when given, otherwise

@@ -138,6 +138,59 @@ pub struct RawConfig {
     /// Topic routes, first match wins (TOML only: `[[routes]]` with `topic` and `destination`).
     #[arg(skip)]
     pub routes: Option<Vec<RouteConfig>>,
+    /// Outboxes to serve, by name (TOML only: `[sources.NAME]` with `database_url`).
+    #[arg(skip)]
+    pub sources: Option<BTreeMap<String, SourceTable>>,
+    /// Serve every database on this Postgres server that holds schema outbox (many
+    /// sources, found again every sources_discover_interval_secs).
+    #[arg(long, env = "OUTBOX_SOURCES_SERVER_URL", hide_env_values = true)]
+    pub sources_server_url: Option<String>,
+    /// A database whose sources_catalogue_query returns the sources to serve.
+    #[arg(long, env = "OUTBOX_SOURCES_CATALOGUE_URL", hide_env_values = true)]
+    pub sources_catalogue_url: Option<String>,
+    /// SQL returning (name, connection string) of each source; the connection string may
+    /// be a secret reference (`${NAME}`, `${file:PATH}`).
+    #[arg(long, env = "OUTBOX_SOURCES_CATALOGUE_QUERY")]
+    pub sources_catalogue_query: Option<String>,
+    /// Seconds between discoveries of the sources, and between the polls of a source this
+    /// process does not serve, 1..=3600 [default: 10].
+    #[arg(
+        long,
+        env = "OUTBOX_SOURCES_DISCOVER_INTERVAL_SECS",
+        allow_negative_numbers = true
+    )]
+    pub sources_discover_interval_secs: Option<i64>,
+    /// The most processes that serve one source at once, 1..=1024 [default: every process
+    /// when there is one source, 1 when there are several].
+    #[arg(
+        long,
+        env = "OUTBOX_PROCESSES_PER_SOURCE",
+        allow_negative_numbers = true
+    )]
+    pub processes_per_source: Option<i64>,
+    /// Seconds a process's slot on a source holds without renewal; a process that stops
+    /// renewing loses the source to another after this, 3..=3600 [default: 15].
+    #[arg(long, env = "OUTBOX_SOURCE_LEASE_SECS", allow_negative_numbers = true)]
+    pub source_lease_secs: Option<i64>,
+    /// Database connections of each served source, 2..=256 [default: 3].
+    #[arg(long, env = "OUTBOX_SOURCE_POOL_SIZE", allow_negative_numbers = true)]
+    pub source_pool_size: Option<i64>,
+    /// The fleet's cap on connections to one Postgres server from its served sources,
+    /// shared out evenly among the processes, 3..=100000 [default: no cap].
+    #[arg(
+        long,
+        env = "OUTBOX_MAX_CONNECTIONS_PER_SERVER",
+        allow_negative_numbers = true
+    )]
+    pub max_connections_per_server: Option<i64>,
+}
+
+/// One `[sources.NAME]` table.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceTable {
+    /// The source's connection string (secrets allowed).
+    pub database_url: String,
 }
 
 impl RawConfig {
@@ -197,6 +250,23 @@ impl RawConfig {
             circuit_cooldown_ms: self.circuit_cooldown_ms.or(fallback.circuit_cooldown_ms),
             destinations: self.destinations.or(fallback.destinations),
             routes: self.routes.or(fallback.routes),
+            sources: self.sources.or(fallback.sources),
+            sources_server_url: self.sources_server_url.or(fallback.sources_server_url),
+            sources_catalogue_url: self
+                .sources_catalogue_url
+                .or(fallback.sources_catalogue_url),
+            sources_catalogue_query: self
+                .sources_catalogue_query
+                .or(fallback.sources_catalogue_query),
+            sources_discover_interval_secs: self
+                .sources_discover_interval_secs
+                .or(fallback.sources_discover_interval_secs),
+            processes_per_source: self.processes_per_source.or(fallback.processes_per_source),
+            source_lease_secs: self.source_lease_secs.or(fallback.source_lease_secs),
+            source_pool_size: self.source_pool_size.or(fallback.source_pool_size),
+            max_connections_per_server: self
+                .max_connections_per_server
+                .or(fallback.max_connections_per_server),
         }
     }
 }

@@ -61,6 +61,9 @@ struct Lane {
     breaker: circuit::Breaker,
     budget: Arc<Semaphore>,
     deadline: Duration,
+    /// What the breaker and the budget were built from, for [`Dispatcher::for_source`].
+    circuit: CircuitSettings,
+    max_in_flight: usize,
 }
 
 /// The messages of a claim that go to one destination.
@@ -121,6 +124,32 @@ impl Dispatcher {
                 circuit_changed.clone(),
             )],
             routes: Routes(vec![(TopicPattern::Any, 0)]),
+            circuit_changed,
+        }
+    }
+
+    /// A dispatcher for one more source of a many-source fleet: the same destinations (their
+    /// connections are shared) and routes, with circuits and budgets of its own, so that a
+    /// source whose messages a destination refuses, or whose batches fill its budget, does
+    /// not hold back the others.
+    pub fn for_source(&self) -> Self {
+        let circuit_changed = Arc::new(Notify::new());
+        Self {
+            lanes: self
+                .lanes
+                .iter()
+                .map(|l| {
+                    Lane::new(
+                        &l.name,
+                        l.destination.clone(),
+                        l.circuit,
+                        l.deadline,
+                        l.max_in_flight,
+                        circuit_changed.clone(),
+                    )
+                })
+                .collect(),
+            routes: self.routes.clone(),
             circuit_changed,
         }
     }
@@ -417,6 +446,8 @@ impl Lane {
             breaker: circuit::Breaker::new(name, circuit, circuit_changed),
             budget: Arc::new(Semaphore::new(max_in_flight)),
             deadline,
+            circuit,
+            max_in_flight,
         }
     }
 }

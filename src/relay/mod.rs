@@ -14,12 +14,15 @@
 //!
 //! `leases.rs` keeps the book of leases in flight and the lease keeper; `complete.rs` is
 //! the completer; `settings.rs` holds [`RelaySettings`], all the relay reads of the
-//! process's configuration.
+//! process's configuration; `gate.rs` is the [`Gate`] that stops the claims of a relay
+//! whose source's slot lease may have lapsed (many sources).
 
 mod complete;
+mod gate;
 mod leases;
 mod settings;
 
+pub use gate::Gate;
 use leases::LeaseBook;
 pub use settings::RelaySettings;
 
@@ -81,6 +84,8 @@ pub struct Relay {
     dispatcher: Arc<Dispatcher>,
     leases: Arc<LeaseBook>,
     wake: Arc<Notify>,
+    /// Claims only while it is open (a source of a many-source fleet); None: always.
+    gate: Option<Gate>,
 }
 
 impl Relay {
@@ -91,7 +96,14 @@ impl Relay {
             dispatcher,
             leases: Arc::default(),
             wake: Arc::new(Notify::new()),
+            gate: None,
         }
+    }
+
+    /// The same relay, claiming only while `gate` is open.
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     fn worker(&self) -> &WorkerId {
@@ -123,6 +135,9 @@ impl Relay {
     /// database, when none can.
     async fn claim(&self) -> Result<(Instant, Vec<ClaimedMessage>), StoreError> {
         let started = Instant::now();
+        if self.gate.as_ref().is_some_and(|g| !g.is_open()) {
+            return Ok((started, Vec::new()));
+        }
         let held_back = match self.dispatcher.claim_filter() {
             ClaimFilter::Nothing => return Ok((started, Vec::new())),
             ClaimFilter::Everything => None,

@@ -101,20 +101,33 @@ impl Store {
         let client = self.client().await?;
         let row = client
             .query_typed_one(
-                "SELECT to_regnamespace('outbox') IS NOT NULL, \
-                        to_regprocedure('outbox.schema_version()') IS NOT NULL, \
-                        current_database()::text, current_user::text",
+                "SELECT s.n IS NOT NULL, \
+                        CASE WHEN has_schema_privilege(s.n, 'USAGE') \
+                             THEN to_regprocedure('outbox.schema_version()') IS NOT NULL \
+                             ELSE false END, \
+                        coalesce(has_schema_privilege(s.n, 'USAGE'), false), \
+                        current_database()::text, current_user::text \
+                   FROM (SELECT to_regnamespace('outbox') AS n) AS s",
                 &[],
             )
             .await?;
-        let (schema, function, database, user): (bool, bool, String, String) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let (schema, function, usage, database, user): (bool, bool, bool, String, String) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         let fix = "run `outbox-relay migrate` (as the schema owner)";
+        let denied = || {
+            StoreError::Schema(format!(
+                "login {user:?} may not use schema outbox: grant it one of the roles \
+                 outbox_relay, outbox_producer or outbox_reader"
+            ))
+        };
         if !schema {
             return Err(StoreError::Schema(format!(
                 "schema outbox does not exist in database {database:?} (never migrated); this \
                  build needs version {needed}: {fix}"
             )));
+        }
+        if !usage {
+            return Err(denied());
         }
         let found = if function {
             match client
@@ -123,10 +136,7 @@ impl Store {
             {
                 Ok(row) => row.get::<_, Option<i32>>(0),
                 Err(e) if e.code().is_some_and(|c| c.code() == "42501") => {
-                    return Err(StoreError::Schema(format!(
-                        "login {user:?} may not use schema outbox: grant it one of the roles \
-                         outbox_relay, outbox_producer or outbox_reader"
-                    )));
+                    return Err(denied());
                 }
                 Err(e) => return Err(e.into()),
             }

@@ -17,6 +17,7 @@
 //!   unnamed for transaction poolers), and the fallback from one to the other;
 //! - `pooler.rs`: what sits between the relayer and Postgres (a transaction or statement
 //!   pooler), found out at start;
+//! - `sources.rs`: the slots through which a fleet shares many outboxes, and finding them;
 //! - `fill.rs`: synthetic messages in bulk, for the bench and the tests.
 //!
 //! Every statement names its schema (`outbox.…`) and nothing sets session state, so a
@@ -40,6 +41,7 @@ mod listen;
 mod migrate;
 mod observation;
 mod pooler;
+mod sources;
 mod statements;
 
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
@@ -49,6 +51,7 @@ pub use lease::{ClaimSizes, Repair};
 pub use listen::{ListenerHealth, NOTIFY_CHANNEL};
 pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, Status};
 pub use pooler::{Pooling, STATEMENT_POOLING};
+pub use sources::SourceTurn;
 pub use statements::Statements;
 
 /// Errors of the storage layer, split by what the caller should do about them.
@@ -164,11 +167,17 @@ impl Store {
     /// `PG*` variables say; see [`crate::connection`]). Connections are opened lazily, so this
     /// fails only on a malformed URL; use [`Store::ping`] to check reachability.
     pub fn connect(url: &str, max_connections: usize) -> Result<Self> {
+        Self::connect_as(url, max_connections, "outbox-relay")
+    }
+
+    /// [`Store::connect`], its sessions named `application_name` (in `pg_stat_activity`)
+    /// unless the URL names them.
+    pub fn connect_as(url: &str, max_connections: usize, application_name: &str) -> Result<Self> {
         let mut target = Target::parse(url)
             .map_err(|e| StoreError::InvalidUrl(format!("{e} (in {})", redact_url(url))))?;
         let config = &mut target.config;
         if config.get_application_name().is_none() {
-            config.application_name("outbox-relay");
+            config.application_name(application_name);
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
@@ -250,6 +259,14 @@ impl Store {
     pub async fn ping(&self) -> Result<()> {
         self.client().await?.simple_query("SELECT 1").await?;
         Ok(())
+    }
+
+    /// Closes the pool's connections that nobody used for `idle`; returns how many.
+    pub fn close_idle(&self, idle: Duration) -> usize {
+        self.pool
+            .retain(|_, metrics| metrics.last_used() < idle)
+            .removed
+            .len()
     }
 
     pub fn pool_status(&self) -> PoolStatus {

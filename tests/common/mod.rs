@@ -110,6 +110,28 @@ impl TestDb {
         name
     }
 
+    /// [`TestDb::sibling`] copied from the database `template` (which nobody may be
+    /// connected to); returns its name.
+    pub async fn sibling_from(&self, suffix: &str, template: &str) -> String {
+        let name = format!("{}_{suffix}", self.name);
+        self.siblings.lock().unwrap().push(name.clone());
+        let admin = connect(&base_url()).await.expect("connect admin");
+        for tries in 0.. {
+            match admin
+                .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+                .await
+            {
+                Ok(()) => break,
+                // A session of the template's last user may still be closing.
+                Err(e) if tries < 100 && e.code().is_some_and(|c| c.code() == "55006") => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("create {name} from {template}: {e}"),
+            }
+        }
+        name
+    }
+
     pub async fn client(&self) -> Client {
         connect(&self.url).await.expect("connect to test database")
     }

@@ -25,6 +25,7 @@ mod keys;
 mod observation;
 mod repair;
 mod roles;
+mod sources;
 
 use std::collections::HashSet;
 

@@ -1,0 +1,57 @@
+//! Finding the sources: those listed in the config, every database of a server that holds
+//! schema `outbox`, and the rows of a catalogue query, merged by name (a listed source wins
+//! over a discovered one of the same name).
+
+use std::collections::BTreeMap;
+
+use super::settings::SourcesSettings;
+use crate::store::{Store, with_database};
+
+/// Every source, name → connection string. An error names what could not be read (the
+/// server or the catalogue); the caller keeps serving the sources it had.
+pub async fn discover(settings: &SourcesSettings) -> Result<BTreeMap<String, String>, String> {
+    let mut found = BTreeMap::new();
+    if let Some(server) = &settings.server_url {
+        let store = Store::connect_as(server, 1, "outbox-relay poll")
+            .map_err(|e| format!("sources_server_url: {e}"))?;
+        let databases = store
+            .databases()
+            .await
+            .map_err(|e| format!("sources_server_url: listing the databases: {e}"))?;
+        drop(store);
+        for database in databases {
+            let url = with_database(server, &database);
+            // One short session per database: a database this login may not enter, or
+            // without an outbox, is not a source.
+            let holds_outbox = match Store::connect_as(&url, 1, "outbox-relay poll") {
+                Ok(probe) => probe.has_outbox().await,
+                Err(e) => Err(e),
+            };
+            match holds_outbox {
+                Ok(true) => {
+                    found.insert(database, url);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::debug!(database, error = %e,
+                    "database skipped by discovery: cannot look into it"),
+            }
+        }
+    }
+    if let Some((url, query)) = &settings.catalogue {
+        let store = Store::connect_as(url, 1, "outbox-relay poll")
+            .map_err(|e| format!("sources_catalogue_url: {e}"))?;
+        for (name, source_url) in store
+            .catalogue(query)
+            .await
+            .map_err(|e| format!("sources_catalogue_query: {e}"))?
+        {
+            let source_url = crate::secret::interpolate(&source_url)
+                .map_err(|e| format!("sources_catalogue_query: source {name:?}: {e}"))?;
+            found.insert(name, source_url);
+        }
+    }
+    for (name, url) in &settings.listed {
+        found.insert(name.clone(), url.clone());
+    }
+    Ok(found)
+}

@@ -1,0 +1,127 @@
+//! Many outboxes, one fleet. A source is one outbox database; the sources come from the
+//! config, from a server's databases and from a catalogue query, found again every
+//! discovery interval. Every process of the fleet runs the same supervisor: it asks each
+//! source for a slot (`outbox.serve_source`), serves the sources it holds a slot on, each
+//! with a relay of its own (its own claim loop, pool, circuits and budgets, so one source's
+//! backlog, slow messages or errors never hold back another's), and takes no more than its
+//! fair share, so that the sources spread over the processes and move when processes join
+//! or leave. Slots are leases in the sources themselves: no coordinator, no other store.
+//!
+//! - `settings.rs`: [`SourcesSettings`];
+//! - `discover.rs`: finding the sources;
+//! - `share.rs`: this process's fair share, and its part of each server's connection budget;
+//! - `serve.rs`: one source's task: ask, serve while the slot holds, give it back;
+//! - `board.rs`: each source's state, logged once per change, for `/readyz` and metrics.
+
+mod board;
+mod discover;
+mod serve;
+mod settings;
+mod share;
+
+pub use board::{Board, Entry, SourceState};
+pub use discover::discover;
+pub use settings::{MAX_SLOTS, SourcesSettings};
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::Dispatcher;
+use crate::relay::RelaySettings;
+use crate::store::Statements;
+
+/// What every source's task shares: the settings, the destinations and the fair share.
+pub struct Fleet {
+    pub settings: SourcesSettings,
+    pub relay: RelaySettings,
+    pub statements: Statements,
+    /// The destinations, built once; each served source gets its own circuits and budgets
+    /// on them ([`Dispatcher::for_source`]).
+    pub dispatcher: Arc<Dispatcher>,
+    pub board: Arc<Board>,
+    share: share::Share,
+}
+
+impl Fleet {
+    pub fn new(
+        settings: SourcesSettings,
+        relay: RelaySettings,
+        statements: Statements,
+        dispatcher: Arc<Dispatcher>,
+    ) -> Self {
+        Self {
+            share: share::Share::new(&settings),
+            settings,
+            relay,
+            statements,
+            dispatcher,
+            board: Arc::default(),
+        }
+    }
+}
+
+/// Runs discovery and one task per source until `shutdown`, then stops every task: each
+/// stops claiming, lets its deliveries finish (or releases them) and gives its slot back.
+pub async fn run(fleet: Arc<Fleet>, shutdown: CancellationToken) {
+    let mut tasks: BTreeMap<String, (String, CancellationToken, JoinHandle<()>)> = BTreeMap::new();
+    let mut failing: Option<String> = None;
+    loop {
+        match discover(&fleet.settings).await {
+            Ok(found) => {
+                if failing.take().is_some() {
+                    tracing::info!("sources discovery works again");
+                }
+                // Gone, or its connection string changed: stopped (a new task starts for a
+                // changed one below).
+                let gone: Vec<String> = tasks
+                    .iter()
+                    .filter(|(name, (url, _, _))| found.get(*name) != Some(url))
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                for name in gone {
+                    let (_, stop, task) = tasks.remove(&name).expect("listed");
+                    tracing::info!(source = %name, "source no longer discovered: releasing it");
+                    stop.cancel();
+                    let _ = task.await;
+                    fleet.board.remove(&name);
+                    fleet.share.forget(&name);
+                }
+                fleet.share.set_sources(found.len());
+                for (name, url) in found {
+                    if tasks.contains_key(&name) {
+                        continue;
+                    }
+                    tracing::info!(source = %name, database = %crate::secret::redact_url(&url),
+                        "source discovered");
+                    fleet.board.set(&name, SourceState::Starting);
+                    let stop = shutdown.child_token();
+                    let task = tokio::spawn(serve::run(
+                        fleet.clone(),
+                        name.clone(),
+                        url.clone(),
+                        stop.clone(),
+                    ));
+                    tasks.insert(name, (url, stop, task));
+                }
+            }
+            Err(e) => {
+                if failing.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(error = %e, sources = tasks.len(),
+                        "sources discovery failed: serving the sources found before, retrying");
+                    failing = Some(e);
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(fleet.settings.discover_interval) => {}
+        }
+    }
+    for (_, (_, stop, task)) in tasks {
+        stop.cancel();
+        let _ = task.await;
+    }
+}

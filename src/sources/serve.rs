@@ -1,0 +1,235 @@
+//! One source's task. Not serving: every discovery interval it opens one short session,
+//! checks the schema, says this process is alive and asks for a slot when the process is
+//! under its share (`outbox.serve_source`), then closes the session: a source this process
+//! does not serve holds no connection between these polls. Serving: a relay of its own runs
+//! on a pool of its own, claiming only while the slot's lease holds by this process's
+//! monotonic clock (four fifths of the lease from the call that renewed it); the slot is
+//! renewed at a third of the lease, and the pool's connections idle for as long are closed
+//! (a served source with nothing to do holds two sessions: its LISTEN session and the one
+//! its polls use). The source is given up when the slot is lost (the relay
+//! stops claiming at once), given back when this process serves more than its share (after
+//! the relay drained), and left when the source is no longer discovered or the process
+//! stops (after the relay drained: its deliveries finish, or their leases are released).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::Fleet;
+use super::board::SourceState;
+use super::share::Refusal;
+use crate::relay::{Gate, Relay};
+use crate::store::{SourceTurn, Store, StoreError};
+
+/// Why serving a source ended.
+enum End {
+    /// The task was stopped (shutdown, or the source is no longer discovered).
+    Stop,
+    /// This process serves more than its share.
+    GiveBack,
+    /// The slot's lease may have lapsed, or the source says another holds it.
+    Lost(String),
+}
+
+pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: CancellationToken) {
+    let server = server_of(&url);
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match poll(&fleet, &url, &server).await {
+            Err(e) => {
+                fleet.share.forget(&name);
+                fleet.board.set(&name, SourceState::Down(e.to_string()));
+                let wait = backoff.min(fleet.settings.discover_interval);
+                backoff = (backoff * 2).min(fleet.settings.discover_interval);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(jitter(wait)) => {}
+                }
+                continue;
+            }
+            Ok((asked, ttl, refusal, turn)) => {
+                backoff = Duration::from_millis(500);
+                fleet.share.members(&name, turn.members);
+                fleet.board.holders(&name, turn.holders.clone());
+                match turn.held {
+                    Some((slot, token)) => {
+                        serve(
+                            &fleet,
+                            &name,
+                            &url,
+                            &server,
+                            slot,
+                            token,
+                            asked + ttl * 4 / 5,
+                            &stop,
+                        )
+                        .await;
+                        if stop.is_cancelled() {
+                            return;
+                        }
+                    }
+                    None if refusal == Some(Refusal::Budget) => {
+                        fleet.board.set(&name, SourceState::OverBudget);
+                    }
+                    None => fleet.board.set(&name, SourceState::Standby),
+                }
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(jitter(fleet.settings.discover_interval)) => {}
+        }
+    }
+}
+
+/// One poll on a short session: the schema is checked, then `serve_source` asks for a
+/// slot when this process is under its share. The membership holds until the next poll is
+/// due (two intervals and a lease: a late poll does not make the fleet look smaller).
+async fn poll(
+    fleet: &Fleet,
+    url: &str,
+    server: &str,
+) -> Result<(Instant, Duration, Option<Refusal>, SourceTurn), StoreError> {
+    let store = Store::connect_as(url, 1, "outbox-relay poll")?;
+    store.check_schema().await?;
+    let refusal = fleet.share.may_take(server).err();
+    let ttl = fleet.settings.membership_ttl();
+    let asked = Instant::now();
+    let turn = store
+        .serve_source(
+            &fleet.relay.worker_id,
+            fleet.share.slots(),
+            refusal.is_none(),
+            ttl,
+        )
+        .await?;
+    Ok((asked, ttl, refusal, turn))
+}
+
+/// Serves the source while the slot (`token`) holds; returns once it was given up, given
+/// back or left, with the relay drained.
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    fleet: &Fleet,
+    name: &str,
+    url: &str,
+    server: &str,
+    slot: i32,
+    token: i64,
+    until: Instant,
+    stop: &CancellationToken,
+) {
+    let mut held = fleet.share.hold(server);
+    let store = match Store::connect(url, fleet.settings.pool_size) {
+        Ok(store) => store.with_statements(fleet.statements),
+        Err(e) => {
+            fleet.board.set(name, SourceState::Down(e.to_string()));
+            return;
+        }
+    };
+    let lease = fleet.settings.lease;
+    let gate = Gate::until(until);
+    let relay_stop = CancellationToken::new();
+    let relay = Relay::new(
+        fleet.relay.clone(),
+        store.clone(),
+        Arc::new(fleet.dispatcher.for_source()),
+    )
+    .with_gate(gate.clone());
+    let mut relay_task = tokio::spawn(relay.run(relay_stop.clone()));
+    fleet.board.set(name, SourceState::Serving { slot });
+    let end = loop {
+        tokio::select! {
+            () = stop.cancelled() => break End::Stop,
+            _ = &mut relay_task => break End::Lost("its relay stopped".to_owned()),
+            () = tokio::time::sleep(lease / 3) => {}
+        }
+        if held.over_share() {
+            break End::GiveBack;
+        }
+        // An idle source keeps the connection its polls use and its LISTEN session.
+        store.close_idle(lease / 3);
+        let asked = Instant::now();
+        let renewed = tokio::time::timeout(
+            lease * 4 / 5,
+            store.serve_source(&fleet.relay.worker_id, fleet.share.slots(), true, lease),
+        )
+        .await;
+        match renewed {
+            Ok(Ok(turn)) if turn.held.map(|(_, t)| t) == Some(token) => {
+                gate.extend(asked + lease * 4 / 5);
+                fleet.share.members(name, turn.members);
+                fleet.board.holders(name, turn.holders);
+            }
+            Ok(Ok(turn)) => {
+                break End::Lost(format!(
+                    "the source gave its slot to another process (holders now: {})",
+                    turn.holders.join(", ")
+                ));
+            }
+            Ok(Err(e)) if !gate.is_open() => break End::Lost(format!("cannot renew: {e}")),
+            Err(_) if !gate.is_open() => break End::Lost("renewal did not answer".to_owned()),
+            Ok(Err(e)) => tracing::warn!(source = name, error = %e,
+                "source slot not renewed yet: retrying before its lease lapses"),
+            Err(_) => tracing::warn!(
+                source = name,
+                "source slot renewal did not answer in time: retrying before its lease lapses"
+            ),
+        }
+    };
+    relay_stop.cancel();
+    let summary = relay_task.await.unwrap_or_default();
+    let worker = &fleet.relay.worker_id;
+    match end {
+        End::Stop => {
+            if let Err(e) = store.leave_source(worker).await {
+                tracing::warn!(source = name, error = %e,
+                    "could not give the source back: its slot lapses when its lease expires");
+            }
+            tracing::info!(source = name, delivered = summary.delivered, "source left");
+        }
+        End::GiveBack => {
+            if let Err(e) = store
+                .serve_source(worker, fleet.share.slots(), false, lease)
+                .await
+            {
+                tracing::warn!(source = name, error = %e,
+                    "could not give the source back: its slot lapses when its lease expires");
+            }
+            fleet.board.set(name, SourceState::Standby);
+            tracing::info!(
+                source = name,
+                delivered = summary.delivered,
+                "source given back: this process served more than its share"
+            );
+        }
+        End::Lost(why) => {
+            fleet.board.set(name, SourceState::Standby);
+            tracing::warn!(source = name, reason = %why, delivered = summary.delivered,
+                "source lost: stopped claiming from it");
+        }
+    }
+}
+
+/// The server (host and port) of a connection string, for the connection budget.
+fn server_of(url: &str) -> String {
+    use tokio_postgres::config::Host;
+    match url.parse::<tokio_postgres::Config>() {
+        Ok(config) => {
+            let host = match config.get_hosts().first() {
+                Some(Host::Tcp(name)) => name.clone(),
+                Some(Host::Unix(path)) => path.display().to_string(),
+                None => "localhost".to_owned(),
+            };
+            let port = config.get_ports().first().copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        }
+        Err(_) => url.to_owned(),
+    }
+}
+
+/// `d` ± 10%, so that the polls of many sources and processes spread out.
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.9..=1.1))
+}

@@ -1,0 +1,61 @@
+//! What a many-source fleet needs to know: the sources listed in the config, where to
+//! discover more and how often, how many processes may serve one source, the slot lease,
+//! each served source's pool and the connection budget of each Postgres server. `config`
+//! validates these values (naming the setting) and composes them into the process's
+//! settings.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Validated settings of the sources a process serves. Empty (no source listed, nothing to
+/// discover): the process serves the one database of `database_url`, as ever.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SourcesSettings {
+    /// Sources listed in the config: name → connection string.
+    pub listed: BTreeMap<String, String>,
+    /// Every database on this server that holds schema `outbox` is a source, named after
+    /// the database.
+    pub server_url: Option<String>,
+    /// A catalogue database and the query that returns (name, connection string) rows.
+    pub catalogue: Option<(String, String)>,
+    /// How often discovery runs (and how often a source not served here is asked for).
+    pub discover_interval: Duration,
+    /// The most processes that may serve one source at once; None: every process when
+    /// there is one source, one when there are many.
+    pub processes_per_source: Option<i32>,
+    /// How long a process's slot on a source holds without renewal.
+    pub lease: Duration,
+    /// Connections of each served source's pool.
+    pub pool_size: usize,
+    /// The fleet's cap on connections to one Postgres server (host and port), shared out
+    /// evenly among the processes that serve its sources; None: no cap.
+    pub max_connections_per_server: Option<usize>,
+}
+
+impl SourcesSettings {
+    /// Whether this process serves sources (rather than the one `database_url`).
+    pub fn is_many(&self) -> bool {
+        !self.listed.is_empty() || self.server_url.is_some() || self.catalogue.is_some()
+    }
+
+    /// Slots of each source when `sources` sources are known: the setting, or every
+    /// process (the most a slot table holds) for one source and one for several.
+    pub fn slots(&self, sources: usize) -> i32 {
+        self.processes_per_source
+            .unwrap_or(if sources <= 1 { MAX_SLOTS } else { 1 })
+    }
+
+    /// How long a process's membership of a source holds: two discovery intervals and a
+    /// lease, so that a late poll does not make the fleet look smaller than it is.
+    pub fn membership_ttl(&self) -> Duration {
+        self.discover_interval * 2 + self.lease
+    }
+
+    /// Connections a served source may open: its pool and its `LISTEN` session.
+    pub fn connections_per_source(&self) -> usize {
+        self.pool_size + 1
+    }
+}
+
+/// The most slots `outbox.serve_source` gives out.
+pub const MAX_SLOTS: i32 = 1024;

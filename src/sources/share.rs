@@ -1,0 +1,238 @@
+//! This process's fair share of the sources: with S sources of k slots each and P processes
+//! in the fleet (the largest membership any source reports), a process serves at most
+//! ceil(S·k / P) sources, so sources spread over the processes and move to a process that
+//! joins; and at most its part of each server's connection budget (the budget divided by P,
+//! in sources of `pool_size + 1` connections each).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::settings::SourcesSettings;
+
+#[derive(Debug)]
+pub struct Share {
+    slots_setting: SourcesSettings,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    sources: usize,
+    /// Membership each source reported last, and when, by source.
+    members: HashMap<String, (i32, Instant)>,
+    /// Sources served, in all and per server.
+    held: usize,
+    held_on: HashMap<String, usize>,
+}
+
+impl Share {
+    pub fn new(settings: &SourcesSettings) -> Self {
+        Self {
+            slots_setting: settings.clone(),
+            inner: Mutex::default(),
+        }
+    }
+
+    pub fn set_sources(&self, sources: usize) {
+        self.inner.lock().expect("share lock").sources = sources;
+    }
+
+    /// Slots of each source now.
+    pub fn slots(&self) -> i32 {
+        let sources = self.inner.lock().expect("share lock").sources;
+        self.slots_setting.slots(sources)
+    }
+
+    /// Records the membership `source` reported.
+    pub fn members(&self, source: &str, members: i32) {
+        self.inner
+            .lock()
+            .expect("share lock")
+            .members
+            .insert(source.to_owned(), (members, Instant::now()));
+    }
+
+    /// Forgets what `source` reported (no longer discovered, or not answering: a source
+    /// that cannot be asked must not keep the fleet looking larger than it is).
+    pub fn forget(&self, source: &str) {
+        self.inner
+            .lock()
+            .expect("share lock")
+            .members
+            .remove(source);
+    }
+
+    /// The fleet's size: the largest membership a source reported within a membership's
+    /// lifetime (older reports are of processes that may have gone).
+    fn processes(&self, inner: &Inner) -> usize {
+        let fresh = self.slots_setting.membership_ttl();
+        inner
+            .members
+            .values()
+            .filter(|(_, at)| at.elapsed() <= fresh)
+            .map(|&(members, _)| members)
+            .max()
+            .unwrap_or(1)
+            .max(1)
+            .unsigned_abs() as usize
+    }
+
+    fn target(&self, inner: &Inner) -> usize {
+        let slots = self
+            .slots_setting
+            .slots(inner.sources)
+            .max(1)
+            .unsigned_abs() as usize;
+        (inner.sources * slots)
+            .div_ceil(self.processes(inner))
+            .max(1)
+    }
+
+    /// The sources this process may serve on `server` under the connection budget.
+    fn server_room(&self, inner: &Inner) -> usize {
+        match self.slots_setting.max_connections_per_server {
+            None => usize::MAX,
+            Some(budget) => {
+                budget / self.processes(inner) / self.slots_setting.connections_per_source()
+            }
+        }
+    }
+
+    /// Whether this process may take one more source on `server`: Ok, or why not.
+    pub fn may_take(&self, server: &str) -> Result<(), Refusal> {
+        let inner = self.inner.lock().expect("share lock");
+        if inner.held >= self.target(&inner) {
+            return Err(Refusal::FairShare);
+        }
+        if inner.held_on.get(server).copied().unwrap_or(0) >= self.server_room(&inner) {
+            return Err(Refusal::Budget);
+        }
+        Ok(())
+    }
+
+    /// Counts a source taken on `server`; the guard gives it back when dropped.
+    pub fn hold<'a>(&'a self, server: &str) -> Held<'a> {
+        let mut inner = self.inner.lock().expect("share lock");
+        inner.held += 1;
+        *inner.held_on.entry(server.to_owned()).or_default() += 1;
+        Held {
+            share: self,
+            server: server.to_owned(),
+            released: false,
+        }
+    }
+}
+
+/// Why a source is not taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    FairShare,
+    Budget,
+}
+
+/// A source this process serves, counted in its share until dropped (or given back).
+pub struct Held<'a> {
+    share: &'a Share,
+    server: String,
+    released: bool,
+}
+
+impl Held<'_> {
+    /// Gives this source back when the process serves more than its share now (one at a
+    /// time: of several sources over the share, each asks in turn, and only the excess
+    /// goes). Once it returned true the source no longer counts.
+    pub fn over_share(&mut self) -> bool {
+        let mut inner = self.share.inner.lock().expect("share lock");
+        let over = inner.held > self.share.target(&inner)
+            || inner.held_on.get(&self.server).copied().unwrap_or(0)
+                > self.share.server_room(&inner);
+        if over {
+            inner.held -= 1;
+            *inner.held_on.get_mut(&self.server).expect("held") -= 1;
+            self.released = true;
+        }
+        over
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            let mut inner = self.share.inner.lock().expect("share lock");
+            inner.held -= 1;
+            *inner.held_on.get_mut(&self.server).expect("held") -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::sources::MAX_SLOTS;
+
+    fn settings(per_source: Option<i32>, budget: Option<usize>) -> SourcesSettings {
+        SourcesSettings {
+            discover_interval: Duration::from_secs(10),
+            processes_per_source: per_source,
+            lease: Duration::from_secs(15),
+            pool_size: 3,
+            max_connections_per_server: budget,
+            ..SourcesSettings::default()
+        }
+    }
+
+    #[test]
+    fn a_process_takes_its_fair_share_and_gives_back_the_excess_when_others_join() {
+        let share = Share::new(&settings(None, None));
+        share.set_sources(10);
+        share.members("a", 1);
+        let mut held: Vec<Held> = (0..10)
+            .map(|_| {
+                share.may_take("s").expect("alone, it takes every source");
+                share.hold("s")
+            })
+            .collect();
+        assert_eq!(share.may_take("s"), Err(Refusal::FairShare));
+        // Two more processes: the share is ceil(10 / 3) = 4, so 6 are given back.
+        share.members("a", 3);
+        let given_back = held
+            .iter_mut()
+            .filter_map(|h| h.over_share().then_some(()))
+            .count();
+        assert_eq!(given_back, 6);
+        assert_eq!(share.may_take("s"), Err(Refusal::FairShare));
+    }
+
+    #[test]
+    fn one_source_is_served_by_every_process_unless_capped() {
+        let share = Share::new(&settings(None, None));
+        share.set_sources(1);
+        share.members("a", 5);
+        assert_eq!(share.slots(), MAX_SLOTS);
+        assert_eq!(share.may_take("s"), Ok(()));
+        let capped = Share::new(&settings(Some(2), None));
+        capped.set_sources(1);
+        assert_eq!(capped.slots(), 2);
+    }
+
+    #[test]
+    fn the_connection_budget_of_a_server_is_shared_out_among_the_processes() {
+        // 40 connections, 2 processes: 20 each, 4 per source (pool 3 + LISTEN): 5 sources.
+        let share = Share::new(&settings(None, Some(40)));
+        share.set_sources(50);
+        share.members("a", 2);
+        let held: Vec<Held> = (0..5)
+            .map(|_| {
+                share.may_take("s").expect("within the budget");
+                share.hold("s")
+            })
+            .collect();
+        assert_eq!(share.may_take("s"), Err(Refusal::Budget));
+        assert_eq!(share.may_take("other server"), Ok(()));
+        drop(held);
+        assert_eq!(share.may_take("s"), Ok(()));
+    }
+}

@@ -1,0 +1,129 @@
+//! The calls through which a fleet shares many outboxes (`schema/09_sources.sql`): each
+//! outbox's slots (`outbox.serve_source`, `outbox.leave_source`, the `outbox.source_holders`
+//! view), and finding outboxes: the databases of a server, or a catalogue query's rows.
+
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+
+use super::{Result, Store};
+use crate::message::WorkerId;
+
+/// What one `outbox.serve_source` call answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceTurn {
+    /// The slot held and its token (the count of its takeovers); None when none is held.
+    pub held: Option<(i32, i64)>,
+    /// Relayers whose membership of this outbox has not lapsed, the caller included.
+    pub members: i32,
+    /// The workers holding a slot, in slot order.
+    pub holders: Vec<String>,
+}
+
+impl Store {
+    /// `outbox.serve_source`: renews `worker`'s membership and keeps or takes a slot among
+    /// `slots` (`want`), or gives its slot back, holding for `ttl`.
+    pub async fn serve_source(
+        &self,
+        worker: &WorkerId,
+        slots: i32,
+        want: bool,
+        ttl: Duration,
+    ) -> Result<SourceTurn> {
+        let row = self
+            .client()
+            .await?
+            .query_typed_one(
+                "SELECT slot, token, members, holders \
+                 FROM outbox.serve_source($1, $2, $3, make_interval(secs => $4))",
+                &[
+                    (&worker.as_str(), Type::TEXT),
+                    (&slots, Type::INT4),
+                    (&want, Type::BOOL),
+                    (&ttl.as_secs_f64(), Type::FLOAT8),
+                ],
+            )
+            .await?;
+        let slot: Option<i32> = row.get(0);
+        let token: Option<i64> = row.get(1);
+        Ok(SourceTurn {
+            held: slot.zip(token),
+            members: row.get(2),
+            holders: row.get(3),
+        })
+    }
+
+    /// `outbox.leave_source`: `worker` gives back its slot and its membership at once.
+    pub async fn leave_source(&self, worker: &WorkerId) -> Result<()> {
+        self.client()
+            .await?
+            .query_typed(
+                "SELECT outbox.leave_source($1)",
+                &[(&worker.as_str(), Type::TEXT)],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The workers serving this outbox now (the `outbox.source_holders` view), in slot order.
+    pub async fn source_holders(&self) -> Result<Vec<String>> {
+        let rows = self
+            .client()
+            .await?
+            .query_typed(
+                "SELECT worker_id FROM outbox.source_holders ORDER BY slot",
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// The databases of this server that accept connections, templates excepted, by name.
+    pub async fn databases(&self) -> Result<Vec<String>> {
+        let rows = self
+            .client()
+            .await?
+            .query_typed(
+                "SELECT datname::text FROM pg_catalog.pg_database \
+                 WHERE datallowconn AND NOT datistemplate ORDER BY datname",
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Whether this database holds schema `outbox`.
+    pub async fn has_outbox(&self) -> Result<bool> {
+        Ok(self
+            .client()
+            .await?
+            .query_typed_one("SELECT to_regnamespace('outbox') IS NOT NULL", &[])
+            .await?
+            .get(0))
+    }
+
+    /// The rows of a catalogue query: (name, connection string) of each source; the query
+    /// must return two text columns.
+    pub async fn catalogue(&self, query: &str) -> Result<Vec<(String, String)>> {
+        let rows = self.client().await?.simple_query(query).await?;
+        let mut sources = Vec::new();
+        for row in rows {
+            if let tokio_postgres::SimpleQueryMessage::Row(row) = row {
+                match (row.try_get(0), row.try_get(1)) {
+                    (Ok(Some(name)), Ok(Some(url))) => {
+                        sources.push((name.to_owned(), url.to_owned()));
+                    }
+                    _ => {
+                        return Err(super::StoreError::Schema(format!(
+                            "the sources catalogue query must return two non-NULL text \
+                             columns (name, connection string); it returned a row with {} \
+                             column(s) or a NULL",
+                            row.len()
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(sources)
+    }
+}
