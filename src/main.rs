@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 #[macro_use]
 mod output;
 
+mod all_sources;
 mod bench;
 mod dead_letters;
 mod enqueue;
@@ -60,7 +61,18 @@ enum Command {
         migrate: bool,
     },
     /// Apply the embedded schema migrations (idempotent); prints what it applied.
-    Migrate,
+    Migrate {
+        /// Migrate every source of a many-source configuration instead of --database-url,
+        /// a line per source; exits non-zero when any failed.
+        #[arg(long, conflicts_with = "source")]
+        all_sources: bool,
+        /// Migrate the source of this name (of a many-source configuration).
+        #[arg(long)]
+        source: Option<String>,
+        /// Sources migrated at once with --all-sources, 1..=64.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        parallel: u16,
+    },
     /// Enqueue one message; prints its outbox_id.
     Enqueue(Box<enqueue::Args>),
     /// Per topic: ready, delayed, in flight, expired leases, dead letters and oldest ready
@@ -188,19 +200,20 @@ async fn dispatch(cli: Cli) -> Result<()> {
             let settings = settings(&cli, (**flags).clone())?;
             run(settings, *migrate).await
         }
-        Command::Migrate => {
+        Command::Migrate {
+            all_sources: true,
+            parallel,
+            ..
+        } => all_sources::migrate(&sources_settings(&cli)?, usize::from(*parallel)).await,
+        Command::Migrate {
+            source: Some(name), ..
+        } => {
+            let url = all_sources::one(&sources_settings(&cli)?, name).await?;
+            migrate_one(&url).await
+        }
+        Command::Migrate { .. } => {
             let s = settings(&cli, RawConfig::default())?;
-            let applied = Store::connect(&s.database_url, 2)?
-                .migrate()
-                .await
-                .context("migrate")?;
-            if applied.is_empty() {
-                outln!("schema is up to date");
-            }
-            for name in applied {
-                outln!("applied {name}");
-            }
-            Ok(())
+            migrate_one(&s.database_url).await
         }
         Command::Enqueue(args) => {
             let message = args.message()?;
@@ -228,6 +241,16 @@ async fn dispatch(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Status(args) if args.all_sources => {
+            all_sources::status(&sources_settings(&cli)?, args.json).await
+        }
+        Command::Status(args) if args.source.is_some() => {
+            let name = args.source.as_deref().expect("checked");
+            let url = all_sources::one(&sources_settings(&cli)?, name).await?;
+            let store = Store::connect(&url, 2)?;
+            store.check_schema().await?;
+            status::run(&store, args).await
+        }
         Command::Status(args) => status::run(&quick_store(&cli).await?, args).await,
         Command::Repair { limit } => {
             let r = quick_store(&cli)
@@ -254,6 +277,31 @@ async fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Applies the migrations to the database of `url`, a line per migration applied.
+async fn migrate_one(url: &str) -> Result<()> {
+    let applied = Store::connect(url, 2)?.migrate().await.context("migrate")?;
+    if applied.is_empty() {
+        outln!("schema is up to date");
+    }
+    for name in applied {
+        outln!("applied {name}");
+    }
+    Ok(())
+}
+
+/// The sources of a many-source configuration, for the verbs: the config file's, and the
+/// `OUTBOX_SOURCES_*` variables.
+fn sources_settings(cli: &Cli) -> Result<outbox_relay::sources::SourcesSettings> {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let raw = RawConfig {
+        sources_server_url: env("OUTBOX_SOURCES_SERVER_URL"),
+        sources_catalogue_url: env("OUTBOX_SOURCES_CATALOGUE_URL"),
+        sources_catalogue_query: env("OUTBOX_SOURCES_CATALOGUE_QUERY"),
+        ..RawConfig::default()
+    };
+    Ok(settings(cli, raw)?.sources)
 }
 
 async fn run(settings: Settings, migrate: bool) -> Result<()> {

@@ -21,7 +21,7 @@ pub struct Args {
     topic: Option<String>,
     /// One JSON object.
     #[arg(long, conflicts_with = "watch")]
-    json: bool,
+    pub json: bool,
     /// Redraw every second with rates until interrupted.
     #[arg(long)]
     watch: bool,
@@ -32,6 +32,13 @@ pub struct Args {
     #[arg(long, env = "OUTBOX_HORIZON_WARN_SECS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     horizon_warn_secs: u64,
+    /// Every source of a many-source configuration, a line each: backlog, oldest ready
+    /// age, dead letters, who serves it, its health.
+    #[arg(long, conflicts_with_all = ["source", "watch", "topic"])]
+    pub all_sources: bool,
+    /// This source of a many-source configuration, in full (instead of --database-url).
+    #[arg(long)]
+    pub source: Option<String>,
 }
 
 /// One destination's circuit in one state, as the relayers in `workers` reported it: the

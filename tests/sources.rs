@@ -457,3 +457,97 @@ async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_t
     );
     db.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_and_status_take_every_source_and_name_the_ones_that_fail() {
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute("CREATE TABLE public.sources (name text PRIMARY KEY, url text NOT NULL)")
+        .await
+        .unwrap();
+    let fresh: Vec<String> = vec![db.sibling("a").await, db.sibling("b").await];
+    let missing = format!("{}_missing", db.name);
+    for name in fresh.iter().chain([&missing]) {
+        c.execute(
+            "INSERT INTO public.sources (name, url) VALUES ($1, $2)",
+            &[name, &with_database(&base_url(), name)],
+        )
+        .await
+        .unwrap();
+    }
+    let env = [
+        ("OUTBOX_SOURCES_CATALOGUE_URL", db.url.as_str()),
+        ("OUTBOX_SOURCES_CATALOGUE_QUERY", CATALOGUE),
+    ];
+
+    // Every source is tried; the missing one fails the verb, named.
+    let out = common::verb_env(&["migrate", "--all-sources"], &db.url, &env);
+    let (stdout, stderr) = (common::text(&out.stdout), common::text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    for name in &fresh {
+        assert!(
+            stdout.contains(&format!("{name}: applied ")),
+            "{name} migrated: {stdout}"
+        );
+    }
+    assert!(
+        stdout.contains(&format!("{missing}: failed: ")) && stdout.contains("does not exist"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("1 of the sources could not be migrated") && stderr.contains(&missing),
+        "{stderr}"
+    );
+    // Again: the migrated ones are up to date.
+    let out = common::verb_env(&["migrate", "--source", &fresh[0]], &db.url, &env);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    assert!(common::text(&out.stdout).contains("schema is up to date"));
+
+    // status: a line per source, the unreadable one with its cause.
+    let a = connect(&with_database(&base_url(), &fresh[0]))
+        .await
+        .unwrap();
+    fill(&a, "orders", 7, None).await;
+    let out = common::verb_env(&["status", "--all-sources", "--json"], &db.url, &env);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let lines: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let by_name: BTreeMap<String, &serde_json::Value> = lines
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["source"].as_str().unwrap().to_owned(), l))
+        .collect();
+    assert_eq!(by_name[&fresh[0]]["health"], "ok");
+    assert_eq!(by_name[&fresh[0]]["ready"], 7);
+    assert_eq!(by_name[&fresh[1]]["ready"], 0);
+    assert!(
+        by_name[&missing]["health"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{lines}"
+    );
+    let out = common::verb_env(&["status", "--all-sources"], &db.url, &env);
+    let table = common::text(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&fresh[0]) && l.contains(" ok")),
+        "{table}"
+    );
+    assert!(table.contains("1 of 3 sources cannot be read"), "{table}");
+    // One source in full.
+    let out = common::verb_env(&["status", "--source", &fresh[0]], &db.url, &env);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    assert!(common::text(&out.stdout).contains("orders"));
+    // Without any source configured, the verb says what to configure.
+    let out = common::verb(&["migrate", "--all-sources"], &db.url);
+    assert!(
+        common::text(&out.stderr).contains("no sources are configured"),
+        "{}",
+        common::text(&out.stderr)
+    );
+    drop(a);
+    db.finish().await;
+}
