@@ -10,7 +10,8 @@
 //! - `hot_key.rs` (`--hot-key`): one hot key beside other traffic;
 //! - `fleet.rs` (`--fleet`): the drain with more and more relays;
 //! - `sustained.rs` (`--sustained-secs`): a long run under a steady producer;
-//! - `peers.rs` (`--peers`): against graphile-worker, pg-boss and pgmq.
+//! - `peers.rs` (`--peers`): against graphile-worker, pg-boss and pgmq;
+//! - `sources.rs` (`--sources`): one fleet draining many outbox databases, and its fairness.
 //!
 //! This file holds the options and what the shapes share: relays started and stopped,
 //! messages filled and drained into the [`Recorder`] (`recorder.rs`), figures reported.
@@ -35,6 +36,7 @@ mod hot_key;
 mod memory;
 mod peers;
 mod recorder;
+mod sources;
 mod sustained;
 
 use drain::bare_drain;
@@ -120,6 +122,11 @@ pub struct Options {
     /// unnamed statements, for transaction poolers, against named ones).
     #[arg(long, default_value = "auto")]
     pub statements: outbox_relay::store::Statements,
+    /// Instead of the other measurements: drain `--messages`, split evenly over each of
+    /// these numbers of outbox databases (comma-separated, e.g. 1,10,50), with `--workers`
+    /// fleets serving them (many sources); prints the rate and Jain's fairness index.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub sources: Vec<u32>,
 }
 
 pub async fn run(database_url: &str, o: &Options) -> Result<()> {
@@ -173,6 +180,9 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     }
     if o.sustained_secs > 0 {
         return sustained::run(url, o, &sql).await;
+    }
+    if !o.sources.is_empty() {
+        return sources::run(url, o, &sql).await;
     }
 
     drain::run(url, o, &sql).await

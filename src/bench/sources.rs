@@ -1,0 +1,254 @@
+//! `bench --sources 1,10,50`: one fleet serving many outbox databases. For each count, the
+//! same total backlog (`--messages`) is split evenly over that many databases and drained
+//! by `--workers` in-process fleets (each a `sources` supervisor with its own worker id,
+//! one process at a time per source), into the null recorder. Prints the drain rate and
+//! Jain's fairness index of the sources' deliveries per one-second window (1.0: every
+//! source got the same share), over the windows in which every source still had a backlog.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use outbox_relay::config::{RawConfig, Settings};
+use outbox_relay::dispatch::Dispatcher;
+use outbox_relay::sources::{Fleet, SourcesSettings};
+use outbox_relay::store::{Store, fill_messages_returning_ids, with_database};
+
+use super::{BENCH_DEADLINE, Options, Recorder, connect, lock, median, progress, report, settle};
+
+pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
+    let bench_db: String = sql
+        .query_one("SELECT current_database()::text", &[])
+        .await?
+        .get(0);
+    // Copies of a migrated template: one migration, however many sources.
+    let template = format!("{bench_db}_tmpl");
+    sql.batch_execute(&format!("CREATE DATABASE {template}"))
+        .await?;
+    let template_url = with_database(url, &template);
+    Store::connect(&template_url, 1)?.migrate().await?;
+    let result = async {
+        for &n in &o.sources {
+            measure(url, o, sql, &bench_db, &template, n).await?;
+        }
+        Ok(())
+    }
+    .await;
+    drop_database(sql, &template).await;
+    result
+}
+
+async fn measure(
+    url: &str,
+    o: &Options,
+    sql: &tokio_postgres::Client,
+    bench_db: &str,
+    template: &str,
+    n: u32,
+) -> Result<()> {
+    let per_source = o.messages / u64::from(n);
+    let mut listed = BTreeMap::new();
+    let mut source_of: HashMap<Uuid, usize> = HashMap::new();
+    for i in 0..n as usize {
+        let name = format!("{bench_db}_s{i}");
+        progress(&format!("sources {n}: creating and filling {name}"));
+        create_from(sql, &name, template).await?;
+        let source_url = with_database(url, &name);
+        let c = connect(&source_url).await?;
+        let ids = fill_messages_returning_ids(
+            &c,
+            "bench",
+            i64::try_from(per_source)?,
+            Some(10),
+            1000,
+            256,
+        )
+        .await?;
+        c.batch_execute("VACUUM ANALYZE outbox.messages").await?;
+        source_of.extend(ids.into_iter().map(|id| (id, i)));
+        listed.insert(name, source_url);
+    }
+    settle(sql).await;
+    let total = per_source * u64::from(n);
+    let recorder = Recorder::new(None);
+    lock(&recorder.acks).clear();
+    recorder.recording.store(true, Ordering::SeqCst);
+    let target = recorder.target(total);
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let mut fleets = Vec::new();
+    for w in 0..o.workers {
+        let settings = Settings::from_raw(RawConfig {
+            worker_id: Some(format!("bench-{w}")),
+            batch_size: Some(i64::from(o.batch_size)),
+            poll_interval_ms: Some(100),
+            max_batches_in_flight: Some(i64::from(o.in_flight)),
+            ..RawConfig::default()
+        })?;
+        let sources = SourcesSettings {
+            listed: listed.clone(),
+            discover_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(15),
+            pool_size: 2,
+            ..SourcesSettings::default()
+        };
+        let dispatcher = Dispatcher::single(
+            "bench",
+            recorder.clone(),
+            settings.dispatch.circuit,
+            BENCH_DEADLINE,
+            settings.relay.max_batches_in_flight,
+        );
+        let fleet = Arc::new(Fleet::new(
+            sources,
+            settings.relay,
+            o.statements,
+            Arc::new(dispatcher),
+        ));
+        fleets.push(tokio::spawn(outbox_relay::sources::run(
+            fleet,
+            shutdown.clone(),
+        )));
+    }
+    recorder.reached(target, "draining").await?;
+    let took = started.elapsed();
+    recorder.recording.store(false, Ordering::SeqCst);
+    shutdown.cancel();
+    for f in fleets {
+        let _ = f.await;
+    }
+    report(
+        &format!("sources {n}: {per_source} messages each"),
+        total,
+        total,
+        took,
+        o.workers,
+    );
+    let acks = std::mem::take(&mut *lock(&recorder.acks));
+    let fairness = jain_per_window(
+        &acks,
+        &source_of,
+        n as usize,
+        started,
+        Duration::from_secs(1),
+    );
+    match median(fairness.iter().copied().map(Some)) {
+        Some(mid) => outln!(
+            "  Jain's fairness index over {} one-second windows with every source backlogged: \
+             median {mid:.3}, lowest {:.3}",
+            fairness.len(),
+            fairness.iter().copied().fold(f64::INFINITY, f64::min)
+        ),
+        None => outln!(
+            "  Jain's fairness index: no full one-second window with every source backlogged \
+             (the drain took {:.1} s)",
+            took.as_secs_f64()
+        ),
+    }
+    for name in listed.keys() {
+        drop_database(sql, name).await;
+    }
+    Ok(())
+}
+
+/// Jain's index (Σx)² / (n·Σx²) of the deliveries per source in each whole window from
+/// `start`, up to the first window in which some source had no more to deliver.
+fn jain_per_window(
+    acks: &[(Uuid, Instant)],
+    source_of: &HashMap<Uuid, usize>,
+    sources: usize,
+    start: Instant,
+    window: Duration,
+) -> Vec<f64> {
+    if sources < 2 {
+        return Vec::new();
+    }
+    let mut last_of = vec![Duration::ZERO; sources];
+    let mut per_window: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for (id, at) in acks {
+        let Some(&s) = source_of.get(id) else {
+            continue;
+        };
+        let since = at.saturating_duration_since(start);
+        last_of[s] = last_of[s].max(since);
+        let w = u64::try_from(since.as_nanos() / window.as_nanos().max(1)).unwrap_or(u64::MAX);
+        per_window.entry(w).or_insert_with(|| vec![0.0; sources])[s] += 1.0;
+    }
+    // A window counts while every source still delivers after it ends.
+    let first_done = last_of.iter().copied().min().unwrap_or_default();
+    per_window
+        .into_iter()
+        .filter(|(w, _)| u128::from(*w + 1) * window.as_nanos() <= first_done.as_nanos())
+        .map(|(_, x)| {
+            let sum: f64 = x.iter().sum();
+            let squares: f64 = x.iter().map(|v| v * v).sum();
+            if squares == 0.0 {
+                1.0
+            } else {
+                sum * sum / (x.len() as f64 * squares)
+            }
+        })
+        .collect()
+}
+
+async fn create_from(sql: &tokio_postgres::Client, name: &str, template: &str) -> Result<()> {
+    for tries in 0.. {
+        match sql
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+            .await
+        {
+            Ok(()) => return Ok(()),
+            // The template's last session may still be closing.
+            Err(e) if tries < 100 && e.code().is_some_and(|c| c.code() == "55006") => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+async fn drop_database(sql: &tokio_postgres::Client, name: &str) {
+    if let Err(e) = sql
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+    {
+        eprintln!("bench: could not drop {name}: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_is_one_for_equal_shares_and_falls_for_unequal_ones() {
+        let start = Instant::now();
+        let ids: Vec<Uuid> = (0..40).map(|_| Uuid::new_v4()).collect();
+        // Window 0: 10 and 10; window 1: 15 and 5; then source 1 keeps going in window 2.
+        let mut source_of = HashMap::new();
+        let mut acks = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            let (source, at) = match i {
+                0..10 => (0, 0.5),
+                10..20 => (1, 0.5),
+                20..35 => (0, 1.5),
+                _ => (1, if i < 39 { 1.5 } else { 2.5 }),
+            };
+            source_of.insert(*id, source);
+            acks.push((*id, start + Duration::from_secs_f64(at)));
+        }
+        let j = jain_per_window(&acks, &source_of, 2, start, Duration::from_secs(1));
+        assert_eq!(
+            j.len(),
+            1,
+            "only the windows before source 0 finished: {j:?}"
+        );
+        assert!((j[0] - 1.0).abs() < 1e-9);
+    }
+}
