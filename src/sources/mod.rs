@@ -43,6 +43,10 @@ pub struct Fleet {
     pub dispatcher: Arc<Dispatcher>,
     pub board: Arc<Board>,
     share: share::Share,
+    /// When this process started: during its first discovery interval it only joins (says
+    /// it is alive in every source) and takes nothing, so that it learns the fleet's size
+    /// before taking its share, instead of taking every source and giving most back.
+    started: std::time::Instant,
 }
 
 impl Fleet {
@@ -59,6 +63,7 @@ impl Fleet {
             statements,
             dispatcher,
             board: Arc::default(),
+            started: std::time::Instant::now(),
         }
     }
 }

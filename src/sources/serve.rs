@@ -93,7 +93,11 @@ async fn poll(
 ) -> Result<(Instant, Duration, Option<Refusal>, SourceTurn), StoreError> {
     let store = Store::connect_as(url, 1, "outbox-relay poll")?;
     store.check_schema().await?;
-    let refusal = fleet.share.may_take(server).err();
+    let refusal = if fleet.started.elapsed() < fleet.settings.discover_interval {
+        Some(Refusal::Joining)
+    } else {
+        fleet.share.may_take(server).err()
+    };
     let ttl = fleet.settings.membership_ttl();
     let asked = Instant::now();
     let turn = store

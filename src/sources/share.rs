@@ -127,6 +127,8 @@ impl Share {
 /// Why a source is not taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
+    /// The process is in its first discovery interval, learning the fleet's size.
+    Joining,
     FairShare,
     Budget,
 }
