@@ -46,6 +46,10 @@ struct Cli {
     /// TOML file with settings (the `run` flags in snake_case, plus database_url).
     #[arg(long, env = "OUTBOX_CONFIG", global = true, help_heading = GLOBAL, display_order = 1000)]
     config: Option<PathBuf>,
+    /// A source of a many-source configuration, by name: the verb works on its database
+    /// instead of --database-url.
+    #[arg(long, global = true, help_heading = GLOBAL, display_order = 1000)]
+    source: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -64,11 +68,8 @@ enum Command {
     Migrate {
         /// Migrate every source of a many-source configuration instead of --database-url,
         /// a line per source; exits non-zero when any failed.
-        #[arg(long, conflicts_with = "source")]
-        all_sources: bool,
-        /// Migrate the source of this name (of a many-source configuration).
         #[arg(long)]
-        source: Option<String>,
+        all_sources: bool,
         /// Sources migrated at once with --all-sources, 1..=64.
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
         parallel: u16,
@@ -184,7 +185,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
     // A store for the operator verbs, once the schema is known to be what this build needs.
     let quick_store = async |cli: &Cli| -> Result<Store> {
         let s = settings(cli, RawConfig::default())?;
-        let mut store = Store::connect(&s.database_url, 2)?;
+        let mut store = Store::connect(&verb_database_url(cli).await?, 2)?;
         // The relayers' listen URL (environment or config file), for status's wake-up test.
         if let Some(url) = std::env::var("OUTBOX_LISTEN_URL").ok().or(s.listen_url) {
             store = store.with_listen_url(&url)?;
@@ -197,24 +198,25 @@ async fn dispatch(cli: Cli) -> Result<()> {
             settings: flags,
             migrate,
         } => {
+            if cli.source.is_some() {
+                bail!(
+                    "--source names a source for the operator verbs; `run` serves every \
+                     source of its configuration"
+                );
+            }
             let settings = settings(&cli, (**flags).clone())?;
             run(settings, *migrate).await
         }
         Command::Migrate {
             all_sources: true,
             parallel,
-            ..
-        } => all_sources::migrate(&sources_settings(&cli)?, usize::from(*parallel)).await,
-        Command::Migrate {
-            source: Some(name), ..
         } => {
-            let url = all_sources::one(&sources_settings(&cli)?, name).await?;
-            migrate_one(&url).await
+            if cli.source.is_some() {
+                bail!("give --source NAME or --all-sources, not both");
+            }
+            all_sources::migrate(&sources_settings(&cli)?, usize::from(*parallel)).await
         }
-        Command::Migrate { .. } => {
-            let s = settings(&cli, RawConfig::default())?;
-            migrate_one(&s.database_url).await
-        }
+        Command::Migrate { .. } => migrate_one(&verb_database_url(&cli).await?).await,
         Command::Enqueue(args) => {
             let message = args.message()?;
             let id = quick_store(&cli)
@@ -242,14 +244,10 @@ async fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Status(args) if args.all_sources => {
+            if cli.source.is_some() {
+                bail!("give --source NAME or --all-sources, not both");
+            }
             all_sources::status(&sources_settings(&cli)?, args.json).await
-        }
-        Command::Status(args) if args.source.is_some() => {
-            let name = args.source.as_deref().expect("checked");
-            let url = all_sources::one(&sources_settings(&cli)?, name).await?;
-            let store = Store::connect(&url, 2)?;
-            store.check_schema().await?;
-            status::run(&store, args).await
         }
         Command::Status(args) => status::run(&quick_store(&cli).await?, args).await,
         Command::Repair { limit } => {
@@ -289,6 +287,15 @@ async fn migrate_one(url: &str) -> Result<()> {
         outln!("applied {name}");
     }
     Ok(())
+}
+
+/// The database an operator verb works on: that of `--source NAME` (found as `run` finds
+/// the sources), else `--database-url`.
+async fn verb_database_url(cli: &Cli) -> Result<String> {
+    match &cli.source {
+        Some(name) => all_sources::one(&sources_settings(cli)?, name).await,
+        None => Ok(settings(cli, RawConfig::default())?.database_url),
+    }
 }
 
 /// The sources of a many-source configuration, for the verbs: the config file's, and the

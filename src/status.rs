@@ -34,11 +34,8 @@ pub struct Args {
     horizon_warn_secs: u64,
     /// Every source of a many-source configuration, a line each: backlog, oldest ready
     /// age, dead letters, who serves it, its health.
-    #[arg(long, conflicts_with_all = ["source", "watch", "topic"])]
+    #[arg(long, conflicts_with_all = ["watch", "topic"])]
     pub all_sources: bool,
-    /// This source of a many-source configuration, in full (instead of --database-url).
-    #[arg(long)]
-    pub source: Option<String>,
 }
 
 /// One destination's circuit in one state, as the relayers in `workers` reported it: the

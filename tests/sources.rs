@@ -541,6 +541,19 @@ async fn migrate_and_status_take_every_source_and_name_the_ones_that_fail() {
     let out = common::verb_env(&["status", "--source", &fresh[0]], &db.url, &env);
     assert!(out.status.success(), "{}", common::text(&out.stderr));
     assert!(common::text(&out.stdout).contains("orders"));
+    // Every operator verb takes --source.
+    let out = common::verb_env(&["repair", "--source", &fresh[1]], &db.url, &env);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    assert_eq!(
+        common::text(&out.stdout).trim(),
+        "requeued 0 dead_lettered 0"
+    );
+    let out = common::verb_env(&["repair", "--source", "nope"], &db.url, &env);
+    assert!(
+        common::text(&out.stderr).contains("no source is named \"nope\""),
+        "{}",
+        common::text(&out.stderr)
+    );
     // Without any source configured, the verb says what to configure.
     let out = common::verb(&["migrate", "--all-sources"], &db.url);
     assert!(
