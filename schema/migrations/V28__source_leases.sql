@@ -47,8 +47,12 @@ COMMENT ON TABLE outbox.source_members IS
 REVOKE ALL ON TABLE outbox.source_members FROM PUBLIC;
 
 
--- outbox.source_holders: who serves this outbox now, one row per slot.
-CREATE OR REPLACE VIEW outbox.source_holders AS
+-- outbox.source_holders: who serves this outbox now, one row per slot held.
+--
+-- Reads:      outbox.source_leases, the slots whose lease has not expired.
+-- Columns:    slot, worker_id, token (the slot's takeover count), acquired_at, expires_at.
+-- Readers:    outbox_reader, outbox_relay (`outbox-relay status --all-sources`).
+CREATE VIEW outbox.source_holders AS
 SELECT l.slot,
        l.worker_id,
        l.token,
@@ -67,28 +71,31 @@ GRANT SELECT ON outbox.source_holders TO outbox_reader, outbox_relay;
 -- outbox.serve_source: a relayer's periodic call for this outbox: it says the relayer is
 -- alive, and takes, keeps or gives back a slot.
 --
--- Inputs:     p_worker_id  the relayer's worker id
---             p_slots      how many processes may serve this outbox at once, 1..1024 (slots
---                          0 .. p_slots-1; a slot numbered higher is not given out)
---             p_want       true: keep the slot held (renewing its lease), or take a free
---                          or expired one; false: give back the slot held, if any
---             p_ttl        how long the slot and the membership hold without a new call
---                          (more than 0)
+-- Inputs:     p_worker_id   the relayer's worker id
+--             p_slots       how many processes may serve this outbox at once, 1..1024
+--                           (slots 0 .. p_slots-1; a slot numbered higher is not given out)
+--             p_want        true: keep the slot held (renewing its lease), or take a free
+--                           or expired one; false: give back the slot held, if any
+--             p_ttl         how long the slot holds without a new call (more than 0)
+--             p_member_ttl  how long the membership holds without a new call (more than 0;
+--                           a relayer that does not serve this outbox calls less often)
 -- Returns:    one row: the slot held and its token (both NULL when none), the number of
 --             relayers whose membership has not lapsed (this one included), and the
 --             workers holding a slot, in slot order.
 -- Locks:      the caller's row of outbox.source_members; the slot it renews, takes or gives
---             back (a free slot is chosen FOR UPDATE SKIP LOCKED: two relayers taking slots
---             at once never wait for each other); memberships expired for an hour that no
---             other call holds. No lock on the outbox's messages.
+--             back; memberships expired for an hour and the caller's other slots. Every
+--             row it does not already own is locked FOR UPDATE SKIP LOCKED, so two
+--             relayers calling at once never wait for each other (a row skipped is dealt
+--             with by a later call). No lock on the outbox's messages.
 -- Guarantees: a slot is held by at most one worker at a time; a worker holds at most one
 --             slot (the lowest unexpired one it holds is kept, others lapse); a slot taken
 --             over gets token + 1, so a worker that lost its slot and takes it again sees
 --             another token. A worker whose slot has expired does not get it back by
---             renewing: it takes a slot anew.
+--             renewing: it takes a slot anew. Slot rows are made when first taken: the
+--             table holds one row per slot ever held, not p_slots rows.
 -- Raises:     P7001 (p_worker_id) when it is NULL or blank; P7001 (p_slots) when it is NULL
---             or outside 1..1024; P7001 (p_want) when it is NULL; P7001 (p_ttl) when it is
---             NULL or not positive.
+--             or outside 1..1024; P7001 (p_want) when it is NULL; P7001 (p_ttl) and P7001
+--             (p_member_ttl) when NULL or not positive.
 -- Crash:      nothing: one transaction; a slot taken is held until its lease expires.
 -- Shape:      called once per source per renewal period (a third of the lease) by each
 --             relayer serving it, and once per discovery interval by the others, never per
@@ -97,7 +104,8 @@ CREATE OR REPLACE FUNCTION outbox.serve_source(
     p_worker_id text,
     p_slots integer,
     p_want boolean,
-    p_ttl interval
+    p_ttl interval,
+    p_member_ttl interval
 ) RETURNS TABLE (slot integer, token bigint, members integer, holders text[])
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -116,23 +124,21 @@ BEGIN
     IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
         PERFORM outbox.invalid_argument('p_ttl', 'must be a positive interval');
     END IF;
+    IF p_member_ttl IS NULL OR p_member_ttl <= interval '0' THEN
+        PERFORM outbox.invalid_argument('p_member_ttl', 'must be a positive interval');
+    END IF;
 
     INSERT INTO outbox.source_members AS m (worker_id, seen_at, expires_at)
-    VALUES (p_worker_id, now(), now() + p_ttl)
+    VALUES (p_worker_id, now(), now() + p_member_ttl)
     ON CONFLICT (worker_id) DO UPDATE
         SET seen_at = excluded.seen_at,
             expires_at = excluded.expires_at;
-    -- SKIP LOCKED: two relayers cleaning up at once never wait for each other
     DELETE FROM outbox.source_members AS m
      WHERE m.worker_id IN (
                SELECT o.worker_id
                  FROM outbox.source_members AS o
                 WHERE o.expires_at < now() - interval '1 hour'
                   FOR UPDATE SKIP LOCKED);
-    -- the slots exist before anyone asks for them
-    INSERT INTO outbox.source_leases AS l (slot)
-    SELECT s FROM generate_series(0, p_slots - 1) AS s
-    ON CONFLICT ON CONSTRAINT source_leases_pkey DO NOTHING;
 
     IF p_want THEN
         -- keep the lowest unexpired slot held
@@ -143,7 +149,7 @@ BEGIN
            AND l.slot < p_slots
          ORDER BY l.slot
          LIMIT 1
-           FOR UPDATE;
+           FOR UPDATE SKIP LOCKED;
         IF FOUND THEN
             UPDATE outbox.source_leases AS l
                SET expires_at = now() + p_ttl
@@ -166,19 +172,37 @@ BEGIN
                        expires_at = now() + p_ttl
                  WHERE l.slot = v_slot
                 RETURNING l.token INTO v_token;
+            ELSE
+                -- or make the lowest slot that has no row yet (a call making the same one
+                -- at once gets it; this one takes none this time)
+                INSERT INTO outbox.source_leases AS l
+                       (slot, worker_id, token, acquired_at, expires_at)
+                SELECT s, p_worker_id, 1, now(), now() + p_ttl
+                  FROM generate_series(0, p_slots - 1) AS s
+                 WHERE NOT EXISTS (SELECT FROM outbox.source_leases AS o WHERE o.slot = s)
+                 ORDER BY s
+                 LIMIT 1
+                ON CONFLICT ON CONSTRAINT source_leases_pkey DO NOTHING
+                RETURNING l.slot, l.token INTO v_slot, v_token;
             END IF;
         END IF;
         -- any other slot this worker still holds lapses: a worker holds one slot
         UPDATE outbox.source_leases AS l
            SET worker_id = NULL,
                expires_at = NULL
-         WHERE l.worker_id = p_worker_id
-           AND l.slot IS DISTINCT FROM v_slot;
+         WHERE l.slot IN (SELECT o.slot
+                            FROM outbox.source_leases AS o
+                           WHERE o.worker_id = p_worker_id
+                             AND o.slot IS DISTINCT FROM v_slot
+                             FOR UPDATE SKIP LOCKED);
     ELSE
         UPDATE outbox.source_leases AS l
            SET worker_id = NULL,
                expires_at = NULL
-         WHERE l.worker_id = p_worker_id;
+         WHERE l.slot IN (SELECT o.slot
+                            FROM outbox.source_leases AS o
+                           WHERE o.worker_id = p_worker_id
+                             FOR UPDATE SKIP LOCKED);
     END IF;
 
     RETURN QUERY
@@ -195,11 +219,11 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION outbox.serve_source(text, integer, boolean, interval) IS
-    'A relayer''s periodic call in a many-source fleet: renews its membership, keeps or takes a slot (p_want) or gives it back, holding for p_ttl; returns the slot, its token, the live members and the holders; P7001 on a bad argument.';
+COMMENT ON FUNCTION outbox.serve_source(text, integer, boolean, interval, interval) IS
+    'A relayer''s periodic call in a many-source fleet: renews its membership (for p_member_ttl), keeps or takes a slot (p_want, for p_ttl) or gives it back; returns the slot, its token, the live members and the holders; P7001 on a bad argument.';
 
-REVOKE ALL ON FUNCTION outbox.serve_source(text, integer, boolean, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION outbox.serve_source(text, integer, boolean, interval) TO outbox_relay;
+REVOKE ALL ON FUNCTION outbox.serve_source(text, integer, boolean, interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.serve_source(text, integer, boolean, interval, interval) TO outbox_relay;
 
 -- outbox.leave_source: a relayer that stops gives back its slot and its membership at once,
 -- so that another relayer takes the outbox over without waiting for the lease to expire.

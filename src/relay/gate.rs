@@ -16,10 +16,10 @@ impl Gate {
         Self(Arc::new(Mutex::new(until)))
     }
 
-    /// Moves the end to `until` (a renewal); never earlier than it was.
-    pub fn extend(&self, until: Instant) {
-        let mut end = self.0.lock().expect("gate lock");
-        *end = (*end).max(until);
+    /// Moves the end to `until` (a renewal, which sets the lease anew from the time it was
+    /// asked: the end may move earlier).
+    pub fn set(&self, until: Instant) {
+        *self.0.lock().expect("gate lock") = until;
     }
 
     /// Whether a claim may be made now.
@@ -35,12 +35,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn closes_at_its_end_and_reopens_when_extended() {
+    fn closes_at_its_end_and_follows_each_renewal() {
         let gate = Gate::until(Instant::now() - Duration::from_millis(1));
         assert!(!gate.is_open());
-        gate.extend(Instant::now() + Duration::from_secs(60));
+        gate.set(Instant::now() + Duration::from_secs(60));
         assert!(gate.is_open());
-        gate.extend(Instant::now());
-        assert!(gate.is_open(), "an extension never moves the end earlier");
+        gate.set(Instant::now() - Duration::from_millis(1));
+        assert!(!gate.is_open(), "a renewal may move the end earlier");
     }
 }

@@ -10,6 +10,16 @@ use crate::store::{Store, with_database};
 /// Every source, name → connection string. An error names what could not be read (the
 /// server or the catalogue); the caller keeps serving the sources it had.
 pub async fn discover(settings: &SourcesSettings) -> Result<BTreeMap<String, String>, String> {
+    discover_keeping(settings, &BTreeMap::new()).await
+}
+
+/// [`discover`], keeping a database of `known` whose probe failed this time (a server at
+/// its connection limit, a network blip): a source is dropped when the server says it
+/// has no outbox or is gone, not when it could not be asked.
+pub async fn discover_keeping(
+    settings: &SourcesSettings,
+    known: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
     let mut found = BTreeMap::new();
     if let Some(server) = &settings.server_url {
         let store = Store::connect_as(server, 1, "outbox-relay poll")
@@ -32,8 +42,13 @@ pub async fn discover(settings: &SourcesSettings) -> Result<BTreeMap<String, Str
                     found.insert(database, url);
                 }
                 Ok(false) => {}
-                Err(e) => tracing::debug!(database, error = %e,
-                    "database skipped by discovery: cannot look into it"),
+                Err(e) => match known.get(&database) {
+                    Some(url) => {
+                        found.insert(database, url.clone());
+                    }
+                    None => tracing::debug!(database, error = %e,
+                        "database skipped by discovery: cannot look into it"),
+                },
             }
         }
     }

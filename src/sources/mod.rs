@@ -74,34 +74,50 @@ pub async fn run(fleet: Arc<Fleet>, shutdown: CancellationToken) {
     let mut tasks: BTreeMap<String, (String, CancellationToken, JoinHandle<()>)> = BTreeMap::new();
     let mut failing: Option<String> = None;
     loop {
-        match discover(&fleet.settings).await {
+        let known: BTreeMap<String, String> = tasks
+            .iter()
+            .map(|(name, (url, _, _))| (name.clone(), url.clone()))
+            .collect();
+        match discover::discover_keeping(&fleet.settings, &known).await {
             Ok(found) => {
                 if failing.take().is_some() {
                     tracing::info!("sources discovery works again");
                 }
-                // Gone, or its connection string changed: stopped (a new task starts for a
-                // changed one below).
+                // Gone, or its connection string changed: stopped, all at once (a new task
+                // starts for a changed one below).
                 let gone: Vec<String> = tasks
                     .iter()
                     .filter(|(name, (url, _, _))| found.get(*name) != Some(url))
                     .map(|(name, _)| name.clone())
                     .collect();
+                let mut stopping = Vec::new();
                 for name in gone {
                     let (_, stop, task) = tasks.remove(&name).expect("listed");
                     tracing::info!(source = %name, "source no longer discovered: releasing it");
                     stop.cancel();
+                    stopping.push((name, task));
+                }
+                for (name, task) in stopping {
                     let _ = task.await;
                     fleet.board.remove(&name);
                     fleet.share.forget(&name);
                 }
                 fleet.share.set_sources(found.len());
                 for (name, url) in found {
-                    if tasks.contains_key(&name) {
+                    // A task that ended by itself (it failed) is started again.
+                    if tasks
+                        .get(&name)
+                        .is_some_and(|(_, _, task)| !task.is_finished())
+                    {
                         continue;
                     }
-                    tracing::info!(source = %name, database = %crate::secret::redact_url(&url),
-                        "source discovered");
-                    fleet.board.set(&name, SourceState::Starting);
+                    if tasks.remove(&name).is_some() {
+                        tracing::warn!(source = %name, "the source's task ended: starting it again");
+                    } else {
+                        tracing::info!(source = %name,
+                            database = %crate::secret::redact_url(&url), "source discovered");
+                        fleet.board.set(&name, SourceState::Starting);
+                    }
                     let stop = shutdown.child_token();
                     let task = tokio::spawn(serve::run(
                         fleet.clone(),
@@ -125,8 +141,11 @@ pub async fn run(fleet: Arc<Fleet>, shutdown: CancellationToken) {
             () = tokio::time::sleep(fleet.settings.discover_interval) => {}
         }
     }
-    for (_, (_, stop, task)) in tasks {
+    // Every task stops at once (each drains its relay and leaves its source).
+    for (_, stop, _) in tasks.values() {
         stop.cancel();
+    }
+    for (_, (_, _, task)) in tasks {
         let _ = task.await;
     }
 }

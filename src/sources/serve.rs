@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Fleet;
 use super::board::SourceState;
-use super::share::Refusal;
+use super::share::{Held, Refusal};
 use crate::relay::{Gate, Relay};
 use crate::store::{SourceTurn, Store, StoreError};
 
@@ -32,6 +32,9 @@ enum End {
     Lost(String),
 }
 
+/// How long a poll's leave takes at most when the task stops.
+const LEAVE_WITHIN: Duration = Duration::from_secs(2);
+
 pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: CancellationToken) {
     let server = server_of(&url);
     let mut backoff = Duration::from_millis(500);
@@ -43,72 +46,99 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                 let wait = backoff.min(fleet.settings.discover_interval);
                 backoff = (backoff * 2).min(fleet.settings.discover_interval);
                 tokio::select! {
-                    () = stop.cancelled() => return,
+                    () = stop.cancelled() => return leave(&fleet, &url).await,
                     () = tokio::time::sleep(jitter(wait)) => {}
                 }
                 continue;
             }
-            Ok((asked, ttl, refusal, turn)) => {
+            Ok(Polled {
+                asked,
+                refusal,
+                turn,
+                held,
+            }) => {
                 backoff = Duration::from_millis(500);
                 fleet.share.members(&name, turn.members);
                 fleet.board.holders(&name, turn.holders.clone());
-                match turn.held {
-                    Some((slot, token)) => {
-                        serve(
-                            &fleet,
-                            &name,
-                            &url,
-                            &server,
-                            slot,
-                            token,
-                            asked + ttl * 4 / 5,
-                            &stop,
-                        )
-                        .await;
+                match (turn.held, held) {
+                    (Some((slot, token)), Some(held)) => {
+                        let until = asked + fleet.settings.lease * 4 / 5;
+                        serve(&fleet, &name, &url, held, slot, token, until, &stop).await;
                         if stop.is_cancelled() {
                             return;
                         }
                     }
-                    None if refusal == Some(Refusal::Budget) => {
+                    // A slot is returned only when asked for.
+                    (Some(_), None) => fleet.board.set(&name, SourceState::Standby),
+                    (None, _) if refusal == Some(Refusal::Budget) => {
                         fleet.board.set(&name, SourceState::OverBudget);
                     }
-                    None => fleet.board.set(&name, SourceState::Standby),
+                    (None, _) => fleet.board.set(&name, SourceState::Standby),
                 }
             }
         }
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => return leave(&fleet, &url).await,
             () = tokio::time::sleep(jitter(fleet.settings.discover_interval)) => {}
         }
     }
 }
 
+/// What one poll found.
+struct Polled<'a> {
+    asked: Instant,
+    /// Why no slot was asked for, if none was.
+    refusal: Option<Refusal>,
+    turn: SourceTurn,
+    /// This source, counted in the process's share while a slot was asked for.
+    held: Option<Held<'a>>,
+}
+
 /// One poll on a short session: the schema is checked, then `serve_source` asks for a
-/// slot when this process is under its share. The membership holds until the next poll is
+/// slot when this process is under its share (counted before asking, so that sources
+/// polled together cannot all pass the check). The membership holds until the next poll is
 /// due (two intervals and a lease: a late poll does not make the fleet look smaller).
-async fn poll(
-    fleet: &Fleet,
-    url: &str,
-    server: &str,
-) -> Result<(Instant, Duration, Option<Refusal>, SourceTurn), StoreError> {
+async fn poll<'a>(fleet: &'a Fleet, url: &str, server: &str) -> Result<Polled<'a>, StoreError> {
     let store = Store::connect_as(url, 1, "outbox-relay poll")?;
     store.check_schema().await?;
-    let refusal = if fleet.started.elapsed() < fleet.settings.discover_interval {
-        Some(Refusal::Joining)
+    let (held, refusal) = if fleet.started.elapsed() < fleet.settings.discover_interval {
+        (None, Some(Refusal::Joining))
     } else {
-        fleet.share.may_take(server).err()
+        match fleet.share.try_hold(server) {
+            Ok(held) => (Some(held), None),
+            Err(refusal) => (None, Some(refusal)),
+        }
     };
-    let ttl = fleet.settings.membership_ttl();
     let asked = Instant::now();
     let turn = store
         .serve_source(
             &fleet.relay.worker_id,
             fleet.share.slots(),
-            refusal.is_none(),
-            ttl,
+            held.is_some(),
+            fleet.settings.lease,
+            fleet.settings.membership_ttl(),
         )
         .await?;
-    Ok((asked, ttl, refusal, turn))
+    Ok(Polled {
+        asked,
+        refusal,
+        turn,
+        held,
+    })
+}
+
+/// Leaves a source this process does not serve (its membership), on a short session and
+/// within [`LEAVE_WITHIN`], so that the others' share grows at once when it stops.
+async fn leave(fleet: &Fleet, url: &str) {
+    let left = tokio::time::timeout(LEAVE_WITHIN, async {
+        Store::connect_as(url, 1, "outbox-relay poll")?
+            .leave_source(&fleet.relay.worker_id)
+            .await
+    })
+    .await;
+    if let Ok(Err(e)) = left {
+        tracing::debug!(error = %e, "could not leave a source: its membership lapses by itself");
+    }
 }
 
 /// Serves the source while the slot (`token`) holds; returns once it was given up, given
@@ -118,13 +148,12 @@ async fn serve(
     fleet: &Fleet,
     name: &str,
     url: &str,
-    server: &str,
+    mut held: Held<'_>,
     slot: i32,
     token: i64,
     until: Instant,
     stop: &CancellationToken,
 ) {
-    let mut held = fleet.share.hold(server);
     let store = match Store::connect(url, fleet.settings.pool_size) {
         Ok(store) => store.with_statements(fleet.statements),
         Err(e) => {
@@ -142,11 +171,15 @@ async fn serve(
     )
     .with_gate(gate.clone());
     let mut relay_task = tokio::spawn(relay.run(relay_stop.clone()));
+    let mut relay_ended = None;
     fleet.board.set(name, SourceState::Serving { slot });
     let end = loop {
         tokio::select! {
             () = stop.cancelled() => break End::Stop,
-            _ = &mut relay_task => break End::Lost("its relay stopped".to_owned()),
+            ended = &mut relay_task => {
+                relay_ended = Some(ended);
+                break End::Lost("its relay stopped".to_owned());
+            }
             () = tokio::time::sleep(lease / 3) => {}
         }
         if held.over_share() {
@@ -157,12 +190,18 @@ async fn serve(
         let asked = Instant::now();
         let renewed = tokio::time::timeout(
             lease * 4 / 5,
-            store.serve_source(&fleet.relay.worker_id, fleet.share.slots(), true, lease),
+            store.serve_source(
+                &fleet.relay.worker_id,
+                fleet.share.slots(),
+                true,
+                lease,
+                fleet.settings.membership_ttl(),
+            ),
         )
         .await;
         match renewed {
             Ok(Ok(turn)) if turn.held.map(|(_, t)| t) == Some(token) => {
-                gate.extend(asked + lease * 4 / 5);
+                gate.set(asked + lease * 4 / 5);
                 fleet.share.members(name, turn.members);
                 fleet.board.holders(name, turn.holders);
             }
@@ -183,7 +222,17 @@ async fn serve(
         }
     };
     relay_stop.cancel();
-    let summary = relay_task.await.unwrap_or_default();
+    let ended = match relay_ended {
+        Some(ended) => ended,
+        None => relay_task.await,
+    };
+    let summary = match ended {
+        Ok(summary) => summary,
+        Err(e) => {
+            tracing::error!(source = name, error = %e, "the source's relay failed");
+            Default::default()
+        }
+    };
     let worker = &fleet.relay.worker_id;
     match end {
         End::Stop => {
@@ -195,7 +244,13 @@ async fn serve(
         }
         End::GiveBack => {
             if let Err(e) = store
-                .serve_source(worker, fleet.share.slots(), false, lease)
+                .serve_source(
+                    worker,
+                    fleet.share.slots(),
+                    false,
+                    lease,
+                    fleet.settings.membership_ttl(),
+                )
                 .await
             {
                 tracing::warn!(source = name, error = %e,

@@ -99,25 +99,26 @@ impl Share {
         }
     }
 
-    /// Whether this process may take one more source on `server`: Ok, or why not.
-    pub fn may_take(&self, server: &str) -> Result<(), Refusal> {
-        let inner = self.inner.lock().expect("share lock");
+    /// Counts one more source on `server` when this process may take it (checked and
+    /// counted at once, so that sources asked for together cannot all pass the check); the
+    /// guard gives it back when dropped (when the source did not grant a slot, or once it
+    /// is no longer served).
+    pub fn try_hold<'a>(&'a self, server: &str) -> Result<Held<'a>, Refusal> {
+        let mut inner = self.inner.lock().expect("share lock");
         if inner.held >= self.target(&inner) {
             return Err(Refusal::FairShare);
         }
         if inner.held_on.get(server).copied().unwrap_or(0) >= self.server_room(&inner) {
             return Err(Refusal::Budget);
         }
-        Ok(())
+        Ok(Self::count(&mut inner, self, server))
     }
 
-    /// Counts a source taken on `server`; the guard gives it back when dropped.
-    pub fn hold<'a>(&'a self, server: &str) -> Held<'a> {
-        let mut inner = self.inner.lock().expect("share lock");
+    fn count<'a>(inner: &mut Inner, share: &'a Share, server: &str) -> Held<'a> {
         inner.held += 1;
         *inner.held_on.entry(server.to_owned()).or_default() += 1;
         Held {
-            share: self,
+            share,
             server: server.to_owned(),
             released: false,
         }
@@ -192,12 +193,9 @@ mod tests {
         share.set_sources(10);
         share.members("a", 1);
         let mut held: Vec<Held> = (0..10)
-            .map(|_| {
-                share.may_take("s").expect("alone, it takes every source");
-                share.hold("s")
-            })
+            .map(|_| share.try_hold("s").expect("alone, it takes every source"))
             .collect();
-        assert_eq!(share.may_take("s"), Err(Refusal::FairShare));
+        assert_eq!(share.try_hold("s").err(), Some(Refusal::FairShare));
         // Two more processes: the share is ceil(10 / 3) = 4, so 6 are given back.
         share.members("a", 3);
         let given_back = held
@@ -205,7 +203,7 @@ mod tests {
             .filter_map(|h| h.over_share().then_some(()))
             .count();
         assert_eq!(given_back, 6);
-        assert_eq!(share.may_take("s"), Err(Refusal::FairShare));
+        assert_eq!(share.try_hold("s").err(), Some(Refusal::FairShare));
     }
 
     #[test]
@@ -214,7 +212,7 @@ mod tests {
         share.set_sources(1);
         share.members("a", 5);
         assert_eq!(share.slots(), MAX_SLOTS);
-        assert_eq!(share.may_take("s"), Ok(()));
+        assert!(share.try_hold("s").is_ok());
         let capped = Share::new(&settings(Some(2), None));
         capped.set_sources(1);
         assert_eq!(capped.slots(), 2);
@@ -227,14 +225,11 @@ mod tests {
         share.set_sources(50);
         share.members("a", 2);
         let held: Vec<Held> = (0..5)
-            .map(|_| {
-                share.may_take("s").expect("within the budget");
-                share.hold("s")
-            })
+            .map(|_| share.try_hold("s").expect("within the budget"))
             .collect();
-        assert_eq!(share.may_take("s"), Err(Refusal::Budget));
-        assert_eq!(share.may_take("other server"), Ok(()));
+        assert_eq!(share.try_hold("s").err(), Some(Refusal::Budget));
+        assert!(share.try_hold("other server").is_ok());
         drop(held);
-        assert_eq!(share.may_take("s"), Ok(()));
+        assert!(share.try_hold("s").is_ok());
     }
 }

@@ -21,26 +21,29 @@ pub struct SourceTurn {
 }
 
 impl Store {
-    /// `outbox.serve_source`: renews `worker`'s membership and keeps or takes a slot among
-    /// `slots` (`want`), or gives its slot back, holding for `ttl`.
+    /// `outbox.serve_source`: renews `worker`'s membership for `member_ttl` and keeps or
+    /// takes a slot among `slots` (`want`) for `ttl`, or gives its slot back.
     pub async fn serve_source(
         &self,
         worker: &WorkerId,
         slots: i32,
         want: bool,
         ttl: Duration,
+        member_ttl: Duration,
     ) -> Result<SourceTurn> {
         let row = self
             .client()
             .await?
             .query_typed_one(
                 "SELECT slot, token, members, holders \
-                 FROM outbox.serve_source($1, $2, $3, make_interval(secs => $4))",
+                 FROM outbox.serve_source($1, $2, $3, make_interval(secs => $4), \
+                                          make_interval(secs => $5))",
                 &[
                     (&worker.as_str(), Type::TEXT),
                     (&slots, Type::INT4),
                     (&want, Type::BOOL),
                     (&ttl.as_secs_f64(), Type::FLOAT8),
+                    (&member_ttl.as_secs_f64(), Type::FLOAT8),
                 ],
             )
             .await?;

@@ -9,7 +9,8 @@ async fn serve(c: &tokio_postgres::Client, worker: &str, slots: i32, want: bool,
     let r = c
         .query_one(
             "SELECT slot, token, members, holders \
-             FROM outbox.serve_source($1, $2, $3, make_interval(secs => $4))",
+             FROM outbox.serve_source($1, $2, $3, make_interval(secs => $4), \
+                                      make_interval(secs => $4))",
             &[&worker, &slots, &want, &ttl],
         )
         .await
@@ -73,6 +74,62 @@ async fn a_slot_is_held_by_one_worker_until_it_lapses_and_a_takeover_changes_its
         x.0,
         "x keeps its slot"
     );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox.source_leases").await,
+        2,
+        "a slot row is made when first taken, not for every slot that may be"
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn two_workers_taking_each_others_expired_slots_at_once_never_wait_for_each_other() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Slot 0 is x's; slot 1 was b's and slot 3 a's, both expired.
+    c.batch_execute(
+        "INSERT INTO outbox.source_leases (slot, worker_id, token, acquired_at, expires_at) \
+         VALUES (0, 'x', 1, now(), now() + interval '1 hour'), \
+                (1, 'b', 1, now() - interval '1 hour', now() - interval '1 s'), \
+                (3, 'a', 1, now() - interval '1 hour', now() - interval '1 s')",
+    )
+    .await
+    .unwrap();
+    // a takes slot 1 and lets slot 3 go, in a transaction left open.
+    let a = db.client().await;
+    a.batch_execute("BEGIN").await.unwrap();
+    let ta = serve(&a, "a", 4, true, 60.0).await;
+    assert_eq!(ta.0, Some(1));
+    // b, meanwhile, must neither wait for a's rows nor take one of them.
+    let b = db.client().await;
+    b.batch_execute("SET statement_timeout = '2s'")
+        .await
+        .unwrap();
+    let tb = serve(&b, "b", 4, true, 60.0).await;
+    assert_eq!(
+        tb.0,
+        Some(2),
+        "b takes the first slot nobody holds or locks"
+    );
+    a.batch_execute("COMMIT").await.unwrap();
+    let holders: Vec<(i32, String)> = c
+        .query(
+            "SELECT slot, worker_id FROM outbox.source_holders ORDER BY slot",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        holders,
+        vec![
+            (0, "x".to_owned()),
+            (1, "a".to_owned()),
+            (2, "b".to_owned())
+        ]
+    );
     db.finish().await;
 }
 
@@ -106,24 +163,28 @@ async fn serve_source_names_each_bad_argument() {
     let c = db.client().await;
     for (sql, argument) in [
         (
-            "SELECT * FROM outbox.serve_source(' ', 1, true, '1 s')",
+            "SELECT * FROM outbox.serve_source(' ', 1, true, '1 s', '1 s')",
             "p_worker_id",
         ),
         (
-            "SELECT * FROM outbox.serve_source('w', 0, true, '1 s')",
+            "SELECT * FROM outbox.serve_source('w', 0, true, '1 s', '1 s')",
             "p_slots",
         ),
         (
-            "SELECT * FROM outbox.serve_source('w', 1025, true, '1 s')",
+            "SELECT * FROM outbox.serve_source('w', 1025, true, '1 s', '1 s')",
             "p_slots",
         ),
         (
-            "SELECT * FROM outbox.serve_source('w', 1, NULL, '1 s')",
+            "SELECT * FROM outbox.serve_source('w', 1, NULL, '1 s', '1 s')",
             "p_want",
         ),
         (
-            "SELECT * FROM outbox.serve_source('w', 1, true, '0 s')",
+            "SELECT * FROM outbox.serve_source('w', 1, true, '0 s', '1 s')",
             "p_ttl",
+        ),
+        (
+            "SELECT * FROM outbox.serve_source('w', 1, true, '1 s', NULL)",
+            "p_member_ttl",
         ),
         ("SELECT outbox.leave_source(NULL)", "p_worker_id"),
     ] {
