@@ -35,6 +35,8 @@ pub const BUILD_INFO: &str = "outbox_build_info";
 pub const LISTENER_HEALTHY: &str = "outbox_listener_healthy";
 pub const UNNAMED_STATEMENTS: &str = "outbox_unnamed_statements";
 pub const SOURCES: &str = "outbox_sources";
+/// The `state` label values of [`SOURCES`].
+pub const SOURCE_STATES: [&str; 5] = ["starting", "serving", "standby", "over_budget", "down"];
 // Fleet gauges, rendered from the latest observation (by `observe`).
 pub const OBSERVED_AT: &str = "outbox_observation_timestamp_seconds";
 pub const BACKLOG: &str = "outbox_backlog_messages";
@@ -297,6 +299,10 @@ fn register() {
     // Until the listener's first check and the start-up probe say otherwise.
     gauge!(LISTENER_HEALTHY).set(0.0);
     gauge!(UNNAMED_STATEMENTS).set(0.0);
+    // No source known until a many-source process finds some.
+    for state in SOURCE_STATES {
+        gauge!(SOURCES, "state" => state).set(0.0);
+    }
 }
 
 fn by_topic<'a>(messages: impl Iterator<Item = &'a ClaimedMessage>) -> HashMap<&'a str, u64> {

@@ -101,7 +101,7 @@ impl Board {
 /// Sources per state name.
 fn counts(board: &BTreeMap<String, Entry>) -> BTreeMap<&'static str, usize> {
     let mut counts = BTreeMap::new();
-    for name in ["starting", "serving", "standby", "over_budget", "down"] {
+    for name in crate::telemetry::SOURCE_STATES {
         counts.insert(name, 0);
     }
     for entry in board.values() {
