@@ -286,6 +286,9 @@ async fn a_frozen_worker_is_fenced_when_it_wakes_up() {
         leases_of(&c, "frozen").await.len() == 10
     })
     .await;
+    // Frozen inside the destination's 4 s, not between the claim and the publish (that case
+    // is the test below): the publish starts within the window (1.6 s) of the claim.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
     frozen.signal("STOP");
 
     let out = db.scratch_dir().join("rescuer.jsonl");
@@ -303,11 +306,19 @@ async fn a_frozen_worker_is_fenced_when_it_wakes_up() {
     .await;
     frozen.signal("CONT");
 
+    // Woken, its completion is refused (10 lost leases); on a machine so loaded that the
+    // publish had not started when it froze, it gives the batch back unpublished instead.
+    // Either way the outcome is the rescuer's (the histories below).
     let metrics_url = format!("http://{addr}/metrics");
     eventually(
         MINUTE,
-        "the woken worker to count 10 lost leases",
-        || async { lease_lost_total(&metrics_url).await == Some(10.0) },
+        "the woken worker to count 10 lost leases or give the batch back",
+        || async {
+            lease_lost_total(&metrics_url).await == Some(10.0)
+                || frozen
+                    .log_text()
+                    .contains("reason=\"its publish window closed before dispatch\"")
+        },
     )
     .await;
 
