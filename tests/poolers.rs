@@ -126,12 +126,11 @@ async fn a_migrate_killed_half_way_through_a_transaction_pooler_strands_nothing(
     let db = TestDb::at_version(version - 1).await;
     let bouncer = PgBouncer::start(&db.scratch_dir(), "transaction").await;
     let url = bouncer.url(&db);
-    // The last migration re-creates outbox.observation, whose body is checked against
-    // outbox.messages as it is created: a session locking the table stops the migrate
-    // half-way, holding the migration lock.
+    // A session locking refinery's history table stops the migrate half-way through its
+    // transaction: after it took the migration lock, when it reads what was applied.
     let mut blocker = db.client().await;
     let tx = blocker.transaction().await.unwrap();
-    tx.batch_execute("LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")
+    tx.batch_execute("LOCK TABLE refinery_schema_history IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
     let mut first = spawn_migrate(&url, &db.scratch_dir().join("killed.out"));
