@@ -129,25 +129,28 @@ pub async fn status(settings: &SourcesSettings, json: bool) -> Result<()> {
         .max()
         .unwrap_or(6)
         .max(6);
-    outln!(
-        "{:<width$}  {:>8} {:>8} {:>9} {:>7} {:>10}  {:<20} HEALTH",
-        "SOURCE",
-        "READY",
-        "DELAYED",
-        "IN FLIGHT",
-        "DEAD",
-        "OLDEST",
-        "SERVED BY"
+    row(
+        width,
+        [
+            "SOURCE",
+            "READY",
+            "DELAYED",
+            "IN FLIGHT",
+            "DEAD",
+            "OLDEST",
+            "SERVED BY",
+        ]
+        .map(str::to_owned),
+        "HEALTH",
     );
     for l in &lines {
-        match &l.figures {
-            Some(f) => outln!(
-                "{:<width$}  {:>8} {:>8} {:>9} {:>7} {:>10}  {:<20} {}",
-                l.source,
-                f.ready,
-                f.delayed,
-                f.in_flight,
-                f.dead_letters,
+        let cells = match &l.figures {
+            Some(f) => [
+                l.source.clone(),
+                f.ready.to_string(),
+                f.delayed.to_string(),
+                f.in_flight.to_string(),
+                f.dead_letters.to_string(),
                 f.oldest_ready_age_secs
                     .map_or("-".to_owned(), |s| format!("{s:.1}s")),
                 if l.served_by.is_empty() {
@@ -155,24 +158,25 @@ pub async fn status(settings: &SourcesSettings, json: bool) -> Result<()> {
                 } else {
                     l.served_by.join(",")
                 },
-                l.health
-            ),
-            None => outln!(
-                "{:<width$}  {:>8} {:>8} {:>9} {:>7} {:>10}  {:<20} {}",
-                l.source,
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                l.health
-            ),
-        }
+            ],
+            None => [l.source.as_str(), "-", "-", "-", "-", "-", "-"].map(str::to_owned),
+        };
+        row(width, cells, &l.health);
     }
     let down = lines.iter().filter(|l| l.figures.is_none()).count();
     if down > 0 {
         outln!("{down} of {} sources cannot be read", lines.len());
     }
     Ok(())
+}
+
+/// One line of the `status --all-sources` table.
+fn row(
+    width: usize,
+    [source, ready, delayed, in_flight, dead, oldest, served_by]: [String; 7],
+    health: &str,
+) {
+    outln!(
+        "{source:<width$}  {ready:>8} {delayed:>8} {in_flight:>9} {dead:>7} {oldest:>10}  {served_by:<20} {health}"
+    );
 }
