@@ -12,6 +12,7 @@
 //! - `sustained.rs` (`--sustained-secs`): a long run under a steady producer;
 //! - `peers.rs` (`--peers`): against graphile-worker, pg-boss and pgmq;
 //! - `sources.rs` (`--sources`): one fleet draining many outbox databases, and its fairness.
+//! - `quiet.rs` (`--quiet-sources`): the latency of quiet sources beside a deep backlog.
 //!
 //! This file holds the options and what the shapes share: relays started and stopped,
 //! messages filled and drained into the [`Recorder`] (`recorder.rs`), figures reported.
@@ -35,6 +36,7 @@ mod fleet;
 mod hot_key;
 mod memory;
 mod peers;
+mod quiet;
 mod recorder;
 mod sources;
 mod sustained;
@@ -127,6 +129,16 @@ pub struct Options {
     /// fleets serving them (many sources); prints the rate and Jain's fairness index.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=500))]
     pub sources: Vec<u32>,
+    /// With --sources: the leasing calls each fleet runs at once on the server
+    /// (`source_calls_per_server`; 0: no cap).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub calls_per_server: u32,
+    /// Instead of the other measurements: this many quiet outbox databases and one heavy
+    /// one, served by `--workers` fleets; the quiet sources' commit-to-ack latency at
+    /// `--rate` (in all) for `--latency-secs`, with the heavy source empty and then while it
+    /// drains a backlog of `--messages`.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=500))]
+    pub quiet_sources: u32,
 }
 
 pub async fn run(database_url: &str, o: &Options) -> Result<()> {
@@ -183,6 +195,9 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     }
     if !o.sources.is_empty() {
         return sources::run(url, o, &sql).await;
+    }
+    if o.quiet_sources > 0 {
+        return quiet::run(url, o, &sql).await;
     }
 
     drain::run(url, o, &sql).await

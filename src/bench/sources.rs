@@ -83,40 +83,7 @@ async fn measure(
     let target = recorder.target(total);
     let shutdown = CancellationToken::new();
     let started = Instant::now();
-    let mut fleets = Vec::new();
-    for w in 0..o.workers {
-        let settings = Settings::from_raw(RawConfig {
-            worker_id: Some(format!("bench-{w}")),
-            batch_size: Some(i64::from(o.batch_size)),
-            poll_interval_ms: Some(100),
-            max_batches_in_flight: Some(i64::from(o.in_flight)),
-            ..RawConfig::default()
-        })?;
-        let sources = SourcesSettings {
-            listed: listed.clone(),
-            discover_interval: Duration::from_secs(1),
-            lease: Duration::from_secs(15),
-            pool_size: 3,
-            ..SourcesSettings::default()
-        };
-        let dispatcher = Dispatcher::single(
-            "bench",
-            recorder.clone(),
-            settings.dispatch.circuit,
-            BENCH_DEADLINE,
-            settings.relay.max_batches_in_flight,
-        );
-        let fleet = Arc::new(Fleet::new(
-            sources,
-            settings.relay,
-            o.statements,
-            Arc::new(dispatcher),
-        ));
-        fleets.push(tokio::spawn(outbox_relay::sources::run(
-            fleet,
-            shutdown.clone(),
-        )));
-    }
+    let fleets = start_fleets(o, &listed, &recorder, &shutdown)?;
     recorder.reached(target, "draining").await?;
     let took = started.elapsed();
     recorder.recording.store(false, Ordering::SeqCst);
@@ -152,6 +119,53 @@ async fn measure(
         drop_database(sql, name).await;
     }
     Ok(())
+}
+
+/// Starts `--workers` in-process fleets (each a `sources` supervisor with its own worker
+/// id) serving the `listed` sources into `recorder`, until `shutdown`.
+pub(super) fn start_fleets(
+    o: &Options,
+    listed: &BTreeMap<String, String>,
+    recorder: &Arc<Recorder>,
+    shutdown: &CancellationToken,
+) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut fleets = Vec::new();
+    for w in 0..o.workers {
+        let settings = Settings::from_raw(RawConfig {
+            worker_id: Some(format!("bench-{w}")),
+            batch_size: Some(i64::from(o.batch_size)),
+            poll_interval_ms: Some(100),
+            max_batches_in_flight: Some(i64::from(o.in_flight)),
+            ..RawConfig::default()
+        })?;
+        let sources = SourcesSettings {
+            listed: listed.clone(),
+            discover_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(15),
+            pool_size: 3,
+            calls_per_server: (o.calls_per_server > 0)
+                .then(|| usize::try_from(o.calls_per_server).expect("at most 1024")),
+            ..SourcesSettings::default()
+        };
+        let dispatcher = Dispatcher::single(
+            "bench",
+            recorder.clone(),
+            settings.dispatch.circuit,
+            BENCH_DEADLINE,
+            settings.relay.max_batches_in_flight,
+        );
+        let fleet = Arc::new(Fleet::new(
+            sources,
+            settings.relay,
+            o.statements,
+            Arc::new(dispatcher),
+        ));
+        fleets.push(tokio::spawn(outbox_relay::sources::run(
+            fleet,
+            shutdown.clone(),
+        )));
+    }
+    Ok(fleets)
 }
 
 /// Jain's index (Σx)² / (n·Σx²) of the deliveries per source in each whole window from
@@ -197,7 +211,11 @@ fn jain_per_window(
 /// The window of the fairness index: long enough for every source to get several batches.
 const FAIRNESS_WINDOW: Duration = Duration::from_secs(10);
 
-async fn create_from(sql: &tokio_postgres::Client, name: &str, template: &str) -> Result<()> {
+pub(super) async fn create_from(
+    sql: &tokio_postgres::Client,
+    name: &str,
+    template: &str,
+) -> Result<()> {
     for tries in 0.. {
         match sql
             .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
@@ -214,7 +232,7 @@ async fn create_from(sql: &tokio_postgres::Client, name: &str, template: &str) -
     unreachable!("the loop returns")
 }
 
-async fn drop_database(sql: &tokio_postgres::Client, name: &str) {
+pub(super) async fn drop_database(sql: &tokio_postgres::Client, name: &str) {
     if let Err(e) = sql
         .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         .await

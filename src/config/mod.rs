@@ -342,6 +342,15 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
             .max_connections_per_server
             .map(|n| ranged("max_connections_per_server", n, 3, 100_000))
             .transpose()?,
+        calls_per_server: match ranged(
+            "source_calls_per_server",
+            raw.source_calls_per_server.unwrap_or(4),
+            0,
+            1024,
+        )? {
+            0 => None,
+            n => Some(n),
+        },
     };
     if let Some(budget) = settings.max_connections_per_server
         && budget < settings.connections_per_source()

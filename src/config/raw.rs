@@ -183,6 +183,15 @@ pub struct RawConfig {
         allow_negative_numbers = true
     )]
     pub max_connections_per_server: Option<i64>,
+    /// Leasing calls (claims, completions) one process runs at once on one Postgres server
+    /// over all the sources it serves there, taken in turn; 0 for no cap, 0..=1024
+    /// [default: 4].
+    #[arg(
+        long,
+        env = "OUTBOX_SOURCE_CALLS_PER_SERVER",
+        allow_negative_numbers = true
+    )]
+    pub source_calls_per_server: Option<i64>,
 }
 
 /// One `[sources.NAME]` table.
@@ -264,6 +273,9 @@ impl RawConfig {
             processes_per_source: self.processes_per_source.or(fallback.processes_per_source),
             source_lease_secs: self.source_lease_secs.or(fallback.source_lease_secs),
             source_pool_size: self.source_pool_size.or(fallback.source_pool_size),
+            source_calls_per_server: self
+                .source_calls_per_server
+                .or(fallback.source_calls_per_server),
             max_connections_per_server: self
                 .max_connections_per_server
                 .or(fallback.max_connections_per_server),

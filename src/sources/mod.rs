@@ -43,6 +43,9 @@ pub struct Fleet {
     pub dispatcher: Arc<Dispatcher>,
     pub board: Arc<Board>,
     share: share::Share,
+    /// Each server's turns for the leasing calls of the sources served on it
+    /// ([`Store::with_turns`](crate::store::Store::with_turns)), by server.
+    turns: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// When this process started: during its first discovery interval it only joins (says
     /// it is alive in every source) and takes nothing, so that it learns the fleet's size
     /// before taking its share, instead of taking every source and giving most back.
@@ -63,8 +66,23 @@ impl Fleet {
             statements,
             dispatcher,
             board: Arc::default(),
+            turns: std::sync::Mutex::default(),
             started: std::time::Instant::now(),
         }
+    }
+}
+
+impl Fleet {
+    /// The turns of `server`'s leasing calls, when they are capped.
+    fn turns(&self, server: &str) -> Option<Arc<tokio::sync::Semaphore>> {
+        let n = self.settings.calls_per_server?;
+        let mut turns = self.turns.lock().expect("turns lock");
+        Some(
+            turns
+                .entry(server.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(n)))
+                .clone(),
+        )
     }
 }
 

@@ -63,7 +63,12 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                 match (turn.held, held) {
                     (Some((slot, token)), Some(held)) => {
                         let until = asked + fleet.settings.lease * 4 / 5;
-                        serve(&fleet, &name, &url, held, slot, token, until, &stop).await;
+                        let place = Place {
+                            name: &name,
+                            url: &url,
+                            server: &server,
+                        };
+                        serve(&fleet, place, held, slot, token, until, &stop).await;
                         if stop.is_cancelled() {
                             return;
                         }
@@ -141,13 +146,19 @@ async fn leave(fleet: &Fleet, url: &str) {
     }
 }
 
+/// Which source a task serves, and on which server.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    name: &'a str,
+    url: &'a str,
+    server: &'a str,
+}
+
 /// Serves the source while the slot (`token`) holds; returns once it was given up, given
 /// back or left, with the relay drained.
-#[allow(clippy::too_many_arguments)]
 async fn serve(
     fleet: &Fleet,
-    name: &str,
-    url: &str,
+    Place { name, url, server }: Place<'_>,
     mut held: Held<'_>,
     slot: i32,
     token: i64,
@@ -155,7 +166,13 @@ async fn serve(
     stop: &CancellationToken,
 ) {
     let store = match Store::connect(url, fleet.settings.pool_size) {
-        Ok(store) => store.with_statements(fleet.statements),
+        Ok(store) => {
+            let store = store.with_statements(fleet.statements);
+            match fleet.turns(server) {
+                Some(turns) => store.with_turns(turns),
+                None => store,
+            }
+        }
         Err(e) => {
             fleet.board.set(name, SourceState::Down(e.to_string()));
             return;

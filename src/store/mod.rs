@@ -160,6 +160,9 @@ pub struct Store {
     listen_target: Arc<Target>,
     statements: Arc<statements::Mode>,
     listener: Arc<listen::State>,
+    /// Turns for the leasing calls, shared by the stores of one server's sources in a
+    /// many-source process (see [`Store::with_turns`]); None: no cap but the pool's.
+    turns: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Store {
@@ -202,7 +205,20 @@ impl Store {
             target,
             statements: Arc::new(statements::Mode::new(Statements::Auto)),
             listener: Arc::new(listen::State::default()),
+            turns: None,
         })
+    }
+
+    /// The same store, its leasing calls (claims, completions, extensions, releases) each
+    /// waiting for one of `turns` and holding it while the database runs them. Shared by the
+    /// stores of every source one process serves on a server, it caps how many of those
+    /// calls that server runs for the process at once, however many sources it serves: a
+    /// server with tens of outbox databases otherwise runs a claim loop's calls for each of
+    /// them at once and spends its cores switching between them. The semaphore is fair
+    /// (first come, first served), so the sources take turns.
+    pub fn with_turns(mut self, turns: Arc<tokio::sync::Semaphore>) -> Self {
+        self.turns = Some(turns);
+        self
     }
 
     /// The same store, sending its leasing statements as `statements` says.

@@ -109,12 +109,16 @@ impl Store {
     }
 
     /// One leasing call: `sql` with `params` (each with its Postgres type), named and cached
-    /// or unnamed as [`Statements`] says.
+    /// or unnamed as [`Statements`] says, in one of the store's turns when it has them.
     pub(super) async fn leasing_query(
         &self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>> {
+        let _turn = match &self.turns {
+            Some(turns) => Some(turns.acquire().await.expect("the turns are never closed")),
+            None => None,
+        };
         let client = self.client().await?;
         if !self.unnamed_statements() {
             let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
