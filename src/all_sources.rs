@@ -1,12 +1,15 @@
-//! `migrate` and `status` across the sources of a many-source fleet (`--all-sources`), and
-//! one source by name (`--source NAME`): the sources are found as the fleet finds them (the
-//! config file's `[sources.NAME]` tables, `sources_server_url`, the catalogue query; the
-//! `OUTBOX_SOURCES_*` variables), each is then handled on a session of its own.
+//! The operator verbs across the sources of a many-source fleet (`--all-sources`: `migrate`,
+//! `status` and `repair` here; `dead-letters` and `replay` in their own modules, with the
+//! helpers below), and one source by name (`--source NAME`): the sources are found as the
+//! fleet finds them (the config file's `[sources.NAME]` tables, `sources_server_url`, the
+//! catalogue query; the `OUTBOX_SOURCES_*` variables), each is then handled on a session of
+//! its own. A source that fails is named with its cause, the others are tried all the same,
+//! and the verb then exits 2 naming the sources that failed.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};
-use futures_util::stream::{self, StreamExt};
+use futures_util::stream::{self, Stream, StreamExt};
 use outbox_relay::sources::{SourcesSettings, discover};
 use outbox_relay::store::{Status, Store};
 
@@ -37,38 +40,122 @@ pub async fn one(settings: &SourcesSettings, name: &str) -> Result<String> {
     }
 }
 
+/// A source's store for a verb, once its schema is what this build needs.
+pub async fn store(url: &str) -> Result<Store> {
+    let store = Store::connect(url, 2)?;
+    store.check_schema().await?;
+    Ok(store)
+}
+
+/// `work` on every source of `sources`, at most `parallel` at a time; the outcomes come
+/// in the sources' name order, each as soon as it and those before it are done.
+pub fn each<T, W, F>(
+    sources: BTreeMap<String, String>,
+    parallel: usize,
+    work: W,
+) -> impl Stream<Item = (String, Result<T>)>
+where
+    W: Fn(String) -> F,
+    F: Future<Output = Result<T>>,
+{
+    stream::iter(sources)
+        .map(move |(name, url)| {
+            let done = work(url);
+            async move { (name, done.await) }
+        })
+        .buffered(parallel.max(1))
+}
+
+/// The sources a verb could not handle, each named with its cause as it fails.
+pub struct Failed {
+    names: Vec<String>,
+    /// The cause goes to standard error rather than among the verb's output (whose lines
+    /// are not a line per source, such as `dead-letters list`).
+    on_stderr: bool,
+}
+
+impl Failed {
+    /// Each cause printed `NAME: failed: …` among the verb's lines.
+    pub fn inline() -> Failed {
+        Failed {
+            names: Vec::new(),
+            on_stderr: false,
+        }
+    }
+
+    /// Each cause printed `NAME: failed: …` on standard error.
+    pub fn on_stderr() -> Failed {
+        Failed {
+            names: Vec::new(),
+            on_stderr: true,
+        }
+    }
+
+    pub fn add(&mut self, name: &str, e: &anyhow::Error) {
+        if self.on_stderr {
+            eprintln!("{name}: failed: {}", super::report(e));
+        } else {
+            outln!("{name}: failed: {}", super::report(e));
+        }
+        self.names.push(name.to_owned());
+    }
+
+    pub fn count(&self) -> usize {
+        self.names.len()
+    }
+
+    /// An error naming the sources that failed, `what` saying what was not done to them
+    /// (`migrated`, `read`), when any did.
+    pub fn check(self, what: &str) -> Result<()> {
+        if !self.names.is_empty() {
+            bail!(
+                "{} of the sources could not be {what}: {}",
+                self.names.len(),
+                self.names.join(", ")
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Migrates every source, `parallel` at a time, with a line per source; fails naming the
 /// sources that could not be migrated, after trying them all.
 pub async fn migrate(settings: &SourcesSettings, parallel: usize) -> Result<()> {
     let sources = all(settings).await?;
-    let results: Vec<(String, Result<Vec<String>>)> = stream::iter(sources)
-        .map(|(name, url)| async move {
-            let applied =
-                async { Store::connect(&url, 2)?.migrate().await.context("migrate") }.await;
-            (name, applied)
-        })
-        .buffer_unordered(parallel.max(1))
-        .collect()
-        .await;
-    let mut failed = Vec::new();
-    for (name, result) in results {
+    let mut failed = Failed::inline();
+    let mut outcomes = std::pin::pin!(each(sources, parallel, |url| async move {
+        Store::connect(&url, 2)?.migrate().await.context("migrate")
+    }));
+    while let Some((name, result)) = outcomes.next().await {
         match result {
             Ok(applied) if applied.is_empty() => outln!("{name}: schema is up to date"),
             Ok(applied) => outln!("{name}: applied {} ({})", applied.len(), applied.join(", ")),
-            Err(e) => {
-                outln!("{name}: failed: {}", super::report(&e));
-                failed.push(name);
-            }
+            Err(e) => failed.add(&name, &e),
         }
     }
-    if !failed.is_empty() {
-        bail!(
-            "{} of the sources could not be migrated: {}",
-            failed.len(),
-            failed.join(", ")
-        );
+    failed.check("migrated")
+}
+
+/// One lease repair pass on every source, `parallel` at a time, with a line per source
+/// saying what it did; fails naming the sources that could not be repaired, after trying
+/// them all.
+pub async fn repair(settings: &SourcesSettings, limit: i32, parallel: usize) -> Result<()> {
+    let sources = all(settings).await?;
+    let mut failed = Failed::inline();
+    let mut outcomes = std::pin::pin!(each(sources, parallel, |url| async move {
+        store(&url).await?.repair(limit).await.context("repair")
+    }));
+    while let Some((name, result)) = outcomes.next().await {
+        match result {
+            Ok(r) => outln!(
+                "{name}: requeued {} dead_lettered {}",
+                r.requeued,
+                r.dead_lettered
+            ),
+            Err(e) => failed.add(&name, &e),
+        }
     }
-    Ok(())
+    failed.check("repaired")
 }
 
 /// One source's line of `status --all-sources`.

@@ -1,11 +1,21 @@
 //! The `dead-letters` verb: what an on-call engineer asks of the dead letters before
 //! replaying them: how many match, which ones, and one in full (payload as pretty JSON,
-//! text or a hex dump; headers; every attempt with its error).
+//! text or a hex dump; headers; every attempt with its error); of one outbox, or with
+//! `--all-sources` of every source of a many-source configuration, each with its source.
+
+use std::pin::pin;
 
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
 use outbox_relay::message::OutboxId;
+use outbox_relay::sources::SourcesSettings;
 use outbox_relay::store::{AttemptRecord, DeadLetter, DeadLetterFilter, Store};
+
+use crate::all_sources::{self, Failed};
+
+/// Sources read at once by `--all-sources` (as `status --all-sources` reads them).
+const READ_AT_ONCE: usize = 8;
 
 #[derive(clap::Subcommand)]
 pub enum Verb {
@@ -19,6 +29,11 @@ pub enum Verb {
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
+        /// Every source of a many-source configuration, read 8 at a time: the newest
+        /// --limit of them all, each line starting with its source (with --json, a
+        /// `source` field); exits non-zero naming the sources that could not be read.
+        #[arg(long)]
+        all_sources: bool,
     },
     /// One dead letter: payload, headers and every attempt with its error.
     Show {
@@ -26,12 +41,32 @@ pub enum Verb {
         /// As one JSON object (the payload as JSON when it is, else as text or hex).
         #[arg(long)]
         json: bool,
+        /// Look for it in every source of a many-source configuration, read 8 at a time,
+        /// and show it with the source that holds it.
+        #[arg(long)]
+        all_sources: bool,
     },
     /// How many dead letters match the filters.
     Count {
         #[command(flatten)]
         filter: Filter,
+        /// Every source of a many-source configuration, read 8 at a time: a line per
+        /// source (`NAME: N`), then `all sources: N`; exits non-zero naming the sources
+        /// that could not be read.
+        #[arg(long)]
+        all_sources: bool,
     },
+}
+
+impl Verb {
+    /// Whether `--all-sources` was given.
+    pub fn all_sources(&self) -> bool {
+        match self {
+            Verb::List { all_sources, .. }
+            | Verb::Show { all_sources, .. }
+            | Verb::Count { all_sources, .. } => *all_sources,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -74,6 +109,7 @@ pub async fn run(store: &Store, verb: &Verb) -> Result<()> {
             filter,
             limit,
             json,
+            ..
         } => {
             let rows = store
                 .dead_letters(&filter.store_filter(), *limit)
@@ -83,20 +119,12 @@ pub async fn run(store: &Store, verb: &Verb) -> Result<()> {
                 if *json {
                     outln!("{}", serde_json::to_string(d)?);
                 } else {
-                    outln!(
-                        "{}  {}  {}  {}/{} attempts  {}",
-                        d.outbox_id,
-                        d.dead_lettered_at.format("%Y-%m-%d %H:%M:%S"),
-                        d.topic,
-                        d.attempt_count,
-                        d.max_attempts,
-                        one_line(d.last_error.as_deref().unwrap_or("-"), 120)
-                    );
+                    outln!("{}", list_line(d));
                 }
             }
             Ok(())
         }
-        Verb::Count { filter } => {
+        Verb::Count { filter, .. } => {
             let n = store
                 .dead_letter_count(&filter.store_filter())
                 .await
@@ -104,7 +132,7 @@ pub async fn run(store: &Store, verb: &Verb) -> Result<()> {
             outln!("{n}");
             Ok(())
         }
-        Verb::Show { id, json } => {
+        Verb::Show { id, json, .. } => {
             let Some((d, attempts)) = store
                 .dead_letter(OutboxId(*id))
                 .await
@@ -112,17 +140,173 @@ pub async fn run(store: &Store, verb: &Verb) -> Result<()> {
             else {
                 bail!("no dead letter {id}");
             };
-            if *json {
-                let mut value = serde_json::to_value(&d)?;
-                value["payload"] = payload_json(&d);
-                value["attempts"] = serde_json::to_value(&attempts)?;
-                outln!("{}", serde_json::to_string_pretty(&value)?);
-            } else {
-                out!("{}", render(&d, &attempts));
-            }
-            Ok(())
+            show(None, &d, &attempts, *json)
         }
     }
+}
+
+/// The verb on every source (`--all-sources`), 8 at a time; after trying them all, an
+/// error naming the sources that could not be read.
+pub async fn run_all(settings: &SourcesSettings, verb: &Verb) -> Result<()> {
+    let sources = all_sources::all(settings).await?;
+    let total = sources.len();
+    match verb {
+        Verb::List {
+            filter,
+            limit,
+            json,
+            ..
+        } => {
+            let filter = filter.store_filter();
+            let limit = *limit;
+            // Each source's newest `limit`, then the newest `limit` of them all.
+            let mut failed = Failed::on_stderr();
+            let mut rows: Vec<(String, DeadLetter)> = Vec::new();
+            let mut outcomes = pin!(all_sources::each(sources, READ_AT_ONCE, |url| {
+                let filter = filter.clone();
+                async move {
+                    let store = all_sources::store(&url).await?;
+                    store
+                        .dead_letters(&filter, limit)
+                        .await
+                        .context("list dead letters")
+                }
+            }));
+            while let Some((name, result)) = outcomes.next().await {
+                match result {
+                    Ok(found) => rows.extend(found.into_iter().map(|d| (name.clone(), d))),
+                    Err(e) => failed.add(&name, &e),
+                }
+            }
+            rows.sort_by(|(source_a, a), (source_b, b)| {
+                b.dead_lettered_at
+                    .cmp(&a.dead_lettered_at)
+                    .then_with(|| source_a.cmp(source_b))
+                    .then_with(|| a.outbox_id.cmp(&b.outbox_id))
+            });
+            rows.truncate(usize::try_from(limit).unwrap_or(0));
+            let width = rows.iter().map(|(s, _)| s.len()).max().unwrap_or(0);
+            for (source, d) in &rows {
+                if *json {
+                    outln!("{}", serde_json::to_string(&Sourced { source, item: d })?);
+                } else {
+                    outln!("{source:<width$}  {}", list_line(d));
+                }
+            }
+            failed.check("read")
+        }
+        Verb::Count { filter, .. } => {
+            let filter = filter.store_filter();
+            let mut failed = Failed::inline();
+            let mut sum: i64 = 0;
+            let mut outcomes = pin!(all_sources::each(sources, READ_AT_ONCE, |url| {
+                let filter = filter.clone();
+                async move {
+                    let store = all_sources::store(&url).await?;
+                    store
+                        .dead_letter_count(&filter)
+                        .await
+                        .context("count dead letters")
+                }
+            }));
+            while let Some((name, result)) = outcomes.next().await {
+                match result {
+                    Ok(n) => {
+                        outln!("{name}: {n}");
+                        sum += n;
+                    }
+                    Err(e) => failed.add(&name, &e),
+                }
+            }
+            match failed.count() {
+                0 => outln!("all sources: {sum}"),
+                n => outln!("all sources: {sum} ({n} of {total} not read)"),
+            }
+            failed.check("read")
+        }
+        Verb::Show { id, json, .. } => {
+            let id = *id;
+            let mut failed = Failed::on_stderr();
+            let mut found = 0;
+            let mut outcomes = pin!(all_sources::each(sources, READ_AT_ONCE, |url| {
+                async move {
+                    let store = all_sources::store(&url).await?;
+                    store
+                        .dead_letter(OutboxId(id))
+                        .await
+                        .context("show dead letter")
+                }
+            }));
+            while let Some((name, result)) = outcomes.next().await {
+                match result {
+                    Ok(Some((d, attempts))) => {
+                        if found > 0 && !*json {
+                            outln!();
+                        }
+                        show(Some(&name), &d, &attempts, *json)?;
+                        found += 1;
+                    }
+                    Ok(None) => {}
+                    Err(e) => failed.add(&name, &e),
+                }
+            }
+            if found == 0 && failed.count() == 0 {
+                bail!("no dead letter {id} in any of the {total} sources");
+            }
+            if found == 0 {
+                outln!(
+                    "no dead letter {id} in the {} sources read",
+                    total - failed.count()
+                );
+            }
+            failed.check("read")
+        }
+    }
+}
+
+/// A row of `--all-sources --json`: the item's fields and its source.
+#[derive(serde::Serialize)]
+struct Sourced<'a, T: serde::Serialize> {
+    source: &'a str,
+    #[serde(flatten)]
+    item: &'a T,
+}
+
+/// A dead letter on one line of `list`: id, when, topic, attempts, last error.
+fn list_line(d: &DeadLetter) -> String {
+    format!(
+        "{}  {}  {}  {}/{} attempts  {}",
+        d.outbox_id,
+        d.dead_lettered_at.format("%Y-%m-%d %H:%M:%S"),
+        d.topic,
+        d.attempt_count,
+        d.max_attempts,
+        one_line(d.last_error.as_deref().unwrap_or("-"), 120)
+    )
+}
+
+/// A dead letter in full, with the source that holds it when it is one of many.
+fn show(
+    source: Option<&str>,
+    d: &DeadLetter,
+    attempts: &[AttemptRecord],
+    json: bool,
+) -> Result<()> {
+    if json {
+        let mut value = serde_json::to_value(d)?;
+        value["payload"] = payload_json(d);
+        value["attempts"] = serde_json::to_value(attempts)?;
+        if let Some(source) = source {
+            value["source"] = source.into();
+        }
+        outln!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        if let Some(source) = source {
+            outln!("{:<14}{source}", "source");
+        }
+        out!("{}", render(d, attempts));
+    }
+    Ok(())
 }
 
 /// `text` on one line, cut to `max` characters.

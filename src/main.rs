@@ -81,11 +81,20 @@ enum Command {
     Status(Box<status::Args>),
     /// Run one lease repair pass and print what it did (for cron).
     Repair {
-        /// Expired leases to handle in this pass.
+        /// Expired leases to handle in this pass (in each source with --all-sources).
         #[arg(long, default_value_t = 1000)]
         limit: i32,
+        /// Repair every source of a many-source configuration instead of --database-url,
+        /// a line per source with what it did; exits non-zero naming the sources that
+        /// failed, after trying them all.
+        #[arg(long)]
+        all_sources: bool,
+        /// Sources repaired at once with --all-sources, 1..=64.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        parallel: u16,
     },
-    /// Look at dead letters: list, count, or show one in full.
+    /// Look at dead letters: list, count, or show one in full (of every source with
+    /// --all-sources).
     #[command(subcommand)]
     DeadLetters(dead_letters::Verb),
     /// Move dead letters back into the outbox with a fresh attempt budget (audited in
@@ -210,12 +219,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Migrate {
             all_sources: true,
             parallel,
-        } => {
-            if cli.source.is_some() {
-                bail!("give --source NAME or --all-sources, not both");
-            }
-            all_sources::migrate(&sources_settings(&cli)?, usize::from(*parallel)).await
-        }
+        } => all_sources::migrate(&all_sources_settings(&cli)?, usize::from(*parallel)).await,
         Command::Migrate { .. } => migrate_one(&verb_database_url(&cli).await?).await,
         Command::Enqueue(args) => {
             let message = args.message()?;
@@ -226,6 +230,9 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 .context("enqueue")?;
             outln!("{id}");
             Ok(())
+        }
+        Command::DeadLetters(verb) if verb.all_sources() => {
+            dead_letters::run_all(&all_sources_settings(&cli)?, verb).await
         }
         Command::DeadLetters(verb) => dead_letters::run(&quick_store(&cli).await?, verb).await,
         Command::Completions { shell } => {
@@ -244,13 +251,17 @@ async fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Status(args) if args.all_sources => {
-            if cli.source.is_some() {
-                bail!("give --source NAME or --all-sources, not both");
-            }
-            all_sources::status(&sources_settings(&cli)?, args.json).await
+            all_sources::status(&all_sources_settings(&cli)?, args.json).await
         }
         Command::Status(args) => status::run(&quick_store(&cli).await?, args).await,
-        Command::Repair { limit } => {
+        Command::Repair {
+            limit,
+            all_sources: true,
+            parallel,
+        } => {
+            all_sources::repair(&all_sources_settings(&cli)?, *limit, usize::from(*parallel)).await
+        }
+        Command::Repair { limit, .. } => {
             let r = quick_store(&cli)
                 .await?
                 .repair(*limit)
@@ -258,6 +269,9 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 .context("repair")?;
             outln!("requeued {} dead_lettered {}", r.requeued, r.dead_lettered);
             Ok(())
+        }
+        Command::Replay(args) if args.all_sources => {
+            replay::run_all(&all_sources_settings(&cli)?, args).await
         }
         Command::Replay(args) => replay::run(&quick_store(&cli).await?, args).await,
         Command::Bench(options) => {
@@ -296,6 +310,17 @@ async fn verb_database_url(cli: &Cli) -> Result<String> {
         Some(name) => all_sources::one(&sources_settings(cli)?, name).await,
         None => Ok(settings(cli, RawConfig::default())?.database_url),
     }
+}
+
+/// [`sources_settings`] for a verb given `--all-sources`, which `--source` contradicts.
+fn all_sources_settings(cli: &Cli) -> Result<outbox_relay::sources::SourcesSettings> {
+    if let Some(name) = &cli.source {
+        bail!(
+            "give --source NAME or --all-sources, not both (--source {name} works on that \
+             source alone, --all-sources on every source)"
+        );
+    }
+    sources_settings(cli)
 }
 
 /// The sources of a many-source configuration, for the verbs: the config file's, and the

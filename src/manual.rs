@@ -160,7 +160,9 @@ const EXIT_STATUS: &str = ".SH \"EXIT STATUS\"\n\
 .TP\n\\fB0\\fR\nThe verb did what was asked.\n\
 .TP\n\\fB2\\fR\nAn error, named on standard error: bad arguments or settings, the database \
 unreachable or its schema not the one this build needs, \\fBreplay \\-\\-id\\fR naming \
-messages that are not dead letters, \\fBhealthcheck\\fR answered other than 200.\n\
+messages that are not dead letters, \\fBhealthcheck\\fR answered other than 200; with \
+\\fB\\-\\-all\\-sources\\fR, a source that failed (every source is tried first, the \
+ones that failed are named).\n\
 .TP\n\\fB130\\fR\n\\fBrun\\fR received a second SIGINT or SIGTERM and exited without \
 finishing in\\-flight deliveries.\n\
 .TP\n\\fB141\\fR\nThe reader of standard output went away (\\fBstatus \\-\\-json | head \
