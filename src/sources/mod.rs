@@ -43,9 +43,10 @@ pub struct Fleet {
     pub dispatcher: Arc<Dispatcher>,
     pub board: Arc<Board>,
     share: share::Share,
-    /// When this process started: during its first discovery interval it only joins (says
-    /// it is alive in every source) and takes nothing, so that it learns the fleet's size
-    /// before taking its share, instead of taking every source and giving most back.
+    /// When this process started: during its first discovery interval, and until it has
+    /// polled every source once, it only joins (says it is alive in every source) and takes
+    /// nothing, so that it learns the fleet's size before taking its share, instead of
+    /// taking every source (and the whole connection budget) and giving most back.
     started: std::time::Instant,
 }
 
