@@ -25,6 +25,8 @@ pub struct Cluster {
     bindir: PathBuf,
     /// Whether the binaries run as `postgres` (this process is root).
     as_postgres: bool,
+    /// The watcher ([`Cluster::watch`]), ended when the guard has done its work.
+    watcher: Option<std::process::Child>,
 }
 
 impl Cluster {
@@ -46,8 +48,9 @@ impl Cluster {
             port: 0,
             bindir,
             as_postgres,
+            watcher: None,
         };
-        cluster.watch();
+        cluster.watcher = Some(cluster.watch());
         if as_postgres {
             let chowned = Command::new("chown")
                 .arg("postgres")
@@ -170,7 +173,7 @@ impl Cluster {
 
     /// A process of its own (its own process group, so that a Ctrl-C to the test does not
     /// stop it) that stops the cluster and removes its directory once this process is gone.
-    fn watch(&self) {
+    fn watch(&self) -> std::process::Child {
         let data = self.data();
         let stop = self.command("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
         let stop = std::iter::once(stop.get_program())
@@ -191,7 +194,7 @@ impl Cluster {
             .stderr(Stdio::null())
             .process_group(0)
             .spawn()
-            .expect("start the throwaway cluster's watcher (bash)");
+            .expect("start the throwaway cluster's watcher (bash)")
     }
 }
 
@@ -224,6 +227,10 @@ impl Drop for Cluster {
             .stderr(Stdio::null())
             .status();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(mut watcher) = self.watcher.take() {
+            let _ = watcher.kill();
+            let _ = watcher.wait();
+        }
     }
 }
 
@@ -251,8 +258,8 @@ fn parent_dir() -> PathBuf {
     std::env::temp_dir()
 }
 
-/// The room `/dev/shm` must have for a cluster to go there: a test of some sixty databases
-/// fills about 1.2 GB.
+/// The room `/dev/shm` must have for a cluster to go there: the 62 databases of
+/// `tests/sources.rs` filled 0.9 GB.
 const SHM_ROOM: u64 = 4 << 30;
 
 /// The directory of the server binaries; a panic saying what to install when there is none.
