@@ -1,30 +1,68 @@
 //! Many outboxes, one fleet, with real processes against real databases: three relayer
-//! processes serve every database a catalogue query lists, each database by one process at
-//! a time; a process killed with SIGKILL loses its sources to the others; databases added
-//! to the catalogue are served within the discovery interval; a dropped database and one
-//! whose login lost its grants are reported while the others flow; the connections stay
+//! processes serve every database a catalogue query lists (50, on a throwaway cluster of the
+//! test's own), each database by one process at a time; a process killed with SIGKILL loses
+//! its sources to the others; databases added to the catalogue are served once the
+//! survivors have room for them (see the bound below); a dropped database and one whose login lost its grants are reported
+//! (by `/readyz` and `status --all-sources`) while the others flow; the connections stay
 //! within the server's budget; and a stopping process gives its sources back.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::cluster::Cluster;
 use common::{Relayer, TestDb, base_url, connect, eventually, fill, free_port};
 use outbox_relay::store::with_database;
 use uuid::Uuid;
 
-/// Sources at start, and added while the fleet runs. The server of `make test` takes 100
-/// connections: 27 sources of at most 3 sessions each fit its budget of 84 below.
-const SOURCES: usize = 20;
-const ADDED: usize = 5;
+/// Sources at start, and added while the fleet runs; two more (`gone`, `revoked`) are
+/// listed from the start and break while it runs.
+const SOURCES: usize = 50;
+const ADDED: usize = 10;
 const PER_SOURCE: i64 = 500;
-/// `max_connections_per_server`: 3 processes × 9 sources × (pool 2 + LISTEN).
-const BUDGET: i64 = 84;
+/// `max_connections_per_server`, chosen so that the survivors of the kill need all of it.
+/// A served source holds its pool (`--source-pool-size 2`) and its LISTEN session: 3
+/// connections. Once the killed process's membership lapses, 62 sources (50 + 10 added +
+/// the 2 that break later) share 2 processes: each takes ceil(62 / 2) = 31, 93 connections,
+/// and its part of the budget is the budget ÷ 2, so 186 = 2 × 93 is the least that lets the
+/// added sources be served. Before the kill each of the 3 processes has 186 ÷ 3 = 62
+/// connections, room for 20 sources, above its fair share of ceil(52 / 3) = 18.
+const BUDGET: i64 = 186;
+/// The cluster's `max_connections`: the budget, plus the short poll sessions (each process
+/// polls every source it does not serve once a discovery interval), `status --all-sources`
+/// (8 at a time) and the test's own sessions. The relayers' sessions reached 204–212.
+const MAX_CONNECTIONS: &str = "400";
 const CATALOGUE: &str = "SELECT name, url FROM public.sources";
+/// The most outcomes a relay has in flight when it loses a source: `max_batches_in_flight`
+/// (3, the default) × `--batch-size` (20).
+const IN_FLIGHT: usize = 3 * 20;
+
+/// The catalogue table: the sources, with when each was listed.
+async fn catalogue(db: &TestDb) {
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE public.sources (name text PRIMARY KEY, url text NOT NULL, \
+             listed_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        )
+        .await
+        .unwrap();
+}
+
+/// A database beside `db` migrated as a source, to copy the sources from.
+async fn template(db: &TestDb) -> String {
+    let template = db.sibling("tmpl").await;
+    let mut t = connect(&with_database(&db.base, &template)).await.unwrap();
+    outbox_relay::schema::runner()
+        .run_async(&mut t)
+        .await
+        .expect("migrate the template");
+    template
+}
 
 struct Source {
     name: String,
@@ -39,7 +77,7 @@ async fn sources(db: &TestDb, template: &str, range: std::ops::Range<usize>) -> 
     let mut made = Vec::new();
     for i in range {
         let name = db.sibling_from(&format!("s{i}"), template).await;
-        let url = with_database(&base_url(), &name);
+        let url = with_database(&db.base, &name);
         let c = connect(&url).await.expect("connect to a source");
         let ids = fill(&c, "orders", PER_SOURCE, Some(3)).await;
         drop(c);
@@ -58,47 +96,154 @@ async fn sources(db: &TestDb, template: &str, range: std::ops::Range<usize>) -> 
 /// One line of a file sink: (outbox_id, key, seq).
 type Line = (Uuid, Option<String>, Option<i64>);
 
-fn lines(path: &Path) -> Vec<Line> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| {
-            (
-                v["outbox_id"].as_str().unwrap().parse().unwrap(),
-                v["key"].as_str().map(str::to_owned),
-                v["seq"].as_i64(),
-            )
-        })
-        .collect()
+/// The file sinks of the relayers, read as they grow (each poll parses only the lines
+/// written since the last one).
+struct Sinks {
+    files: Vec<PathBuf>,
+    read: Mutex<Read>,
 }
 
-fn delivered(files: &[std::path::PathBuf]) -> BTreeSet<Uuid> {
-    files.iter().flat_map(|f| lines(f)).map(|l| l.0).collect()
+#[derive(Default)]
+struct Read {
+    /// Per file: the bytes parsed so far (whole lines) and their lines.
+    files: Vec<(u64, Vec<Line>)>,
+    /// Every outbox_id seen.
+    ids: HashSet<Uuid>,
 }
 
-/// The tests of this file one at a time: a fleet discovering a server's databases would
-/// serve the other test's too.
+impl Sinks {
+    fn new(files: Vec<PathBuf>) -> Self {
+        let read = Read {
+            files: files.iter().map(|_| (0, Vec::new())).collect(),
+            ids: HashSet::new(),
+        };
+        Self {
+            files,
+            read: Mutex::new(read),
+        }
+    }
+
+    fn refresh(&self) -> std::sync::MutexGuard<'_, Read> {
+        use std::io::{Read as _, Seek, SeekFrom};
+        let mut read = self.read.lock().unwrap();
+        let Read { files, ids } = &mut *read;
+        for (path, (offset, lines)) in self.files.iter().zip(files.iter_mut()) {
+            let Ok(mut f) = std::fs::File::open(path) else {
+                continue;
+            };
+            let mut bytes = Vec::new();
+            f.seek(SeekFrom::Start(*offset)).unwrap();
+            f.read_to_end(&mut bytes).unwrap();
+            let Some(end) = bytes.iter().rposition(|b| *b == b'\n') else {
+                continue;
+            };
+            *offset += end as u64 + 1;
+            for l in bytes[..end].split(|b| *b == b'\n') {
+                let v: serde_json::Value = serde_json::from_slice(l).unwrap_or_else(|e| {
+                    panic!("{}: {e}: {}", path.display(), String::from_utf8_lossy(l))
+                });
+                let line: Line = (
+                    v["outbox_id"].as_str().unwrap().parse().unwrap(),
+                    v["key"].as_str().map(str::to_owned),
+                    v["seq"].as_i64(),
+                );
+                ids.insert(line.0);
+                lines.push(line);
+            }
+        }
+        read
+    }
+
+    /// Whether every id of `expected` has arrived.
+    fn has_all<'a>(&self, expected: impl IntoIterator<Item = &'a Uuid>) -> bool {
+        let read = self.refresh();
+        expected.into_iter().all(|id| read.ids.contains(id))
+    }
+
+    /// The distinct ids that arrived.
+    fn count(&self) -> usize {
+        self.refresh().ids.len()
+    }
+
+    fn delivered(&self) -> HashSet<Uuid> {
+        self.refresh().ids.clone()
+    }
+
+    /// The lines of file `i`, in the order written.
+    fn lines(&self, i: usize) -> Vec<Line> {
+        self.refresh().files[i].1.clone()
+    }
+}
+
+/// How many times a source changed hands, from its attempt log: the worker of each outcome
+/// and the position of its message in enqueue order, in the order the outcomes were
+/// recorded. The process that lost the source last (its slot lapsed) may still record
+/// outcomes after its successor's first: those of the batches it had claimed before, up to
+/// `in_flight` of them. A claim takes the oldest ready messages, so those were enqueued
+/// before the newest its successor delivered, or at most 1.5 × `in_flight` after the newest
+/// it had delivered itself (the successor's first claims may be older messages given back
+/// by a killed process); they do not count as the source changing hands again. Two
+/// claimers sharing a source go past either bound within a few batches.
+fn handovers(log: &[(String, usize)], in_flight: usize) -> usize {
+    let Some((first, _)) = log.first() else {
+        return 0;
+    };
+    let mut holder = first;
+    // The newest message the holder delivered since it took the source.
+    let mut newest = 0;
+    // The previous holder, how many of its outcomes may still come, and the newest message
+    // it may have claimed.
+    let mut late: Option<(&String, usize, usize)> = None;
+    let mut handovers = 0;
+    for (w, position) in log {
+        if w == holder {
+            newest = newest.max(*position);
+            continue;
+        }
+        match &mut late {
+            Some((previous, left, frontier))
+                if *previous == w
+                    && *left > 0
+                    && (*position < newest || *position <= *frontier) =>
+            {
+                *left -= 1;
+            }
+            _ => {
+                late = Some((holder, in_flight, newest + in_flight * 3 / 2));
+                holder = w;
+                newest = *position;
+                handovers += 1;
+            }
+        }
+    }
+    handovers
+}
+
+/// The workers of `log` as runs of one worker: (worker, outcomes).
+fn runs(log: &[(String, usize)]) -> Vec<(&str, usize)> {
+    let mut runs: Vec<(&str, usize)> = Vec::new();
+    for (w, _) in log {
+        match runs.last_mut() {
+            Some((last, n)) if *last == w.as_str() => *n += 1,
+            _ => runs.push((w, 1)),
+        }
+    }
+    runs
+}
+
+/// The tests of this file one at a time: each runs relayer processes, and a fleet that
+/// discovers a server's databases would serve another test's on the same server.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_over_a_killed_ones() {
     let _serial = SERIAL.lock().await;
-    let db = TestDb::new().await;
+    let began = Instant::now();
+    let cluster = Cluster::start(&[("max_connections", MAX_CONNECTIONS)]);
+    let db = TestDb::new_in(&cluster).await;
     let c = db.client().await;
-    c.batch_execute("CREATE TABLE public.sources (name text PRIMARY KEY, url text NOT NULL)")
-        .await
-        .unwrap();
-    let template = db.sibling("tmpl").await;
-    {
-        let mut t = connect(&with_database(&base_url(), &template))
-            .await
-            .unwrap();
-        outbox_relay::schema::runner()
-            .run_async(&mut t)
-            .await
-            .expect("migrate the template");
-    }
+    catalogue(&db).await;
+    let template = template(&db).await;
     let mut all = sources(&db, &template, 0..SOURCES).await;
     // Two sources that go wrong while the fleet runs: one is dropped, one loses its grants.
     let gone = db.sibling_from("gone", &template).await;
@@ -106,7 +251,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     let revoked_login = db.login("revoked", Some("outbox_relay")).await;
     let revoked_url = with_database(&revoked_login, &revoked);
     for (name, url) in [
-        (&gone, with_database(&base_url(), &gone)),
+        (&gone, with_database(&db.base, &gone)),
         (&revoked, revoked_url.clone()),
     ] {
         c.execute(
@@ -116,26 +261,32 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         .await
         .unwrap();
     }
+    let made = began.elapsed();
 
     // The connections of the relayers' pools and LISTEN sessions to every database of this
-    // test (those added later included), sampled while they run.
+    // test (those added later included), sampled while they run; and every session of the
+    // relayers on the cluster (polls, discovery and the catalogue's database included).
     let most = Arc::new(AtomicI64::new(0));
+    let most_all = Arc::new(AtomicI64::new(0));
     let sampler = {
-        let most = most.clone();
+        let (most, most_all) = (most.clone(), most_all.clone());
         let pattern = format!("{}\\_%", db.name.replace('_', "\\_"));
-        let admin = connect(&base_url()).await.unwrap();
+        let admin = connect(&db.base).await.unwrap();
         tokio::spawn(async move {
             loop {
                 if let Ok(row) = admin
                     .query_one(
-                        "SELECT count(*) FROM pg_stat_activity \
-                         WHERE application_name IN ('outbox-relay', 'outbox-relay listener') \
-                           AND datname::text LIKE $1",
+                        "SELECT count(*) FILTER (WHERE application_name IN \
+                                    ('outbox-relay', 'outbox-relay listener') \
+                                  AND datname::text LIKE $1), \
+                                count(*) FILTER (WHERE application_name LIKE 'outbox-relay%') \
+                           FROM pg_stat_activity",
                         &[&pattern],
                     )
                     .await
                 {
                     most.fetch_max(row.get(0), Ordering::Relaxed);
+                    most_all.fetch_max(row.get(1), Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -143,7 +294,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     };
 
     let dir = db.scratch_dir();
-    let files: Vec<_> = (0..3).map(|i| dir.join(format!("w{i}.jsonl"))).collect();
+    let sinks = Sinks::new((0..3).map(|i| dir.join(format!("w{i}.jsonl"))).collect());
     let addrs: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
@@ -157,7 +308,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
                     "--sink",
                     "file",
                     "--sink-file",
-                    files[i].to_str().unwrap(),
+                    sinks.files[i].to_str().unwrap(),
                     "--sink-file-fsync",
                     "false",
                     "--sources-catalogue-url",
@@ -182,26 +333,25 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         .collect();
 
     // A third delivered, then one process is killed.
+    let started = Instant::now();
     let total: usize = all.iter().map(|s| s.ids.len()).sum();
-    eventually(Duration::from_secs(90), "a third delivered", || async {
-        delivered(&files).len() >= total / 3
+    eventually(Duration::from_secs(120), "a third delivered", || async {
+        sinks.count() >= total / 3
     })
     .await;
+    let third = started.elapsed();
     relayers[0].signal("KILL");
     let killed = relayers.remove(0);
 
     // Databases added to the catalogue are served within the discovery interval.
-    let added_at = Instant::now();
     all.extend(sources(&db, &template, SOURCES..SOURCES + ADDED).await);
-    let added: BTreeSet<Uuid> = all[SOURCES..].iter().flat_map(|s| s.ids.clone()).collect();
     eventually(
         Duration::from_secs(60),
         "a message of every added source delivered",
         || {
-            let files = files.clone();
-            let all = &all;
+            let (sinks, all) = (&sinks, &all);
             async move {
-                let got = delivered(&files);
+                let got = sinks.delivered();
                 all[SOURCES..]
                     .iter()
                     .all(|s| s.ids.iter().any(|id| got.contains(id)))
@@ -209,10 +359,8 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         },
     )
     .await;
-    let first_of_added = added_at.elapsed();
-
     // One source is dropped, another's login loses its grants: the others keep flowing.
-    let admin = connect(&base_url()).await.unwrap();
+    let admin = connect(&db.base).await.unwrap();
     admin
         .batch_execute(&format!("DROP DATABASE {gone} WITH (FORCE)"))
         .await
@@ -228,11 +376,51 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         .unwrap();
     let expected: BTreeSet<Uuid> = all.iter().flat_map(|s| s.ids.clone()).collect();
     eventually(
-        Duration::from_secs(120),
+        Duration::from_secs(180),
         "every message delivered",
-        || async { delivered(&files).is_superset(&expected) },
+        || async { sinks.has_all(&expected) },
     )
     .await;
+    let drained = started.elapsed();
+    // From each added source's listing to its first delivery (its first attempt recorded),
+    // by the cluster's clock.
+    let mut served_after = Vec::new();
+    for source in &all[SOURCES..] {
+        let listed: f64 = c
+            .query_one(
+                "SELECT extract(epoch FROM listed_at)::float8 FROM public.sources \
+                 WHERE name = $1",
+                &[&source.name],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let first: f64 = connect(&source.url)
+            .await
+            .unwrap()
+            .query_one(
+                "SELECT extract(epoch FROM min(created_at))::float8 FROM outbox.attempts \
+                 WHERE state = 'DISPATCHED'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        served_after.push(first - listed);
+    }
+    served_after.sort_by(f64::total_cmp);
+    // The added sources wait for room: the survivors are at their fair share until they see
+    // a fleet of 2, that is once the killed process's membership has lapsed (2I + L = 5 s
+    // after its last poll) and the reports of 3 members have aged as long again; then
+    // discovery (I) and a poll (I) take them: 12 s. On a loaded 2-core machine, where slots
+    // lapse and are taken again, and the 62 sources fill both survivors' shares exactly, the
+    // slowest took up to 23.5 s: the limit is 30 s.
+    let slowest = served_after[served_after.len() - 1];
+    assert!(
+        slowest <= 30.0,
+        "every added source served within 30 s of its listing: {served_after:.1?} s"
+    );
+
     let readyz = |addr: String| async move {
         outbox_relay::http::probe(&addr, "/readyz")
             .await
@@ -266,9 +454,49 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         "the source whose login lost its grants is named with its cause: {body}"
     );
 
+    // `status --all-sources` reads every source: the two broken ones are named with their
+    // causes, every other one is healthy and served by one live process.
+    let out = common::verb_env(
+        &["status", "--all-sources"],
+        &db.url,
+        &[
+            ("OUTBOX_SOURCES_CATALOGUE_URL", db.url.as_str()),
+            ("OUTBOX_SOURCES_CATALOGUE_QUERY", CATALOGUE),
+        ],
+    );
+    let table = common::text(&out.stdout);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("status names {name}:\n{table}"))
+    };
+    assert!(
+        row(&gone).contains("does not exist"),
+        "the dropped database is named with its cause:\n{table}"
+    );
+    assert!(
+        row(&revoked).contains("may not use schema outbox"),
+        "the source whose login lost its grants is named with its cause:\n{table}"
+    );
+    let live: Vec<&str> = relayers.iter().map(|r| r.worker_id.as_str()).collect();
+    for source in &all {
+        let cells: Vec<&str> = row(&source.name).split_whitespace().collect();
+        assert!(
+            cells.last() == Some(&"ok") && live.contains(&cells[cells.len() - 2]),
+            "{} is healthy and served by one of {live:?}:\n{table}",
+            source.name
+        );
+    }
+    assert!(
+        table.contains(&format!("2 of {} sources cannot be read", all.len() + 2)),
+        "{table}"
+    );
+
     // Nothing lost, nothing unknown.
-    let got = delivered(&files);
-    assert!(got.is_superset(&expected));
+    let got = sinks.delivered();
+    assert!(expected.iter().all(|id| got.contains(id)));
     assert_eq!(
         got.len(),
         expected.len(),
@@ -281,10 +509,13 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         .enumerate()
         .flat_map(|(i, s)| s.ids.iter().map(move |id| (*id, i)))
         .collect();
-    for file in &files {
+    let mut written = 0;
+    for (i, file) in sinks.files.iter().enumerate() {
         let mut seen: HashSet<Uuid> = HashSet::new();
         let mut last: BTreeMap<(usize, String), i64> = BTreeMap::new();
-        for (id, key, seq) in lines(file) {
+        let lines = sinks.lines(i);
+        written += lines.len();
+        for (id, key, seq) in lines {
             if !seen.insert(id) {
                 continue;
             }
@@ -302,33 +533,42 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     }
 
     // Each source served by one process at a time: in its attempt log, the worker changes
-    // only at a handover (a kill, a process joining), never back and forth as two claimers
-    // sharing a source do every few batches.
+    // only at a handover (a kill, a lapsed slot, a process joining), never back and forth as
+    // two claimers sharing a source do every few batches.
+    let mut most_handovers = 0;
     for source in &all {
+        let position: HashMap<Uuid, usize> = source
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, i))
+            .collect();
         let s = connect(&source.url).await.unwrap();
-        let workers: Vec<String> = s
+        let log: Vec<(String, usize)> = s
             .query(
-                "SELECT worker_id FROM outbox.attempts \
+                "SELECT worker_id, outbox_id FROM outbox.attempts \
                  WHERE state = 'DISPATCHED' ORDER BY created_at, outbox_id",
                 &[],
             )
             .await
             .unwrap()
             .iter()
-            .map(|r| r.get(0))
+            .map(|r| (r.get(0), position[&r.get::<_, Uuid>(1)]))
             .collect();
-        let switches = workers.windows(2).filter(|w| w[0] != w[1]).count();
+        let handovers = handovers(&log, IN_FLIGHT);
         assert!(
-            switches <= 3,
-            "source {} was delivered by {switches} alternations of workers: {:?}",
+            handovers <= 3,
+            "source {} changed hands {handovers} times; its attempt log, as runs of one \
+             worker: {:?}",
             source.name,
-            workers.iter().collect::<BTreeSet<_>>()
+            runs(&log)
         );
+        most_handovers = most_handovers.max(handovers);
     }
 
     // The sources were spread: each live process served several of them.
-    for file in &files[1..] {
-        let served: BTreeSet<usize> = lines(file).iter().map(|l| source_of[&l.0]).collect();
+    for (i, file) in sinks.files.iter().enumerate().skip(1) {
+        let served: BTreeSet<usize> = sinks.lines(i).iter().map(|l| source_of[&l.0]).collect();
         assert!(
             served.len() >= 3,
             "{} served only {} sources",
@@ -367,39 +607,33 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         );
     }
     eprintln!(
-        "{} sources ({} added), {} messages, 3 processes (1 killed): the first message of the \
-         added sources after {first_of_added:?}; at most {most} relayer connections (budget \
-         {BUDGET}); {} added messages",
+        "{} sources ({ADDED} added, and 2 broken), {} messages ({} lines written), 3 \
+         processes (1 killed): databases made in {made:.1?}, a third delivered after \
+         {third:.1?}, all after {drained:.1?}; the first message of each added source \
+         {:.1}–{:.1} s after it was listed; at most {most} relayer pool and LISTEN \
+         connections (budget {BUDGET}), {} relayer sessions in all (max_connections \
+         {MAX_CONNECTIONS}); at most {most_handovers} handovers in a source's attempt log; {:.1?} in all",
         all.len(),
-        ADDED,
         expected.len(),
-        added.len()
+        written,
+        served_after[0],
+        served_after[served_after.len() - 1],
+        most_all.load(Ordering::Relaxed),
+        began.elapsed()
     );
     drop(killed);
     drop(c);
     drop(admin);
     db.finish().await;
+    drop(cluster);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_the_others() {
     let _serial = SERIAL.lock().await;
     let db = TestDb::new().await;
-    db.client()
-        .await
-        .batch_execute("CREATE TABLE public.sources (name text PRIMARY KEY, url text NOT NULL)")
-        .await
-        .unwrap();
-    let template = db.sibling("tmpl").await;
-    {
-        let mut t = connect(&with_database(&base_url(), &template))
-            .await
-            .unwrap();
-        outbox_relay::schema::runner()
-            .run_async(&mut t)
-            .await
-            .expect("migrate the template");
-    }
+    catalogue(&db).await;
+    let template = template(&db).await;
     let served = sources(&db, &template, 0..3).await;
     let plain = db.sibling("plain").await;
 
@@ -418,7 +652,8 @@ async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_t
     );
 
     // The example, as it is, with its two variables.
-    let sink = db.scratch_dir().join("example.jsonl");
+    let sinks = Sinks::new(vec![db.scratch_dir().join("example.jsonl")]);
+    let sink = &sinks.files[0];
     let log = db.scratch_dir().join("example.log");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(["run", "--config"])
@@ -426,7 +661,7 @@ async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_t
         .args(["--worker-id", "example", "--telemetry-addr"])
         .arg(format!("127.0.0.1:{}", free_port()))
         .env("OUTBOX_SOURCES_SERVER_URL", base_url())
-        .env("OUTBOX_SINK_FILE", &sink)
+        .env("OUTBOX_SINK_FILE", sink)
         .env("RUST_LOG", "info")
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -435,7 +670,7 @@ async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_t
     eventually(
         Duration::from_secs(60),
         "the example delivers every message",
-        || async { delivered(std::slice::from_ref(&sink)).is_superset(&expected) },
+        || async { sinks.has_all(&expected) },
     )
     .await;
     let _ = std::process::Command::new("kill")
@@ -459,9 +694,7 @@ async fn migrate_and_status_take_every_source_and_name_the_ones_that_fail() {
     let _serial = SERIAL.lock().await;
     let db = TestDb::new().await;
     let c = db.client().await;
-    c.batch_execute("CREATE TABLE public.sources (name text PRIMARY KEY, url text NOT NULL)")
-        .await
-        .unwrap();
+    catalogue(&db).await;
     let fresh: Vec<String> = vec![db.sibling("a").await, db.sibling("b").await];
     let missing = format!("{}_missing", db.name);
     for name in fresh.iter().chain([&missing]) {
@@ -559,4 +792,60 @@ async fn migrate_and_status_take_every_source_and_name_the_ones_that_fail() {
     );
     drop(a);
     db.finish().await;
+}
+
+#[test]
+fn handovers_discount_the_outcomes_in_flight_at_a_handover_but_not_two_claimers_sharing() {
+    // Runs of (worker, first message, messages), in the order recorded.
+    let log = |runs: &[(&str, usize, usize)]| -> Vec<(String, usize)> {
+        runs.iter()
+            .flat_map(|&(w, from, n)| (from..from + n).map(move |p| (w.to_owned(), p)))
+            .collect()
+    };
+    assert_eq!(handovers(&log(&[("a", 0, 100)]), 60), 0);
+    // b takes over from a, whose last 40 outcomes are recorded among b's first.
+    let late = [
+        ("a", 0, 100),
+        ("b", 140, 20),
+        ("a", 100, 20),
+        ("b", 160, 5),
+        ("a", 120, 20),
+        ("b", 165, 300),
+    ];
+    assert_eq!(handovers(&log(&late), 60), 1);
+    // More of a's outcomes than it can have in flight: a took the source back, and then b.
+    let back = [
+        ("a", 0, 100),
+        ("b", 160, 20),
+        ("a", 100, 61),
+        ("b", 180, 100),
+    ];
+    assert_eq!(handovers(&log(&back), 60), 3);
+    // Then a kill hands the source to c, and later it goes back to a.
+    let kill = [
+        ("a", 0, 100),
+        ("b", 120, 20),
+        ("a", 100, 20),
+        ("b", 140, 100),
+    ];
+    let kill = [&kill[..], &[("c", 240, 100), ("a", 340, 9)]].concat();
+    assert_eq!(handovers(&log(&kill), 60), 3);
+    // b's first outcomes are of older messages, given back when a killed process's leases
+    // lapsed; a's last ones come after them.
+    let requeued = [
+        ("a", 0, 200),
+        ("b", 150, 20),
+        ("a", 200, 26),
+        ("b", 226, 274),
+    ];
+    assert_eq!(handovers(&log(&requeued), 60), 1);
+    // Two claimers sharing a source, a batch each in turn.
+    let shared: Vec<(&str, usize, usize)> = (0..25)
+        .map(|i| (if i % 2 == 0 { "a" } else { "b" }, i * 20, 20))
+        .collect();
+    assert!(
+        handovers(&log(&shared), 60) >= 5,
+        "{}",
+        handovers(&log(&shared), 60)
+    );
 }

@@ -46,9 +46,10 @@ pub struct Fleet {
     /// Each server's turns for the leasing calls of the sources served on it
     /// ([`Store::with_turns`](crate::store::Store::with_turns)), by server.
     turns: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
-    /// When this process started: during its first discovery interval it only joins (says
-    /// it is alive in every source) and takes nothing, so that it learns the fleet's size
-    /// before taking its share, instead of taking every source and giving most back.
+    /// When this process started: during its first discovery interval, and until it has
+    /// polled every source once, it only joins (says it is alive in every source) and takes
+    /// nothing, so that it learns the fleet's size before taking its share, instead of
+    /// taking every source (and the whole connection budget) and giving most back.
     started: std::time::Instant,
 }
 

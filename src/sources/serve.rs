@@ -39,7 +39,9 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
     let server = server_of(&url);
     let mut backoff = Duration::from_millis(500);
     loop {
-        match poll(&fleet, &url, &server).await {
+        let polled = poll(&fleet, &url, &server).await;
+        fleet.share.polled(&name);
+        match polled {
             Err(e) => {
                 fleet.share.forget(&name);
                 fleet.board.set(&name, SourceState::Down(e.to_string()));
@@ -106,14 +108,15 @@ struct Polled<'a> {
 async fn poll<'a>(fleet: &'a Fleet, url: &str, server: &str) -> Result<Polled<'a>, StoreError> {
     let store = Store::connect_as(url, 1, "outbox-relay poll")?;
     store.check_schema().await?;
-    let (held, refusal) = if fleet.started.elapsed() < fleet.settings.discover_interval {
-        (None, Some(Refusal::Joining))
-    } else {
-        match fleet.share.try_hold(server) {
-            Ok(held) => (Some(held), None),
-            Err(refusal) => (None, Some(refusal)),
-        }
-    };
+    let (held, refusal) =
+        if fleet.started.elapsed() < fleet.settings.discover_interval || !fleet.share.joined() {
+            (None, Some(Refusal::Joining))
+        } else {
+            match fleet.share.try_hold(server) {
+                Ok(held) => (Some(held), None),
+                Err(refusal) => (None, Some(refusal)),
+            }
+        };
     let asked = Instant::now();
     let turn = store
         .serve_source(

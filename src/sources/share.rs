@@ -4,7 +4,7 @@
 //! joins; and at most its part of each server's connection budget (the budget divided by P,
 //! in sources of `pool_size + 1` connections each).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -24,6 +24,9 @@ struct Inner {
     /// Sources served, in all and per server.
     held: usize,
     held_on: HashMap<String, usize>,
+    /// Sources polled once since the process started, until it has polled them all.
+    polled: HashSet<String>,
+    joined: bool,
 }
 
 impl Share {
@@ -51,6 +54,28 @@ impl Share {
             .expect("share lock")
             .members
             .insert(source.to_owned(), (members, Instant::now()));
+    }
+
+    /// Records that `source` was polled, whatever came of it (this process said it is alive
+    /// there, or found that it cannot).
+    pub fn polled(&self, source: &str) {
+        let mut inner = self.inner.lock().expect("share lock");
+        if inner.joined {
+            return;
+        }
+        inner.polled.insert(source.to_owned());
+        if inner.polled.len() >= inner.sources {
+            inner.joined = true;
+            inner.polled = HashSet::new();
+        }
+    }
+
+    /// Whether this process has polled every source once since it started. Until then it
+    /// takes nothing: the processes started with it may not have said they are alive in any
+    /// source it polled yet, and it would count a fleet of one, with the whole connection
+    /// budget to itself.
+    pub fn joined(&self) -> bool {
+        self.inner.lock().expect("share lock").joined
     }
 
     /// Forgets what `source` reported (no longer discovered, or not answering: a source
@@ -128,7 +153,8 @@ impl Share {
 /// Why a source is not taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// The process is in its first discovery interval, learning the fleet's size.
+    /// The process is learning the fleet's size: it is in its first discovery interval, or
+    /// has not polled every source yet.
     Joining,
     FairShare,
     Budget,
@@ -231,5 +257,22 @@ mod tests {
         assert!(share.try_hold("other server").is_ok());
         drop(held);
         assert!(share.try_hold("s").is_ok());
+    }
+
+    #[test]
+    fn a_process_joins_once_it_polled_every_source() {
+        let share = Share::new(&settings(None, None));
+        share.set_sources(3);
+        share.polled("a");
+        share.polled("b");
+        share.polled("a");
+        assert!(!share.joined(), "c was not polled yet");
+        share.polled("c");
+        assert!(share.joined());
+        share.set_sources(4);
+        assert!(
+            share.joined(),
+            "a source discovered later does not make it join again"
+        );
     }
 }

@@ -5,9 +5,13 @@
 //! the login roles made for it ([`TestDb::login`]); when the test fails (the thread is
 //! panicking), it keeps them all and prints their names under the test's failure output.
 //! Nothing has to remember to clean up: `finish` is only an explicit way of saying "done".
+//! A test that needs a server of its own starts a throwaway one ([`cluster::Cluster`]) and
+//! makes its database there with [`TestDb::new_in`]; what it makes there goes with the
+//! cluster.
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod cluster;
 mod kit;
 pub mod pgbouncer;
 pub mod sql;
@@ -34,6 +38,11 @@ pub fn base_url() -> String {
 pub struct TestDb {
     pub name: String,
     pub url: String,
+    /// The server's URL (database `postgres`): [`base_url`], or the one given to
+    /// [`TestDb::new_on`].
+    pub base: String,
+    /// On a throwaway cluster ([`TestDb::new_in`]): nothing to drop, the cluster goes.
+    throwaway: bool,
     /// Databases made beside this one ([`TestDb::sibling`]).
     siblings: Mutex<Vec<String>>,
     /// Login roles made for this database ([`TestDb::login`]).
@@ -43,7 +52,23 @@ pub struct TestDb {
 impl TestDb {
     /// Creates and migrates a new database.
     pub async fn new() -> TestDb {
-        let db = TestDb::create().await;
+        TestDb::new_on(&base_url()).await
+    }
+
+    /// [`TestDb::new`] on a throwaway cluster, which removes the database, its siblings and
+    /// its logins with itself (dropping each database would cost a checkpoint).
+    pub async fn new_in(cluster: &cluster::Cluster) -> TestDb {
+        TestDb::migrated(&cluster.url(), true).await
+    }
+
+    /// [`TestDb::new`] on the server of `base` (a URL of its database `postgres`, say), which
+    /// its siblings share.
+    pub async fn new_on(base: &str) -> TestDb {
+        TestDb::migrated(base, false).await
+    }
+
+    async fn migrated(base: &str, throwaway: bool) -> TestDb {
+        let db = TestDb::create(base, throwaway).await;
         let store = Store::connect(&db.url, 2).expect("store");
         store.migrate().await.expect("migrate test database");
         db
@@ -52,7 +77,7 @@ impl TestDb {
     /// Creates a new database migrated to `version` only, as an earlier release left it
     /// (refinery's target version; the migrations of this build up to that one).
     pub async fn at_version(version: i32) -> TestDb {
-        let db = TestDb::create().await;
+        let db = TestDb::create(&base_url(), false).await;
         let mut client = db.client().await;
         outbox_relay::schema::runner()
             .set_target(refinery::Target::Version(version))
@@ -64,33 +89,39 @@ impl TestDb {
 
     /// Creates a new database that no migration has touched.
     pub async fn empty() -> TestDb {
-        TestDb::create().await
+        TestDb::create(&base_url(), false).await
     }
 
-    /// Creates a new, empty database.
-    async fn create() -> TestDb {
+    /// Creates a new, empty database on the server of `base` (a throwaway cluster's, which
+    /// removes it, or not).
+    async fn create(base: &str, throwaway: bool) -> TestDb {
         let name = format!(
             "outbox_test_{}_{}_{}",
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed),
             rand_suffix()
         );
-        let admin = connect(&base_url()).await.unwrap_or_else(|e| {
+        let admin = connect(base).await.unwrap_or_else(|e| {
             panic!(
-                "cannot connect to Postgres at {} ({e}); set DATABASE_URL or run `make test`, \
-                 which starts one",
-                base_url()
+                "cannot connect to Postgres at {base} ({e}); set DATABASE_URL or run `make \
+                 test`, which starts one"
             )
         });
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .expect("create test database");
-        eprintln!("test database {name} (kept if the test fails)");
-        let url = with_database(&base_url(), &name);
+        if throwaway {
+            eprintln!("test database {name} (on the throwaway cluster, removed with it)");
+        } else {
+            eprintln!("test database {name} (kept if the test fails)");
+        }
+        let url = with_database(base, &name);
         TestDb {
             name,
             url,
+            base: base.to_owned(),
+            throwaway,
             siblings: Mutex::default(),
             logins: Mutex::default(),
         }
@@ -101,7 +132,7 @@ impl TestDb {
     pub async fn sibling(&self, suffix: &str) -> String {
         let name = format!("{}_{suffix}", self.name);
         self.siblings.lock().unwrap().push(name.clone());
-        connect(&base_url())
+        connect(&self.base)
             .await
             .expect("connect admin")
             .batch_execute(&format!("CREATE DATABASE {name}"))
@@ -115,7 +146,7 @@ impl TestDb {
     pub async fn sibling_from(&self, suffix: &str, template: &str) -> String {
         let name = format!("{}_{suffix}", self.name);
         self.siblings.lock().unwrap().push(name.clone());
-        let admin = connect(&base_url()).await.expect("connect admin");
+        let admin = connect(&self.base).await.expect("connect admin");
         for tries in 0.. {
             match admin
                 .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
@@ -181,6 +212,9 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         let siblings = std::mem::take(&mut *self.siblings.lock().unwrap());
         let logins = std::mem::take(&mut *self.logins.lock().unwrap());
+        if self.throwaway {
+            return;
+        }
         if std::thread::panicking() {
             let mut kept = format!(
                 "test failed: database {} kept for inspection (psql {})",
@@ -200,6 +234,7 @@ impl Drop for TestDb {
         }
         let mut databases = siblings;
         databases.push(self.name.clone());
+        let base = self.base.clone();
         // Drop is synchronous and may run inside a runtime: clean up on a thread of its own
         // with a runtime of its own.
         let cleaned = std::thread::spawn(move || {
@@ -207,7 +242,7 @@ impl Drop for TestDb {
                 .enable_all()
                 .build()
                 .expect("a runtime to drop the test database")
-                .block_on(drop_all(databases, logins))
+                .block_on(drop_all(&base, databases, logins))
         })
         .join();
         match cleaned {
@@ -218,13 +253,14 @@ impl Drop for TestDb {
     }
 }
 
-/// Drops `databases`, then the `logins` (a role is dropped once no database grants it
-/// anything).
+/// Drops `databases` on the server of `base`, then the `logins` (a role is dropped once no
+/// database grants it anything).
 async fn drop_all(
+    base: &str,
     databases: Vec<String>,
     logins: Vec<String>,
 ) -> Result<(), tokio_postgres::Error> {
-    let (admin, connection) = tokio_postgres::connect(&base_url(), NoTls).await?;
+    let (admin, connection) = tokio_postgres::connect(base, NoTls).await?;
     let connection = tokio::spawn(connection);
     for name in databases {
         admin
