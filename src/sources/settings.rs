@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// Validated settings of the sources a process serves. Empty (no source listed, nothing to
 /// discover): the process serves the one database of `database_url`, as ever.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SourcesSettings {
     /// Sources listed in the config: name → connection string.
     pub listed: BTreeMap<String, String>,
@@ -30,6 +30,26 @@ pub struct SourcesSettings {
     /// The fleet's cap on connections to one Postgres server (host and port), shared out
     /// evenly among the processes that serve its sources; None: no cap.
     pub max_connections_per_server: Option<usize>,
+    /// Sources named in the `source` label of this process's metrics (the first ones it
+    /// serves); the others are `other`.
+    pub label_limit: usize,
+}
+
+impl Default for SourcesSettings {
+    /// Nothing to serve; `label_limit` at the default of `source_label_limit`.
+    fn default() -> Self {
+        Self {
+            listed: BTreeMap::new(),
+            server_url: None,
+            catalogue: None,
+            discover_interval: Duration::ZERO,
+            processes_per_source: None,
+            lease: Duration::ZERO,
+            pool_size: 0,
+            max_connections_per_server: None,
+            label_limit: 50,
+        }
+    }
 }
 
 impl SourcesSettings {
