@@ -94,7 +94,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         IN_FLIGHT,
         Kind::Gauge,
-        "Messages claimed by this process and not yet completed.",
+        "Messages claimed by this process and not yet completed (by source, with many sources).",
     ),
     (
         CLAIM_SECONDS,
@@ -335,7 +335,25 @@ pub const OTHER_SOURCE: &str = "other";
 #[derive(Debug)]
 pub struct SourceLabels {
     cap: usize,
-    named: Mutex<Vec<Arc<str>>>,
+    named: Mutex<Vec<Arc<LabelValue>>>,
+    other: Arc<LabelValue>,
+}
+
+/// One value of the `source` label, and what the gauges under it add up.
+#[derive(Debug)]
+struct LabelValue {
+    value: Arc<str>,
+    /// Messages in flight of each source under this value.
+    in_flight: Mutex<HashMap<Arc<str>, usize>>,
+}
+
+impl LabelValue {
+    fn new(value: &str) -> Arc<Self> {
+        Arc::new(Self {
+            value: Arc::from(value),
+            in_flight: Mutex::default(),
+        })
+    }
 }
 
 impl SourceLabels {
@@ -343,6 +361,7 @@ impl SourceLabels {
         Self {
             cap,
             named: Mutex::new(Vec::new()),
+            other: LabelValue::new(OTHER_SOURCE),
         }
     }
 
@@ -350,14 +369,14 @@ impl SourceLabels {
     /// before it, `other` afterwards.
     pub fn label(&self, name: &str) -> Source {
         let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
-        let label = match named.iter().find(|n| &***n == name) {
+        let label = match named.iter().find(|n| &*n.value == name) {
             Some(n) => n.clone(),
             None if named.len() < self.cap => {
-                let n: Arc<str> = Arc::from(name);
+                let n = LabelValue::new(name);
                 named.push(n.clone());
                 n
             }
-            None => Arc::from(OTHER_SOURCE),
+            None => self.other.clone(),
         };
         Source(Some(SourceName {
             name: Arc::from(name),
@@ -376,7 +395,7 @@ struct SourceName {
     /// The source's name, for the logs.
     name: Arc<str>,
     /// Its `source` label value: the name, or `other` beyond the cap.
-    label: Arc<str>,
+    label: Arc<LabelValue>,
 }
 
 impl Source {
@@ -387,7 +406,7 @@ impl Source {
 
     /// Its `source` label value (None with one database).
     pub fn label(&self) -> Option<&str> {
-        self.0.as_ref().map(|s| &*s.label)
+        self.0.as_ref().map(|s| &*s.label.value)
     }
 
     /// `topic`, and `source` when there is one.
@@ -462,9 +481,18 @@ pub fn batch_completed(took: Duration) {
     histogram!(COMPLETE_SECONDS).record(took.as_secs_f64());
 }
 
-pub fn in_flight(messages: usize) {
+pub fn in_flight(source: &Source, messages: usize) {
     #[allow(clippy::cast_precision_loss)] // a message count is far below 2^52
-    gauge!(IN_FLIGHT).set(messages as f64);
+    match &source.0 {
+        None => gauge!(IN_FLIGHT).set(messages as f64),
+        // The sources under one label (`other`) add up.
+        Some(s) => {
+            let mut by_source = s.label.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            by_source.insert(s.name.clone(), messages);
+            let sum: usize = by_source.values().sum();
+            gauge!(IN_FLIGHT, "source" => s.label.value.to_string()).set(sum as f64);
+        }
+    }
 }
 
 pub fn delivered<'a>(
@@ -660,6 +688,21 @@ mod tests {
         // A named source keeps its name when it comes back.
         assert_eq!(labels.label("a").label(), Some("a"));
         assert_eq!(labels.label("d").label(), Some(OTHER_SOURCE));
+    }
+
+    #[test]
+    fn the_sources_counted_as_other_add_up_their_messages_in_flight() {
+        let labels = SourceLabels::new(1);
+        let (a, b, c) = (labels.label("a"), labels.label("b"), labels.label("c"));
+        in_flight(&a, 5);
+        in_flight(&b, 3);
+        in_flight(&c, 4);
+        in_flight(&b, 1);
+        let other = &c.0.as_ref().unwrap().label;
+        let sum: usize = other.in_flight.lock().unwrap().values().sum();
+        assert_eq!(sum, 5);
+        let named = &a.0.as_ref().unwrap().label;
+        assert_eq!(named.in_flight.lock().unwrap().values().sum::<usize>(), 5);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! its delivery counters carry a `source` label (the first `source_label_limit` sources it
 //! serves by name, the rest as `other`) with each source's own counts; each source it serves
 //! has its backlog exported by it alone, so that a second process taking a source over
-//! takes over its backlog series and the fleet's sum counts each source once; and a
+//! takes over its backlog series and the fleet's sum counts each source once; the scrape
+//! passes `promtool check metrics`; and a
 //! one-database process exports the series it always did, without a `source` label.
 
 mod common;
@@ -54,6 +55,33 @@ fn by_label(scrape: &str, name: &str, by: &str) -> BTreeMap<String, f64> {
         }
     }
     sums
+}
+
+/// `promtool check metrics` on a scrape: the counters, the recorder's gauges and the
+/// sources' backlog gauges together are valid Prometheus text.
+fn promtool_check_metrics(scrape: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; `make test` installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{scrape}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 async fn scrape(addr: &str) -> String {
@@ -224,6 +252,11 @@ async fn each_source_is_labelled_up_to_the_cap_and_its_backlog_exported_by_its_s
     ] {
         assert!(body.contains(line), "no {line} in\n{body}");
     }
+    // Nothing is in flight any more, under each label.
+    let in_flight = by_label(&body, "outbox_in_flight_messages", "source");
+    assert_eq!(in_flight.len(), 3, "{in_flight:?}");
+    assert!(in_flight.values().all(|n| *n == 0.0), "{in_flight:?}");
+    promtool_check_metrics(&body);
 
     // A second process joins: the first gives it a source back. From then on each source's
     // backlog is exported by the one process that serves it: the fleet's sum is the

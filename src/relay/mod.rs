@@ -343,7 +343,7 @@ impl Relay {
     ) -> Summary {
         let batch = &part.messages;
         let (book_id, window) = self.leases.insert(batch, asked, self.publish_window());
-        telemetry::in_flight(self.leases.messages());
+        telemetry::in_flight(&self.source, self.leases.messages());
         let admitted = tokio::select! {
             permit = self.dispatcher.admit(&part) => Some(permit),
             () = abandon.cancelled() => None,
@@ -380,7 +380,7 @@ impl Relay {
             }
         };
         self.leases.remove(book_id);
-        telemetry::in_flight(self.leases.messages());
+        telemetry::in_flight(&self.source, self.leases.messages());
         // Room at the destination, and completing a keyed message makes the next one of
         // its key claimable.
         self.wake.notify_one();
