@@ -6,7 +6,10 @@
 //! monotonic clock (four fifths of the lease from the call that renewed it); the slot is
 //! renewed at a third of the lease, and the pool's connections idle for as long are closed
 //! (a served source with nothing to do holds two sessions: its LISTEN session and the one
-//! its polls use). The source is given up when the slot is lost (the relay
+//! its polls use). While it serves the source, the task also observes it
+//! (`outbox.observe`, every observe interval) for the backlog gauges this process exports
+//! as the source's first holder, and stops exporting them as soon as it stops serving.
+//! The source is given up when the slot is lost (the relay
 //! stops claiming at once), given back when this process serves more than its share (after
 //! the relay drained), and left when the source is no longer discovered or the process
 //! stops (after the relay drained: its deliveries finish, or their leases are released).
