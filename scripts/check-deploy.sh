@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks deploy/ offline, without a cluster or a Docker engine:
 #   1. every Kubernetes manifest against the API schemas (kubernetes-validate --strict, from
-#      PyPI, installed in target/venv-check-deploy when missing); CRD kinds (ServiceMonitor, Kustomization) have no schema
-#      there and are only parsed;
+#      PyPI, installed in target/venv-check-deploy when missing); CRD kinds (ServiceMonitor,
+#      ScaledObject, Kustomization) have no schema there and are only parsed, and the KEDA
+#      ScaledObject is then checked against a schema of the fields it uses (below);
 #   2. what the schemas cannot know: the probes ask the relayer's real endpoints, the pods run
 #      as the image's numeric non-root UID, the grace period outlasts the shutdown drain, and
 #      the relayer and the migration Job read their URLs from the Secret's keys;
@@ -76,9 +77,79 @@ check(job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"], "
 base = load("kustomization.yaml")
 for name in base["resources"]:
     kind = load(name)["kind"]
-    check(kind not in ("ServiceMonitor", "PodMonitor", "PrometheusRule"),
-          f"kustomization.yaml: {name} is a {kind}, which needs the Prometheus Operator's CRDs: "
-          "make it a component")
+    check(kind not in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject"),
+          f"kustomization.yaml: {name} is a {kind}, which needs a CRD (the Prometheus "
+          "Operator's, KEDA's): make it a component")
+
+# The KEDA example (component keda/): KEDA's fields where KEDA wants them (trigger metadata
+# values are strings), scaling this Deployment, on metrics the relayer exports.
+import jsonschema
+scaled = load("keda/scaledobject.yaml")
+string_map = {"type": "object", "additionalProperties": {"type": "string"}}
+scaled_object_schema = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object", "additionalProperties": False, "required": ["name"],
+                    "properties": {"name": {"type": "string"}, "kind": {"type": "string"},
+                                   "apiVersion": {"type": "string"}},
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "advanced": {"type": "object"},
+                "fallback": {"type": "object"},
+                "triggers": {
+                    "type": "array", "minItems": 1,
+                    "items": {
+                        "type": "object", "additionalProperties": False,
+                        "required": ["type", "metadata"],
+                        "properties": {"type": {"type": "string"}, "name": {"type": "string"},
+                                       "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                                       "metadata": string_map,
+                                       "authenticationRef": {"type": "object"}},
+                    },
+                },
+            },
+        },
+    },
+}
+try:
+    jsonschema.validate(scaled, scaled_object_schema)
+except jsonschema.ValidationError as e:
+    problems.append(f"keda/scaledobject.yaml: {e.message} at {'/'.join(map(str, e.absolute_path))}")
+else:
+    spec = scaled["spec"]
+    check(spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"],
+          "keda/scaledobject.yaml must scale the relayer Deployment")
+    check(spec.get("minReplicaCount", 0) >= 2,
+          "keda/scaledobject.yaml: keep two relayers at least, like the disruption budget")
+    check(spec.get("minReplicaCount", 0) <= spec.get("maxReplicaCount", 100),
+          "keda/scaledobject.yaml: minReplicaCount above maxReplicaCount")
+    exported = set(re.findall(r'"(outbox_[a-z_]+)"', open("src/telemetry.rs").read()))
+    for trigger in spec["triggers"]:
+        meta = trigger["metadata"]
+        if trigger["type"] == "prometheus":
+            for key in ("serverAddress", "query", "threshold"):
+                check(key in meta, f"keda/scaledobject.yaml: a prometheus trigger needs {key}")
+            for name in re.findall(r"outbox_[a-z_]+", meta.get("query", "")):
+                check(name in exported, f"keda/scaledobject.yaml: the query names {name}, "
+                      "which the relayer does not export (src/telemetry.rs)")
+            check(re.fullmatch(r"\d+(\.\d+)?", meta.get("threshold", "")) is not None,
+                  "keda/scaledobject.yaml: threshold must be a number (as a string)")
+check(load("keda/kustomization.yaml")["resources"] == ["scaledobject.yaml"],
+      "keda/kustomization.yaml must list scaledobject.yaml")
 job_tag = job["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[-1]
 relay_tag = relay["image"].rsplit(":", 1)[-1]
 check(job["metadata"]["name"] == f"outbox-relay-migrate-{job_tag}",

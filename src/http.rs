@@ -1,5 +1,6 @@
-//! The small HTTP listener: Prometheus `/metrics` (this process's counters and the fleet
-//! gauges of the latest observation), `/healthz` (the process is alive, from the moment it
+//! The small HTTP listener: Prometheus `/metrics` (this process's counters, the fleet
+//! gauges of the latest observation, and with many sources the backlog of each source this
+//! process serves), `/healthz` (the process is alive, from the moment it
 //! starts), `/readyz` (the database answers with the schema this build needs; 503 with the
 //! reason otherwise; each destination's health in the body, never failing it),
 //! `/health/destinations` (each destination's circuit and connection, as JSON) and
@@ -90,6 +91,9 @@ async fn render_metrics(State(probe): State<Probe>) -> String {
     let mut text = probe.metrics.render();
     if let Some(observation) = probe.latest.get() {
         text += &crate::observe::render(&observation, probe.latest.settings.horizon_threshold);
+    }
+    if let Served::Many(board) = &probe.served {
+        text += &crate::observe::render_sources(&board.backlogs());
     }
     text
 }

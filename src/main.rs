@@ -429,12 +429,15 @@ async fn run_sources(settings: Settings, migrate: bool, shutdown: CancellationTo
     let metrics = telemetry::install();
     let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
     tokio::spawn(report_unusable_destinations(dispatcher.clone()));
-    let fleet = Arc::new(outbox_relay::sources::Fleet::new(
-        settings.sources.clone(),
-        settings.relay.clone(),
-        settings.statements,
-        dispatcher.clone(),
-    ));
+    let fleet = Arc::new(
+        outbox_relay::sources::Fleet::new(
+            settings.sources.clone(),
+            settings.relay.clone(),
+            settings.statements,
+            dispatcher.clone(),
+        )
+        .with_observe(settings.observe),
+    );
     let listener = match settings.telemetry_addr {
         Some(addr) => Some(
             http::serve(

@@ -3,9 +3,10 @@
 //! drift apart. Every log line about a message carries `outbox_id` and `worker_id`.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{Label, counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::message::{ClaimedMessage, WorkerId};
@@ -48,34 +49,42 @@ pub const HORIZON_XID_AGE: &str = "outbox_mvcc_horizon_xid_age";
 pub const HORIZON_CULPRIT: &str = "outbox_mvcc_horizon_culprit_age_seconds";
 pub const TABLE_TUPLES: &str = "outbox_messages_table_tuples";
 pub const LAST_AUTOVACUUM: &str = "outbox_messages_last_autovacuum_timestamp_seconds";
+// Many sources: each served source's backlog, rendered from its latest observation by the
+// process that serves it (by `observe`).
+pub const SOURCE_BACKLOG: &str = "outbox_source_backlog_messages";
+pub const SOURCE_OLDEST_READY_AGE: &str = "outbox_source_oldest_ready_age_seconds";
 
 /// Every metric with its kind and HELP text: the one list of metric names.
 pub const METRICS: &[(&str, Kind, &str)] = &[
-    (CLAIMED, Kind::Counter, "Messages claimed, by topic."),
+    (
+        CLAIMED,
+        Kind::Counter,
+        "Messages claimed, by topic (and source, with many sources).",
+    ),
     (
         DELIVERED,
         Kind::Counter,
-        "Messages acknowledged by their destination, by topic.",
+        "Messages acknowledged by their destination, by topic (and source, with many sources).",
     ),
     (
         RETRIED,
         Kind::Counter,
-        "Delivery attempts that failed retryably and were scheduled again, by topic.",
+        "Delivery attempts that failed retryably and were scheduled again, by topic (and source, with many sources).",
     ),
     (
         DEAD_LETTERED,
         Kind::Counter,
-        "Messages moved to dead letters by a completion: refused for good, or their last retry failed, by topic.",
+        "Messages moved to dead letters by a completion: refused for good, or their last retry failed, by topic (and source, with many sources).",
     ),
     (
         LEASE_LOST,
         Kind::Counter,
-        "Outcomes the database refused because the lease was no longer this worker's, by topic.",
+        "Outcomes the database refused because the lease was no longer this worker's, by topic (and source, with many sources).",
     ),
     (
         RELEASED,
         Kind::Counter,
-        "Messages given back without an attempt (open circuit, shutdown, stale batch), by topic.",
+        "Messages given back without an attempt (open circuit, shutdown, stale batch), by topic (and source, with many sources).",
     ),
     (
         STALE_BATCHES,
@@ -85,7 +94,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         IN_FLIGHT,
         Kind::Gauge,
-        "Messages claimed by this process and not yet completed.",
+        "Messages claimed by this process and not yet completed (by source, with many sources).",
     ),
     (
         CLAIM_SECONDS,
@@ -224,6 +233,18 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Observed,
         "When autovacuum last processed outbox.messages (Unix seconds).",
     ),
+    (
+        SOURCE_BACKLOG,
+        Kind::Observed,
+        "Many sources: messages ready to be claimed in each source this process serves \
+         (exported by one serving process per source: sum it over the fleet), by source.",
+    ),
+    (
+        SOURCE_OLDEST_READY_AGE,
+        Kind::Observed,
+        "Many sources: age of the oldest ready message of each source this process serves \
+         (0 when none is ready), by source.",
+    ),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,6 +326,99 @@ fn register() {
     }
 }
 
+/// The label value under which sources beyond the first [`SourceLabels`] cap are counted.
+pub const OTHER_SOURCE: &str = "other";
+
+/// The `source` label values of a many-source process: the first `cap` distinct sources it
+/// labels keep their name for the life of the process, the others are `other`, so that a
+/// fleet serving thousands of sources exports at most `cap` + 1 values per process.
+#[derive(Debug)]
+pub struct SourceLabels {
+    cap: usize,
+    named: Mutex<Vec<Arc<LabelValue>>>,
+    other: Arc<LabelValue>,
+}
+
+/// One value of the `source` label, and what the gauges under it add up.
+#[derive(Debug)]
+struct LabelValue {
+    value: Arc<str>,
+    /// Messages in flight of each source under this value.
+    in_flight: Mutex<HashMap<Arc<str>, usize>>,
+}
+
+impl LabelValue {
+    fn new(value: &str) -> Arc<Self> {
+        Arc::new(Self {
+            value: Arc::from(value),
+            in_flight: Mutex::default(),
+        })
+    }
+}
+
+impl SourceLabels {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            named: Mutex::new(Vec::new()),
+            other: LabelValue::new(OTHER_SOURCE),
+        }
+    }
+
+    /// The label of source `name`: its name while fewer than `cap` others were named
+    /// before it, `other` afterwards.
+    pub fn label(&self, name: &str) -> Source {
+        let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
+        let label = match named.iter().find(|n| &*n.value == name) {
+            Some(n) => n.clone(),
+            None if named.len() < self.cap => {
+                let n = LabelValue::new(name);
+                named.push(n.clone());
+                n
+            }
+            None => self.other.clone(),
+        };
+        Source(Some(SourceName {
+            name: Arc::from(name),
+            label,
+        }))
+    }
+}
+
+/// Which source the messages of a relay come from. The default (one database) adds no
+/// `source` label, so that a one-database process exports the series it always did.
+#[derive(Clone, Debug, Default)]
+pub struct Source(Option<SourceName>);
+
+#[derive(Clone, Debug)]
+struct SourceName {
+    /// The source's name, for the logs.
+    name: Arc<str>,
+    /// Its `source` label value: the name, or `other` beyond the cap.
+    label: Arc<LabelValue>,
+}
+
+impl Source {
+    /// The source's name (None with one database).
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_ref().map(|s| &*s.name)
+    }
+
+    /// Its `source` label value (None with one database).
+    pub fn label(&self) -> Option<&str> {
+        self.0.as_ref().map(|s| &*s.label.value)
+    }
+
+    /// `topic`, and `source` when there is one.
+    fn labels(&self, topic: &str) -> Vec<Label> {
+        let mut labels = vec![Label::new("topic", topic.to_owned())];
+        if let Some(source) = self.label() {
+            labels.push(Label::new("source", source.to_owned()));
+        }
+        labels
+    }
+}
+
 fn by_topic<'a>(messages: impl Iterator<Item = &'a ClaimedMessage>) -> HashMap<&'a str, u64> {
     let mut counts = HashMap::new();
     for m in messages {
@@ -313,16 +427,16 @@ fn by_topic<'a>(messages: impl Iterator<Item = &'a ClaimedMessage>) -> HashMap<&
     counts
 }
 
-pub fn batch_claimed(worker: &WorkerId, batch: &[ClaimedMessage], took: Duration) {
+pub fn batch_claimed(worker: &WorkerId, source: &Source, batch: &[ClaimedMessage], took: Duration) {
     histogram!(CLAIM_SECONDS).record(took.as_secs_f64());
     if !batch.is_empty() {
         #[allow(clippy::cast_precision_loss)] // a batch holds at most 10,000 messages
         histogram!(CLAIM_SECONDS_PER_MESSAGE).record(took.as_secs_f64() / batch.len() as f64);
     }
     for (topic, n) in by_topic(batch.iter()) {
-        counter!(CLAIMED, "topic" => topic.to_owned()).increment(n);
+        counter!(CLAIMED, source.labels(topic)).increment(n);
     }
-    tracing::debug!(worker_id = %worker, messages = batch.len(), took_ms = millis(took), "claimed a batch");
+    tracing::debug!(worker_id = %worker, source = source.name(), messages = batch.len(), took_ms = millis(took), "claimed a batch");
 }
 
 pub fn batch_dispatched(destination: &str, took: Duration) {
@@ -367,54 +481,79 @@ pub fn batch_completed(took: Duration) {
     histogram!(COMPLETE_SECONDS).record(took.as_secs_f64());
 }
 
-pub fn in_flight(messages: usize) {
+pub fn in_flight(source: &Source, messages: usize) {
     #[allow(clippy::cast_precision_loss)] // a message count is far below 2^52
-    gauge!(IN_FLIGHT).set(messages as f64);
+    match &source.0 {
+        None => gauge!(IN_FLIGHT).set(messages as f64),
+        // The sources under one label (`other`) add up.
+        Some(s) => {
+            let mut by_source = s.label.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            by_source.insert(s.name.clone(), messages);
+            let sum: usize = by_source.values().sum();
+            gauge!(IN_FLIGHT, "source" => s.label.value.to_string()).set(sum as f64);
+        }
+    }
 }
 
-pub fn delivered<'a>(worker: &WorkerId, messages: impl Iterator<Item = &'a ClaimedMessage>) {
+pub fn delivered<'a>(
+    worker: &WorkerId,
+    source: &Source,
+    messages: impl Iterator<Item = &'a ClaimedMessage>,
+) {
     let now = chrono::Utc::now();
     let mut counts: HashMap<&str, u64> = HashMap::new();
     for m in messages {
         *counts.entry(m.topic.as_str()).or_insert(0) += 1;
         let latency = (now - m.created_at).to_std().unwrap_or_default();
         histogram!(DELIVERY_LATENCY_SECONDS).record(latency.as_secs_f64());
-        tracing::trace!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no, "delivered");
+        tracing::trace!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no, "delivered");
     }
     for (topic, n) in counts {
-        counter!(DELIVERED, "topic" => topic.to_owned()).increment(n);
+        counter!(DELIVERED, source.labels(topic)).increment(n);
     }
 }
 
-pub fn retry_scheduled(worker: &WorkerId, m: &ClaimedMessage, reason: &str, delay: Duration) {
-    counter!(RETRIED, "topic" => m.topic.clone()).increment(1);
-    tracing::warn!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
+pub fn retry_scheduled(
+    worker: &WorkerId,
+    source: &Source,
+    m: &ClaimedMessage,
+    reason: &str,
+    delay: Duration,
+) {
+    counter!(RETRIED, source.labels(&m.topic)).increment(1);
+    tracing::warn!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no,
         retry_in_ms = millis(delay), reason, "delivery failed; will retry (dead-lettered if out of attempts)");
 }
 
-pub fn rejected(worker: &WorkerId, m: &ClaimedMessage, reason: &str) {
-    counter!(DEAD_LETTERED, "topic" => m.topic.clone()).increment(1);
-    tracing::warn!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
+pub fn rejected(worker: &WorkerId, source: &Source, m: &ClaimedMessage, reason: &str) {
+    counter!(DEAD_LETTERED, source.labels(&m.topic)).increment(1);
+    tracing::warn!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no,
         reason, "destination rejected the message; dead-lettered");
 }
 
-pub fn retries_exhausted(worker: &WorkerId, m: &ClaimedMessage, reason: &str) {
-    counter!(DEAD_LETTERED, "topic" => m.topic.clone()).increment(1);
-    tracing::warn!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
+pub fn retries_exhausted(worker: &WorkerId, source: &Source, m: &ClaimedMessage, reason: &str) {
+    counter!(DEAD_LETTERED, source.labels(&m.topic)).increment(1);
+    tracing::warn!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no,
         reason, "last attempt failed; dead-lettered");
 }
 
-pub fn lease_lost(worker: &WorkerId, m: &ClaimedMessage) {
-    counter!(LEASE_LOST, "topic" => m.topic.clone()).increment(1);
-    tracing::info!(outbox_id = %m.id, worker_id = %worker, topic = %m.topic, attempt_no = m.attempt_no,
+pub fn lease_lost(worker: &WorkerId, source: &Source, m: &ClaimedMessage) {
+    counter!(LEASE_LOST, source.labels(&m.topic)).increment(1);
+    tracing::info!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no,
         "lease lost before completion; the outcome belongs to whoever holds it now");
 }
 
-pub fn released(worker: &WorkerId, batch: &[ClaimedMessage], released: i32, reason: &str) {
+pub fn released(
+    worker: &WorkerId,
+    source: &Source,
+    batch: &[ClaimedMessage],
+    released: i32,
+    reason: &str,
+) {
     for (topic, n) in by_topic(batch.iter()) {
-        counter!(RELEASED, "topic" => topic.to_owned()).increment(n);
+        counter!(RELEASED, source.labels(topic)).increment(n);
     }
-    tracing::info!(worker_id = %worker, messages = batch.len(), released, reason,
+    tracing::info!(worker_id = %worker, source = source.name(), messages = batch.len(), released, reason,
         "gave undelivered messages back without an attempt (claimable again at once)");
 }
 
@@ -533,4 +672,50 @@ pub fn sources(counts: &std::collections::BTreeMap<&'static str, usize>) {
 /// A duration in whole milliseconds as a log field: a number (u64), never a Debug string.
 pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_sources_keep_their_name_and_the_rest_are_other() {
+        let labels = SourceLabels::new(2);
+        assert_eq!(labels.label("a").label(), Some("a"));
+        assert_eq!(labels.label("b").label(), Some("b"));
+        let c = labels.label("c");
+        assert_eq!((c.name(), c.label()), (Some("c"), Some(OTHER_SOURCE)));
+        // A named source keeps its name when it comes back.
+        assert_eq!(labels.label("a").label(), Some("a"));
+        assert_eq!(labels.label("d").label(), Some(OTHER_SOURCE));
+    }
+
+    #[test]
+    fn the_sources_counted_as_other_add_up_their_messages_in_flight() {
+        let labels = SourceLabels::new(1);
+        let (a, b, c) = (labels.label("a"), labels.label("b"), labels.label("c"));
+        in_flight(&a, 5);
+        in_flight(&b, 3);
+        in_flight(&c, 4);
+        in_flight(&b, 1);
+        let other = &c.0.as_ref().unwrap().label;
+        let sum: usize = other.in_flight.lock().unwrap().values().sum();
+        assert_eq!(sum, 5);
+        let named = &a.0.as_ref().unwrap().label;
+        assert_eq!(named.in_flight.lock().unwrap().values().sum::<usize>(), 5);
+    }
+
+    #[test]
+    fn one_database_adds_no_source_label() {
+        let labels = Source::default().labels("orders");
+        assert_eq!(labels, vec![Label::new("topic", "orders")]);
+        let labels = SourceLabels::new(1).label("billing").labels("orders");
+        assert_eq!(
+            labels,
+            vec![
+                Label::new("topic", "orders"),
+                Label::new("source", "billing")
+            ]
+        );
+    }
 }

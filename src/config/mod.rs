@@ -351,6 +351,12 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
             0 => None,
             n => Some(n),
         },
+        label_limit: ranged(
+            "source_label_limit",
+            raw.source_label_limit.unwrap_or(50),
+            1,
+            10_000,
+        )?,
     };
     if let Some(budget) = settings.max_connections_per_server
         && budget < settings.connections_per_source()

@@ -192,6 +192,10 @@ pub struct RawConfig {
         allow_negative_numbers = true
     )]
     pub source_calls_per_server: Option<i64>,
+    /// Sources named in the `source` label of this process's metrics: the first ones it
+    /// serves; the others are labelled `other`, 1..=10000 [default: 50].
+    #[arg(long, env = "OUTBOX_SOURCE_LABEL_LIMIT", allow_negative_numbers = true)]
+    pub source_label_limit: Option<i64>,
 }
 
 /// One `[sources.NAME]` table.
@@ -279,6 +283,7 @@ impl RawConfig {
             max_connections_per_server: self
                 .max_connections_per_server
                 .or(fallback.max_connections_per_server),
+            source_label_limit: self.source_label_limit.or(fallback.source_label_limit),
         }
     }
 }

@@ -8,6 +8,9 @@
 //! diagnosis with advice (`/debug/health`, `outbox-relay status`), and into one warning per
 //! culprit that holds the horizon longer than the threshold.
 //!
+//! With many sources, each source a process serves is observed the same way, and its
+//! backlog exported by the process that serves it (`render_sources`).
+//!
 //! `render.rs` writes the fleet gauges in the Prometheus text format.
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,7 +28,7 @@ use crate::telemetry;
 
 mod render;
 
-pub use render::render;
+pub use render::{render, render_sources};
 
 /// One snapshot of `outbox.observe`.
 #[derive(Clone, Debug, Serialize)]
@@ -384,5 +387,46 @@ mod tests {
         };
         let text = render(&o, Duration::from_secs(1));
         assert!(text.contains(r#"name="billing \"nightly\"""#), "{text}");
+    }
+
+    fn topic(name: &str, ready: i64, oldest: Option<f64>) -> TopicFigures {
+        TopicFigures {
+            topic: name.to_owned(),
+            ready,
+            delayed: 0,
+            in_flight: 0,
+            expired_leases: 0,
+            dead_letters: 0,
+            oldest_ready_age_seconds: oldest,
+            next_due_at: None,
+        }
+    }
+
+    #[test]
+    fn a_source_backlog_sums_its_topics_and_other_sums_its_sources() {
+        let observed = |topics| Observation {
+            observed_at: Utc::now(),
+            refreshed: true,
+            snapshot: Snapshot {
+                topics,
+                ..Snapshot::default()
+            },
+        };
+        let text = render_sources(&[
+            (
+                "billing".to_owned(),
+                observed(vec![topic("a", 3, Some(2.5)), topic("b", 4, Some(7.0))]),
+            ),
+            ("other".to_owned(), observed(vec![topic("a", 1, Some(9.0))])),
+            ("other".to_owned(), observed(vec![topic("a", 2, None)])),
+        ]);
+        for line in [
+            "outbox_source_backlog_messages{source=\"billing\"} 7",
+            "outbox_source_backlog_messages{source=\"other\"} 3",
+            "outbox_source_oldest_ready_age_seconds{source=\"billing\"} 7",
+            "outbox_source_oldest_ready_age_seconds{source=\"other\"} 9",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+        }
     }
 }

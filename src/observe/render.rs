@@ -1,6 +1,9 @@
 //! The fleet gauges of an observation in the Prometheus text format, rendered apart from
-//! the recorder so that a topic that leaves the largest ones stops being exported.
+//! the recorder so that a topic that leaves the largest ones stops being exported, and the
+//! backlog gauges of the sources a many-source process serves, so that a source that moves
+//! to another process stops being exported by this one.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -131,6 +134,39 @@ pub fn render(observation: &Observation, threshold: Duration) -> String {
                 telemetry::LAST_AUTOVACUUM,
                 vec![(vec![], at.timestamp_millis() as f64 / 1000.0)],
             );
+        }
+    }
+    out
+}
+
+/// The backlog gauges of the sources this process serves, from each source's latest
+/// observation and under its `source` label: the messages ready to be claimed, and the age
+/// of the oldest (0 when none is ready). Sources sharing a label (`other`) are summed, and
+/// their oldest age is the oldest of them.
+pub fn render_sources(backlogs: &[(String, Observation)]) -> String {
+    let mut by_label: BTreeMap<&str, (i64, f64)> = BTreeMap::new();
+    for (label, observation) in backlogs {
+        let (ready, oldest) = by_label.entry(label.as_str()).or_default();
+        for t in &observation.snapshot.topics {
+            *ready += t.ready;
+            *oldest = oldest.max(t.oldest_ready_age_seconds.unwrap_or(0.0));
+        }
+    }
+    let mut out = String::new();
+    for name in [
+        telemetry::SOURCE_BACKLOG,
+        telemetry::SOURCE_OLDEST_READY_AGE,
+    ] {
+        let help = telemetry::help(name);
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (label, (ready, oldest)) in &by_label {
+            #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+            let value = if name == telemetry::SOURCE_BACKLOG {
+                *ready as f64
+            } else {
+                *oldest
+            };
+            let _ = writeln!(out, "{name}{{source=\"{}\"}} {value}", escape(label));
         }
     }
     out

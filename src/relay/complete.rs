@@ -128,7 +128,7 @@ impl Relay {
         {
             if result.lease_lost {
                 summary.lease_lost += 1;
-                telemetry::lease_lost(self.worker(), m);
+                telemetry::lease_lost(self.worker(), &self.source, m);
                 continue;
             }
             match outcome {
@@ -138,20 +138,20 @@ impl Relay {
                 }
                 Outcome::Retryable { reason, .. } if result.dead_lettered => {
                     summary.rejected += 1;
-                    telemetry::retries_exhausted(self.worker(), m, reason);
+                    telemetry::retries_exhausted(self.worker(), &self.source, m, reason);
                 }
                 Outcome::Retryable { reason, .. } => {
                     summary.retried += 1;
-                    telemetry::retry_scheduled(self.worker(), m, reason, *delay);
+                    telemetry::retry_scheduled(self.worker(), &self.source, m, reason, *delay);
                 }
                 Outcome::Permanent { reason } => {
                     summary.rejected += 1;
-                    telemetry::rejected(self.worker(), m, reason);
+                    telemetry::rejected(self.worker(), &self.source, m, reason);
                 }
                 Outcome::NotAttempted { .. } => {}
             }
         }
-        telemetry::delivered(self.worker(), delivered.into_iter());
+        telemetry::delivered(self.worker(), &self.source, delivered.into_iter());
         summary
     }
 
@@ -165,7 +165,7 @@ impl Relay {
             batch.iter().map(|m| (m.id, m.lease_token)).collect();
         match self.store.release(self.worker(), &leases).await {
             Ok(n) => {
-                telemetry::released(self.worker(), batch, n, reason);
+                telemetry::released(self.worker(), &self.source, batch, n, reason);
                 Summary {
                     released: u64::from(n.unsigned_abs()),
                     ..Summary::default()

@@ -86,6 +86,8 @@ pub struct Relay {
     wake: Arc<Notify>,
     /// Claims only while it is open (a source of a many-source fleet); None: always.
     gate: Option<Gate>,
+    /// The source its metrics and logs name (none with one database).
+    source: telemetry::Source,
 }
 
 impl Relay {
@@ -97,12 +99,19 @@ impl Relay {
             leases: Arc::default(),
             wake: Arc::new(Notify::new()),
             gate: None,
+            source: telemetry::Source::default(),
         }
     }
 
     /// The same relay, claiming only while `gate` is open.
     pub fn with_gate(mut self, gate: Gate) -> Self {
         self.gate = Some(gate);
+        self
+    }
+
+    /// The same relay, its metrics labelled and its logs marked with `source`.
+    pub fn with_source(mut self, source: telemetry::Source) -> Self {
+        self.source = source;
         self
     }
 
@@ -158,7 +167,7 @@ impl Relay {
             )
             .await?;
         if !batch.is_empty() {
-            telemetry::batch_claimed(self.worker(), &batch, started.elapsed());
+            telemetry::batch_claimed(self.worker(), &self.source, &batch, started.elapsed());
         }
         Ok((started, batch))
     }
@@ -334,7 +343,7 @@ impl Relay {
     ) -> Summary {
         let batch = &part.messages;
         let (book_id, window) = self.leases.insert(batch, asked, self.publish_window());
-        telemetry::in_flight(self.leases.messages());
+        telemetry::in_flight(&self.source, self.leases.messages());
         let admitted = tokio::select! {
             permit = self.dispatcher.admit(&part) => Some(permit),
             () = abandon.cancelled() => None,
@@ -371,7 +380,7 @@ impl Relay {
             }
         };
         self.leases.remove(book_id);
-        telemetry::in_flight(self.leases.messages());
+        telemetry::in_flight(&self.source, self.leases.messages());
         // Room at the destination, and completing a keyed message makes the next one of
         // its key claimable.
         self.wake.notify_one();

@@ -1,12 +1,16 @@
 //! What this process knows of each source: serving it, standing by while other processes
 //! serve it, or unable to (down, unmigrated, the wrong schema version, grants lost, over
 //! the connection budget), with who serves it. Each change is logged once; `/readyz` and
-//! the `outbox_sources` gauge read the board.
+//! the `outbox_sources` gauge read the board. A source this process serves has its latest
+//! observation here too, which `/metrics` exports as the source's backlog while this process
+//! is its first holder (one exporter per source, so that the fleet's sum counts each once).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
+
+use crate::observe::{Latest, Observation};
 
 /// The state of one source in this process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,12 +51,32 @@ pub struct Entry {
 
 /// Every source this process knows, by name.
 #[derive(Debug, Default)]
-pub struct Board(Mutex<BTreeMap<String, Entry>>);
+pub struct Board {
+    entries: Mutex<BTreeMap<String, Entry>>,
+    observed: Mutex<BTreeMap<String, Observed>>,
+}
+
+/// The observations of a source this process serves, and the label it exports them under.
+struct Observed {
+    label: String,
+    /// This process's worker id: the backlog is exported while it is the first holder.
+    worker: String,
+    latest: Arc<Latest>,
+}
+
+impl std::fmt::Debug for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observed")
+            .field("label", &self.label)
+            .field("worker", &self.worker)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Board {
     /// Records `state` for `source`, logging it when it changed.
     pub fn set(&self, source: &str, state: SourceState) {
-        let mut board = self.0.lock().expect("board lock");
+        let mut board = self.entries.lock().expect("board lock");
         let entry = board.entry(source.to_owned()).or_insert_with(|| Entry {
             state: SourceState::Starting,
             since: Utc::now(),
@@ -80,21 +104,58 @@ impl Board {
 
     /// Records who serves `source`, as the source said.
     pub fn holders(&self, source: &str, holders: Vec<String>) {
-        if let Some(entry) = self.0.lock().expect("board lock").get_mut(source) {
+        if let Some(entry) = self.entries.lock().expect("board lock").get_mut(source) {
             entry.holders = holders;
         }
     }
 
     /// Forgets `source` (no longer discovered).
     pub fn remove(&self, source: &str) {
-        let mut board = self.0.lock().expect("board lock");
+        self.unobserve(source);
+        let mut board = self.entries.lock().expect("board lock");
         board.remove(source);
         crate::telemetry::sources(&counts(&board));
     }
 
     /// Every source's line, by name.
     pub fn entries(&self) -> BTreeMap<String, Entry> {
-        self.0.lock().expect("board lock").clone()
+        self.entries.lock().expect("board lock").clone()
+    }
+
+    /// `source` is served here and observed into `latest`: its backlog is exported under
+    /// `label` while this process (`worker`) serves it as its first holder.
+    pub fn observe(&self, source: &str, label: &str, worker: &str, latest: Arc<Latest>) {
+        self.observed.lock().expect("board lock").insert(
+            source.to_owned(),
+            Observed {
+                label: label.to_owned(),
+                worker: worker.to_owned(),
+                latest,
+            },
+        );
+    }
+
+    /// `source` is no longer served here: its backlog is no longer exported by this process.
+    pub fn unobserve(&self, source: &str) {
+        self.observed.lock().expect("board lock").remove(source);
+    }
+
+    /// The latest observation of each source whose backlog this process exports, with its
+    /// label: the sources it serves as their first holder (in slot order), observed at least
+    /// once.
+    pub fn backlogs(&self) -> Vec<(String, Observation)> {
+        let entries = self.entries.lock().expect("board lock");
+        let observed = self.observed.lock().expect("board lock");
+        observed
+            .iter()
+            .filter(|(source, o)| {
+                entries.get(*source).is_some_and(|e| {
+                    matches!(e.state, SourceState::Serving { .. })
+                        && e.holders.first() == Some(&o.worker)
+                })
+            })
+            .filter_map(|(_, o)| Some((o.label.clone(), o.latest.get()?)))
+            .collect()
     }
 }
 

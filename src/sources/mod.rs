@@ -11,7 +11,8 @@
 //! - `discover.rs`: finding the sources;
 //! - `share.rs`: this process's fair share, and its part of each server's connection budget;
 //! - `serve.rs`: one source's task: ask, serve while the slot holds, give it back;
-//! - `board.rs`: each source's state, logged once per change, for `/readyz` and metrics.
+//! - `board.rs`: each source's state, logged once per change, for `/readyz` and metrics,
+//!   and the latest observation of each source served here, exported as its backlog.
 
 mod board;
 mod discover;
@@ -30,8 +31,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Dispatcher;
+use crate::observe::ObserveSettings;
 use crate::relay::RelaySettings;
 use crate::store::Statements;
+use crate::telemetry::SourceLabels;
 
 /// What every source's task shares: the settings, the destinations and the fair share.
 pub struct Fleet {
@@ -42,6 +45,11 @@ pub struct Fleet {
     /// on them ([`Dispatcher::for_source`]).
     pub dispatcher: Arc<Dispatcher>,
     pub board: Arc<Board>,
+    /// The `source` label of each served source's metrics (the first `label_limit` keep
+    /// their name).
+    labels: SourceLabels,
+    /// How each served source is observed for its backlog gauges; None: not observed.
+    observe: Option<ObserveSettings>,
     share: share::Share,
     /// Each server's turns for the leasing calls of the sources served on it
     /// ([`Store::with_turns`](crate::store::Store::with_turns)), by server.
@@ -62,6 +70,8 @@ impl Fleet {
     ) -> Self {
         Self {
             share: share::Share::new(&settings),
+            labels: SourceLabels::new(settings.label_limit),
+            observe: None,
             settings,
             relay,
             statements,
@@ -70,6 +80,13 @@ impl Fleet {
             turns: std::sync::Mutex::default(),
             started: std::time::Instant::now(),
         }
+    }
+
+    /// The same fleet, observing each source it serves every `settings.interval`
+    /// (`outbox.observe`, as one database is) for the backlog gauges of `/metrics`.
+    pub fn with_observe(mut self, settings: ObserveSettings) -> Self {
+        self.observe = Some(settings);
+        self
     }
 }
 

@@ -6,7 +6,10 @@
 //! monotonic clock (four fifths of the lease from the call that renewed it); the slot is
 //! renewed at a third of the lease, and the pool's connections idle for as long are closed
 //! (a served source with nothing to do holds two sessions: its LISTEN session and the one
-//! its polls use). The source is given up when the slot is lost (the relay
+//! its polls use). While it serves the source, the task also observes it
+//! (`outbox.observe`, every observe interval) for the backlog gauges this process exports
+//! as the source's first holder, and stops exporting them as soon as it stops serving.
+//! The source is given up when the slot is lost (the relay
 //! stops claiming at once), given back when this process serves more than its share (after
 //! the relay drained), and left when the source is no longer discovered or the process
 //! stops (after the relay drained: its deliveries finish, or their leases are released).
@@ -15,10 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::Fleet;
 use super::board::SourceState;
 use super::share::{Held, Refusal};
+use crate::observe;
 use crate::relay::{Gate, Relay};
 use crate::store::{SourceTurn, Store, StoreError};
 
@@ -184,13 +189,28 @@ async fn serve(
     let lease = fleet.settings.lease;
     let gate = Gate::until(until);
     let relay_stop = CancellationToken::new();
+    let source = fleet.labels.label(name);
     let relay = Relay::new(
         fleet.relay.clone(),
         store.clone(),
         Arc::new(fleet.dispatcher.for_source()),
     )
-    .with_gate(gate.clone());
+    .with_gate(gate.clone())
+    .with_source(source.clone());
     let mut relay_task = tokio::spawn(relay.run(relay_stop.clone()));
+    // The source's backlog, observed while it is served here.
+    let observer = fleet.observe.map(|settings| {
+        let latest = observe::Latest::new(settings);
+        let worker = &fleet.relay.worker_id;
+        let label = source.label().unwrap_or(name);
+        fleet
+            .board
+            .observe(name, label, worker.as_str(), latest.clone());
+        tokio::spawn(
+            observe::run(store.clone(), worker.clone(), latest, relay_stop.clone())
+                .instrument(tracing::info_span!("observe", source = name)),
+        )
+    });
     let mut relay_ended = None;
     fleet.board.set(name, SourceState::Serving { slot });
     let end = loop {
@@ -241,6 +261,11 @@ async fn serve(
             ),
         }
     };
+    // Another process may serve it from now on: its backlog is theirs to export.
+    fleet.board.unobserve(name);
+    if let Some(observer) = observer {
+        observer.abort();
+    }
     relay_stop.cancel();
     let ended = match relay_ended {
         Some(ended) => ended,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// Validated settings of the sources a process serves. Empty (no source listed, nothing to
 /// discover): the process serves the one database of `database_url`, as ever.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SourcesSettings {
     /// Sources listed in the config: name → connection string.
     pub listed: BTreeMap<String, String>,
@@ -34,6 +34,28 @@ pub struct SourcesSettings {
     /// on one Postgres server, over all the sources it serves there; None: no cap but each
     /// source's pool.
     pub calls_per_server: Option<usize>,
+    /// Sources named in the `source` label of this process's metrics (the first ones it
+    /// serves); the others are `other`.
+    pub label_limit: usize,
+}
+
+impl Default for SourcesSettings {
+    /// Nothing to serve; `calls_per_server` and `label_limit` at the defaults of
+    /// `source_calls_per_server` and `source_label_limit`.
+    fn default() -> Self {
+        Self {
+            listed: BTreeMap::new(),
+            server_url: None,
+            catalogue: None,
+            discover_interval: Duration::ZERO,
+            processes_per_source: None,
+            lease: Duration::ZERO,
+            pool_size: 0,
+            max_connections_per_server: None,
+            calls_per_server: Some(4),
+            label_limit: 50,
+        }
+    }
 }
 
 impl SourcesSettings {
