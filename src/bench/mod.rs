@@ -129,7 +129,7 @@ pub struct Options {
     /// fleets serving them (many sources); prints the rate and Jain's fairness index.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=500))]
     pub sources: Vec<u32>,
-    /// With --sources: the leasing calls each fleet runs at once on the server
+    /// With --sources and --quiet-sources: the leasing calls each fleet runs at once on the server
     /// (`source_calls_per_server`; 0: no cap).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub calls_per_server: u32,

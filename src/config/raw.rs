@@ -183,9 +183,9 @@ pub struct RawConfig {
         allow_negative_numbers = true
     )]
     pub max_connections_per_server: Option<i64>,
-    /// Leasing calls (claims, completions) one process runs at once on one Postgres server
-    /// over all the sources it serves there, taken in turn; 0 for no cap, 0..=1024
-    /// [default: 4].
+    /// Leasing calls (claims, completions, releases, lease repairs) one process runs at
+    /// once on one Postgres server over all the sources it serves there, taken in turn; 0
+    /// for no cap, 0..=1024 [default: 4].
     #[arg(
         long,
         env = "OUTBOX_SOURCE_CALLS_PER_SERVER",

@@ -113,15 +113,19 @@ struct Polled<'a> {
 async fn poll<'a>(fleet: &'a Fleet, url: &str, server: &str) -> Result<Polled<'a>, StoreError> {
     let store = Store::connect_as(url, 1, "outbox-relay poll")?;
     store.check_schema().await?;
-    let (held, refusal) =
-        if fleet.started.elapsed() < fleet.settings.discover_interval || !fleet.share.joined() {
-            (None, Some(Refusal::Joining))
-        } else {
-            match fleet.share.try_hold(server) {
-                Ok(held) => (Some(held), None),
-                Err(refusal) => (None, Some(refusal)),
-            }
-        };
+    // Joining: the first discovery interval, and until every source was polled once, but
+    // no longer than three intervals (a source whose poll hangs does not keep the process
+    // from serving the others).
+    let up = fleet.started.elapsed();
+    let interval = fleet.settings.discover_interval;
+    let (held, refusal) = if up < interval || (!fleet.share.joined() && up < interval * 3) {
+        (None, Some(Refusal::Joining))
+    } else {
+        match fleet.share.try_hold(server) {
+            Ok(held) => (Some(held), None),
+            Err(refusal) => (None, Some(refusal)),
+        }
+    };
     let asked = Instant::now();
     let turn = store
         .serve_source(

@@ -30,9 +30,9 @@ pub struct SourcesSettings {
     /// The fleet's cap on connections to one Postgres server (host and port), shared out
     /// evenly among the processes that serve its sources; None: no cap.
     pub max_connections_per_server: Option<usize>,
-    /// Leasing calls (claims, completions, extensions, releases) one process runs at once
-    /// on one Postgres server, over all the sources it serves there; None: no cap but each
-    /// source's pool.
+    /// Leasing calls (claims, completions, releases, lease repairs) one process runs at
+    /// once on one Postgres server, over all the sources it serves there; None: no cap but
+    /// each source's pool.
     pub calls_per_server: Option<usize>,
     /// Sources named in the `source` label of this process's metrics (the first ones it
     /// serves); the others are `other`.

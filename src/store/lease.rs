@@ -107,7 +107,7 @@ impl Store {
     ) -> Result<Vec<(OutboxId, DateTime<Utc>)>> {
         let (ids, tokens) = split_leases(leases);
         let rows = self
-            .leasing_query(
+            .extending_query(
                 "SELECT * FROM outbox.extend_outbox_leases($1, $2, $3, $4)",
                 &[
                     (&worker.as_str(), Type::TEXT),
@@ -145,9 +145,9 @@ impl Store {
 
     /// `outbox.repair_expired_leases`: one pass over expired leases.
     pub async fn repair(&self, limit: i32) -> Result<Repair> {
-        let row = self
-            .client()
-            .await?
+        let client = self.client().await?;
+        let _turn = self.turn().await;
+        let row = client
             .query_typed_one(
                 "SELECT * FROM outbox.repair_expired_leases($1)",
                 &[(&limit, Type::INT4)],

@@ -209,8 +209,9 @@ impl Store {
         })
     }
 
-    /// The same store, its leasing calls (claims, completions, extensions, releases) each
-    /// waiting for one of `turns` and holding it while the database runs them. Shared by the
+    /// The same store, its leasing calls (claims, completions, releases and lease repairs;
+    /// not lease extensions) each waiting for one of `turns` and holding it while the
+    /// database runs them. Shared by the
     /// stores of every source one process serves on a server, it caps how many of those
     /// calls that server runs for the process at once, however many sources it serves: a
     /// server with tens of outbox databases otherwise runs a claim loop's calls for each of
@@ -241,6 +242,14 @@ impl Store {
         }
         self.listen_target = Arc::new(target);
         Ok(self)
+    }
+
+    /// One of the store's turns, waited for (see [`Store::with_turns`]); None without turns.
+    pub(super) async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match &self.turns {
+            Some(turns) => Some(turns.acquire().await.expect("the turns are never closed")),
+            None => None,
+        }
     }
 
     /// Where and how this store connects.

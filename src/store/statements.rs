@@ -115,11 +115,30 @@ impl Store {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>> {
-        let _turn = match &self.turns {
-            Some(turns) => Some(turns.acquire().await.expect("the turns are never closed")),
-            None => None,
-        };
+        // The connection first, then the turn: a turn is held only while the database runs
+        // the call, never while waiting for this source's pool.
         let client = self.client().await?;
+        let _turn = self.turn().await;
+        self.leasing_query_on(&client, sql, params).await
+    }
+
+    /// [`Store::leasing_query`] without a turn: a lease extension, which keeps the leases of
+    /// batches already at their destinations and must not queue behind other sources' claims.
+    pub(super) async fn extending_query(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>> {
+        let client = self.client().await?;
+        self.leasing_query_on(&client, sql, params).await
+    }
+
+    async fn leasing_query_on(
+        &self,
+        client: &deadpool_postgres::Object,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>> {
         if !self.unnamed_statements() {
             let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
             let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();

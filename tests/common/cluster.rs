@@ -4,9 +4,8 @@
 //! guard drops, also when the test panics. A watcher process does the same if the test
 //! process dies without dropping it (SIGKILL, an abort), so nothing is left behind either
 //! way. The directory is in `/dev/shm` when that memory file system has room, else in the
-//! system's temporary directory; `TEST_CLUSTER_DIR` names another parent. (On the 2-core
-//! machine's shared disk, making the 62 databases of `tests/sources.rs` took 11–35 s and
-//! removing them 23–54 s; in `/dev/shm`, 9 s and under a second.)
+//! system's temporary directory (making and dropping tens of databases is several times
+//! faster in memory); `TEST_CLUSTER_DIR` names another parent.
 //!
 //! It needs the PostgreSQL server binaries (`initdb`, `pg_ctl`): the newest under
 //! `/usr/lib/postgresql/*/bin` (Debian's layout), else the directory `pg_config --bindir`
@@ -178,14 +177,14 @@ impl Cluster {
         let stop = self.command("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
         let stop = std::iter::once(stop.get_program())
             .chain(stop.get_args())
-            .map(|a| a.to_string_lossy().into_owned())
+            .map(|a| quoted(&a.to_string_lossy()))
             .collect::<Vec<_>>()
             .join(" ");
         let script = format!(
             "while kill -0 {owner} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; \
              rm -rf {dir}",
             owner = std::process::id(),
-            dir = self.dir.display()
+            dir = quoted(&self.dir.to_string_lossy())
         );
         Command::new("bash")
             .args(["-c", &script])
@@ -298,4 +297,9 @@ fn bindir() -> PathBuf {
              --bindir` and PATH: install PostgreSQL (apt-get install postgresql)"
         )
     })
+}
+
+/// `s` as one word of a shell command.
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
