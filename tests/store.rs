@@ -216,3 +216,98 @@ async fn enqueue_joins_the_callers_transaction() {
     assert_eq!(orders, vec![2]);
     db.finish().await;
 }
+
+/// Leasing calls of stores sharing one turn run one at a time on the server: with a lock
+/// holding the claims up, two stores' claims leave one session waiting in the database and
+/// the other waiting for its turn; without turns both wait in the database. Lease
+/// extensions take no turn.
+#[tokio::test]
+async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let db = TestDb::new().await;
+    let worker = WorkerId::new("w1");
+    let blocker = db.client().await;
+    let watcher = db.client().await;
+    // Sessions of this database waiting on a lock while running a claim.
+    let waiting = || async {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock' AND query LIKE '%claim_outbox_batch_seq%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    for turns in [Some(1), None] {
+        let shared = Arc::new(tokio::sync::Semaphore::new(1));
+        let stores: Vec<_> = (0..2)
+            .map(|_| match turns {
+                Some(_) => db.store().with_turns(shared.clone()),
+                None => db.store(),
+            })
+            .collect();
+        blocker
+            .batch_execute("BEGIN; LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let claims: Vec<_> = stores
+            .iter()
+            .map(|store| {
+                let (store, worker) = (store.clone(), worker.clone());
+                tokio::spawn(async move {
+                    store
+                        .claim(10, &worker, 30, None, None, Default::default())
+                        .await
+                })
+            })
+            .collect();
+        let expected = if turns.is_some() { 1 } else { 2 };
+        let mut seen = 0;
+        for _ in 0..100 {
+            seen = waiting().await;
+            if seen >= expected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Long enough for a second call to reach the database if it could.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        seen = seen.max(waiting().await);
+        assert_eq!(
+            seen, expected,
+            "sessions waiting in the database, turns {turns:?}"
+        );
+        blocker.batch_execute("COMMIT").await.unwrap();
+        for claim in claims {
+            claim.await.unwrap().unwrap();
+        }
+        if turns.is_some() {
+            // While the only turn is taken, a claim waits and an extension does not.
+            let taken = shared.acquire().await.unwrap();
+            let claim = stores[0].claim(10, &worker, 30, None, None, Default::default());
+            assert!(
+                tokio::time::timeout(Duration::from_millis(300), claim)
+                    .await
+                    .is_err(),
+                "a claim ran without a turn"
+            );
+            let extended =
+                tokio::time::timeout(Duration::from_secs(5), stores[1].extend(&worker, &[], 30))
+                    .await;
+            assert!(
+                matches!(extended, Ok(Ok(_))),
+                "an extension waited: {extended:?}"
+            );
+            drop(taken);
+            stores[0]
+                .claim(10, &worker, 30, None, None, Default::default())
+                .await
+                .unwrap();
+        }
+    }
+    db.finish().await;
+}

@@ -574,6 +574,27 @@ mod tests {
     }
 
     #[test]
+    fn the_turns_per_server_default_to_four_zero_lifts_the_cap_and_a_bad_count_is_named() {
+        let s = settings(RawConfig::default()).unwrap();
+        assert_eq!(s.sources.calls_per_server, Some(4));
+        let s = settings(RawConfig {
+            source_calls_per_server: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.sources.calls_per_server, None);
+        for bad in [-1, 1025] {
+            let err = settings(RawConfig {
+                source_calls_per_server: Some(bad),
+                ..Default::default()
+            })
+            .unwrap_err();
+            assert_eq!(err.setting, "source_calls_per_server", "{err}");
+            assert!(err.to_string().contains(&bad.to_string()), "{err}");
+        }
+    }
+
+    #[test]
     fn flags_win_over_the_file_and_the_file_refuses_unknown_keys() {
         let dir = std::env::temp_dir().join(format!("outbox-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
