@@ -53,17 +53,6 @@ async fn catalogue(db: &TestDb) {
         .unwrap();
 }
 
-/// A database beside `db` migrated as a source, to copy the sources from.
-async fn template(db: &TestDb) -> String {
-    let template = db.sibling("tmpl").await;
-    let mut t = connect(&with_database(&db.base, &template)).await.unwrap();
-    outbox_relay::schema::runner()
-        .run_async(&mut t)
-        .await
-        .expect("migrate the template");
-    template
-}
-
 struct Source {
     name: String,
     url: String,
@@ -243,7 +232,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     let db = TestDb::new_in(&cluster).await;
     let c = db.client().await;
     catalogue(&db).await;
-    let template = template(&db).await;
+    let template = db.migrated_template().await;
     let mut all = sources(&db, &template, 0..SOURCES).await;
     // Two sources that go wrong while the fleet runs: one is dropped, one loses its grants.
     let gone = db.sibling_from("gone", &template).await;
@@ -633,7 +622,7 @@ async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_t
     let _serial = SERIAL.lock().await;
     let db = TestDb::new().await;
     catalogue(&db).await;
-    let template = template(&db).await;
+    let template = db.migrated_template().await;
     let served = sources(&db, &template, 0..3).await;
     let plain = db.sibling("plain").await;
 

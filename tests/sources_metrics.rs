@@ -108,16 +108,7 @@ struct Source {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_source_is_labelled_up_to_the_cap_and_its_backlog_exported_by_its_server_alone() {
     let db = TestDb::new().await;
-    let template = db.sibling("tmpl").await;
-    {
-        let mut t = connect(&with_database(&base_url(), &template))
-            .await
-            .unwrap();
-        outbox_relay::schema::runner()
-            .run_async(&mut t)
-            .await
-            .expect("migrate the template");
-    }
+    let template = db.migrated_template().await;
     let mut sources = Vec::new();
     for (i, (orders, parked)) in [(10, 1), (20, 2), (30, 4)].into_iter().enumerate() {
         let name = db.sibling_from(&format!("m{i}"), &template).await;

@@ -89,16 +89,7 @@ fn per_source(stdout: &str) -> BTreeMap<String, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repair_dead_letters_and_replay_take_every_source_and_name_the_one_that_fails() {
     let db = TestDb::new().await;
-    let template = db.sibling("tmpl").await;
-    {
-        let mut t = connect(&with_database(&base_url(), &template))
-            .await
-            .unwrap();
-        outbox_relay::schema::runner()
-            .run_async(&mut t)
-            .await
-            .expect("migrate the template");
-    }
+    let template = db.migrated_template().await;
     let mut databases = BTreeMap::new();
     let mut clients = BTreeMap::new();
     for name in NAMES {

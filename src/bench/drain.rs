@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::brokers::destination;
 use super::memory::peak_rss_mib;
 use super::{
-    Options, Recorder, connect, drain, fill, lock, per_sec, progress, report, settle,
+    Options, Recorder, connect, drain, fill, lock, per_sec, percentile, progress, report, settle,
     shutdown_relays, start_relays,
 };
 
@@ -224,11 +224,7 @@ async fn latency(url: &str, recorder: &Arc<Recorder>, o: &Options) -> Result<()>
         })
         .collect();
     l.sort_by(f64::total_cmp);
-    // Nearest-rank percentile: the value below which p of the samples fall.
-    let pct = |p: f64| {
-        let rank = (p * l.len() as f64).ceil() as usize;
-        l.get(rank.saturating_sub(1)).copied().unwrap_or(f64::NAN)
-    };
+    let pct = |p: f64| percentile(&l, p);
     outln!(
         "latency, commit to destination ack, at {} msg/s for {} s ({} messages, backlog ~0, {} workers, batch {}): \
          p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms (enqueue rate achieved: {:.0} msg/s)",

@@ -281,6 +281,21 @@ fn per_sec(n: u64, t: Duration) -> f64 {
 }
 
 /// The median of the values that are there; `None` when none is.
+/// Nearest-rank percentile of `sorted`: the value below which `p` of the samples fall
+/// (NaN without samples).
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted
+        .get(rank.saturating_sub(1))
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
 fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
     let mut there: Vec<f64> = values.flatten().collect();
     if there.is_empty() {

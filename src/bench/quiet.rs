@@ -16,25 +16,16 @@ use anyhow::{Result, bail};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use outbox_relay::store::{Store, fill_messages_returning_ids, with_database};
+use outbox_relay::store::{fill_messages_returning_ids, with_database};
 
-use super::sources::{create_from, drop_database, start_fleets};
-use super::{Options, Recorder, connect, lock, progress, settle};
+use super::sources::{create_from, drop_database, migrated_template, start_fleets};
+use super::{Options, Recorder, connect, lock, percentile, progress, settle};
 
 pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
     if o.rate == 0 || o.latency_secs == 0 {
         bail!("--quiet-sources needs a --rate and --latency-secs above 0");
     }
-    let bench_db: String = sql
-        .query_one("SELECT current_database()::text", &[])
-        .await?
-        .get(0);
-    let template = format!("{bench_db}_tmpl");
-    sql.batch_execute(&format!("CREATE DATABASE {template}"))
-        .await?;
-    Store::connect(&with_database(url, &template), 1)?
-        .migrate()
-        .await?;
+    let (bench_db, template) = migrated_template(url, sql).await?;
     let mut listed = BTreeMap::new();
     let result = async {
         let heavy = format!("{bench_db}_heavy");
@@ -209,13 +200,9 @@ async fn measure(
             })
             .collect();
         l.sort_by(f64::total_cmp);
-        let pct = |p: f64| {
-            let rank = (p * l.len() as f64).ceil() as usize;
-            l.get(rank.saturating_sub(1)).copied().unwrap_or(f64::NAN)
-        };
         anyhow::Ok(Latency {
-            p50: pct(0.50),
-            p99: pct(0.99),
+            p50: percentile(&l, 0.50),
+            p99: percentile(&l, 0.99),
             heavy_left,
         })
     }

@@ -24,16 +24,7 @@ use outbox_relay::store::{Store, fill_messages_returning_ids, with_database};
 use super::{BENCH_DEADLINE, Options, Recorder, connect, lock, median, progress, report, settle};
 
 pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
-    let bench_db: String = sql
-        .query_one("SELECT current_database()::text", &[])
-        .await?
-        .get(0);
-    // Copies of a migrated template: one migration, however many sources.
-    let template = format!("{bench_db}_tmpl");
-    sql.batch_execute(&format!("CREATE DATABASE {template}"))
-        .await?;
-    let template_url = with_database(url, &template);
-    Store::connect(&template_url, 1)?.migrate().await?;
+    let (bench_db, template) = migrated_template(url, sql).await?;
     let result = async {
         for &n in &o.sources {
             measure(url, o, sql, &bench_db, &template, n).await?;
@@ -119,6 +110,25 @@ async fn measure(
         drop_database(sql, name).await;
     }
     Ok(())
+}
+
+/// The bench database's name, and a migrated database beside it named after it, to copy
+/// the sources from: one migration, however many sources.
+pub(super) async fn migrated_template(
+    url: &str,
+    sql: &tokio_postgres::Client,
+) -> Result<(String, String)> {
+    let bench_db: String = sql
+        .query_one("SELECT current_database()::text", &[])
+        .await?
+        .get(0);
+    let template = format!("{bench_db}_tmpl");
+    sql.batch_execute(&format!("CREATE DATABASE {template}"))
+        .await?;
+    Store::connect(&with_database(url, &template), 1)?
+        .migrate()
+        .await?;
+    Ok((bench_db, template))
 }
 
 /// Starts `--workers` in-process fleets (each a `sources` supervisor with its own worker

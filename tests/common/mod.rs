@@ -141,6 +141,20 @@ impl TestDb {
         name
     }
 
+    /// A sibling database migrated as a source of a many-source fleet, to copy sources from
+    /// with [`TestDb::sibling_from`].
+    pub async fn migrated_template(&self) -> String {
+        let template = self.sibling("tmpl").await;
+        let mut t = connect(&outbox_relay::store::with_database(&self.base, &template))
+            .await
+            .expect("connect to the template");
+        outbox_relay::schema::runner()
+            .run_async(&mut t)
+            .await
+            .expect("migrate the template");
+        template
+    }
+
     /// [`TestDb::sibling`] copied from the database `template` (which nobody may be
     /// connected to); returns its name.
     pub async fn sibling_from(&self, suffix: &str, template: &str) -> String {
