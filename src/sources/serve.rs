@@ -70,12 +70,7 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                 match (turn.held, held) {
                     (Some((slot, token)), Some(held)) => {
                         let until = asked + fleet.settings.lease * 4 / 5;
-                        let place = Place {
-                            name: &name,
-                            url: &url,
-                            server: &server,
-                        };
-                        serve(&fleet, place, held, slot, token, until, &stop).await;
+                        serve(&fleet, &name, &url, held, slot, token, until, &stop).await;
                         if stop.is_cancelled() {
                             return;
                         }
@@ -158,19 +153,13 @@ async fn leave(fleet: &Fleet, url: &str) {
     }
 }
 
-/// Which source a task serves, and on which server.
-#[derive(Clone, Copy)]
-struct Place<'a> {
-    name: &'a str,
-    url: &'a str,
-    server: &'a str,
-}
-
 /// Serves the source while the slot (`token`) holds; returns once it was given up, given
 /// back or left, with the relay drained.
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     fleet: &Fleet,
-    Place { name, url, server }: Place<'_>,
+    name: &str,
+    url: &str,
     mut held: Held<'_>,
     slot: i32,
     token: i64,
@@ -180,7 +169,7 @@ async fn serve(
     let store = match Store::connect(url, fleet.settings.pool_size) {
         Ok(store) => {
             let store = store.with_statements(fleet.statements);
-            match fleet.turns(server) {
+            match fleet.turns(&server_of(url)) {
                 Some(turns) => store.with_turns(turns),
                 None => store,
             }
