@@ -50,6 +50,10 @@ struct Cli {
     /// instead of --database-url.
     #[arg(long, global = true, help_heading = GLOBAL, display_order = 1000)]
     source: Option<String>,
+    /// The schema that holds the outbox, in the database and in every source that names
+    /// none of its own [default: outbox].
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true, help_heading = GLOBAL, display_order = 1000)]
+    outbox_schema: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -182,6 +186,7 @@ fn database_url(cli: &Cli) -> Result<Option<String>> {
 fn settings(cli: &Cli, flags: RawConfig) -> Result<Settings> {
     let mut raw = RawConfig {
         database_url: database_url(cli)?,
+        outbox_schema: cli.outbox_schema.clone(),
         ..flags
     };
     if let Some(path) = &cli.config {

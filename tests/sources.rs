@@ -1,6 +1,6 @@
 //! Many outboxes, one fleet, with real processes against real databases: three relayer
-//! processes serve every database a catalogue query lists (50, on a throwaway cluster of the
-//! test's own), each database by one process at a time; a process killed with SIGKILL loses
+//! processes serve every source a catalogue query lists (50 databases and 5 schemas of one
+//! more, on a throwaway cluster of the test's own), each source by one process at a time; a process killed with SIGKILL loses
 //! its sources to the others; databases added to the catalogue are served once the
 //! survivors have room for them (see the bound below); a dropped database and one whose login lost its grants are reported
 //! (by `/readyz` and `status --all-sources`) while the others flow; the connections stay
@@ -16,27 +16,32 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::{Relayer, TestDb, base_url, connect, eventually, fill, free_port};
+use outbox_relay::connection::with_schema;
 use outbox_relay::store::with_database;
 use uuid::Uuid;
 
-/// Sources at start, and added while the fleet runs; two more (`gone`, `revoked`) are
-/// listed from the start and break while it runs.
+/// Sources at start (databases, then schemas of one more database), and added while the
+/// fleet runs; two more (`gone`, `revoked`) are listed from the start and break while it
+/// runs.
 const SOURCES: usize = 50;
+const SCHEMAS: usize = 5;
 const ADDED: usize = 10;
 const PER_SOURCE: i64 = 500;
 /// `max_connections_per_server`, chosen so that the survivors of the kill need all of it.
 /// A served source holds its pool (`--source-pool-size 2`) and its LISTEN session: 3
-/// connections. Once the killed process's membership lapses, 62 sources (50 + 10 added +
-/// the 2 that break later) share 2 processes: each takes ceil(62 / 2) = 31, 93 connections,
-/// and its part of the budget is the budget ÷ 2, so 186 = 2 × 93 is the least that lets the
-/// added sources be served. Before the kill each of the 3 processes has 186 ÷ 3 = 62
-/// connections, room for 20 sources, above its fair share of ceil(52 / 3) = 18.
-const BUDGET: i64 = 186;
+/// connections. Once the killed process's membership lapses, 67 sources (50 + 5 schemas +
+/// 10 added + the 2 that break later) share 2 processes: each takes ceil(67 / 2) = 34, 102
+/// connections, and its part of the budget is the budget ÷ 2, so 204 = 2 × 102 is the least
+/// that lets the added sources be served. Before the kill each of the 3 processes has
+/// 204 ÷ 3 = 68 connections, room for 22 sources, above its fair share of
+/// ceil(57 / 3) = 19.
+const BUDGET: i64 = 204;
 /// The cluster's `max_connections`: the budget, plus the short poll sessions (each process
 /// polls every source it does not serve once a discovery interval), `status --all-sources`
 /// (8 at a time) and the test's own sessions. The relayers' sessions reached 204–212.
 const MAX_CONNECTIONS: &str = "400";
-const CATALOGUE: &str = "SELECT name, url FROM public.sources";
+/// The third column names a source's outbox schema (NULL: `outbox`).
+const CATALOGUE: &str = "SELECT name, url, schema FROM public.sources";
 /// The most outcomes a relay has in flight when it loses a source: `max_batches_in_flight`
 /// (3, the default) × `--batch-size` (20).
 const IN_FLIGHT: usize = 3 * 20;
@@ -47,7 +52,7 @@ async fn catalogue(db: &TestDb) {
         .await
         .batch_execute(
             "CREATE TABLE public.sources (name text PRIMARY KEY, url text NOT NULL, \
-             listed_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+             schema text, listed_at timestamptz NOT NULL DEFAULT clock_timestamp())",
         )
         .await
         .unwrap();
@@ -55,7 +60,10 @@ async fn catalogue(db: &TestDb) {
 
 struct Source {
     name: String,
+    /// Its database (without `outbox_schema`: the test reads it with its own client).
     url: String,
+    /// The schema that holds its outbox.
+    schema: String,
     ids: Vec<Uuid>,
 }
 
@@ -77,7 +85,58 @@ async fn sources(db: &TestDb, template: &str, range: std::ops::Range<usize>) -> 
             )
             .await
             .unwrap();
-        made.push(Source { name, url, ids });
+        made.push(Source {
+            name,
+            url,
+            schema: "outbox".to_owned(),
+            ids,
+        });
+    }
+    made
+}
+
+/// SCHEMAS outboxes in one more database, in schemas `tenant_<k>`, each migrated and
+/// filled like [`sources`] and listed with its schema.
+async fn schema_sources(db: &TestDb) -> Vec<Source> {
+    let database = db.sibling("schemas").await;
+    let url = with_database(&db.base, &database);
+    let c = connect(&url)
+        .await
+        .expect("connect to the schemas' database");
+    let catalogue = db.client().await;
+    let mut made = Vec::new();
+    for k in 1..=SCHEMAS {
+        let schema = format!("tenant_{k}");
+        outbox_relay::store::Store::connect(&with_schema(&url, &schema), 2)
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("migrate schema {schema}: {e}"));
+        let ids = outbox_relay::store::fill_messages_returning_ids_in(
+            &c,
+            &schema,
+            "orders",
+            PER_SOURCE,
+            Some(3),
+            50,
+            0,
+        )
+        .await
+        .unwrap();
+        let name = format!("{database}_{schema}");
+        catalogue
+            .execute(
+                "INSERT INTO public.sources (name, url, schema) VALUES ($1, $2, $3)",
+                &[&name, &url, &schema],
+            )
+            .await
+            .unwrap();
+        made.push(Source {
+            name,
+            url: url.clone(),
+            schema,
+            ids,
+        });
     }
     made
 }
@@ -234,6 +293,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     catalogue(&db).await;
     let template = db.migrated_template().await;
     let mut all = sources(&db, &template, 0..SOURCES).await;
+    all.extend(schema_sources(&db).await);
     // Two sources that go wrong while the fleet runs: one is dropped, one loses its grants.
     let gone = db.sibling_from("gone", &template).await;
     let revoked = db.sibling_from("revoked", &template).await;
@@ -341,7 +401,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
             let (sinks, all) = (&sinks, &all);
             async move {
                 let got = sinks.delivered();
-                all[SOURCES..]
+                all[SOURCES + SCHEMAS..]
                     .iter()
                     .all(|s| s.ids.iter().any(|id| got.contains(id)))
             }
@@ -374,7 +434,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     // From each added source's listing to its first delivery (its first attempt recorded),
     // by the cluster's clock.
     let mut served_after = Vec::new();
-    for source in &all[SOURCES..] {
+    for source in &all[SOURCES + SCHEMAS..] {
         let listed: f64 = c
             .query_one(
                 "SELECT extract(epoch FROM listed_at)::float8 FROM public.sources \
@@ -535,8 +595,11 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         let s = connect(&source.url).await.unwrap();
         let log: Vec<(String, usize)> = s
             .query(
-                "SELECT worker_id, outbox_id FROM outbox.attempts \
-                 WHERE state = 'DISPATCHED' ORDER BY created_at, outbox_id",
+                &format!(
+                    "SELECT worker_id, outbox_id FROM {}.attempts \
+                     WHERE state = 'DISPATCHED' ORDER BY created_at, outbox_id",
+                    source.schema
+                ),
                 &[],
             )
             .await
@@ -583,7 +646,10 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     for source in &all {
         let s = connect(&source.url).await.unwrap();
         let holders: Vec<String> = s
-            .query("SELECT worker_id FROM outbox.source_holders", &[])
+            .query(
+                &format!("SELECT worker_id FROM {}.source_holders", source.schema),
+                &[],
+            )
             .await
             .unwrap()
             .iter()
@@ -596,7 +662,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         );
     }
     eprintln!(
-        "{} sources ({ADDED} added, and 2 broken), {} messages ({} lines written), 3 \
+        "{} sources ({SCHEMAS} of them schemas of one database, {ADDED} added, and 2 broken), {} messages ({} lines written), 3 \
          processes (1 killed): databases made in {made:.1?}, a third delivered after \
          {third:.1?}, all after {drained:.1?}; the first message of each added source \
          {:.1}–{:.1} s after it was listed; at most {most} relayer pool and LISTEN \

@@ -104,6 +104,7 @@ impl Settings {
         };
         let dispatch = dispatch_settings(&raw, circuit)?;
         let sources = sources_settings(&raw)?;
+        let schema = sources.schema.clone();
         let worker_id = match raw.worker_id {
             Some(id) if id.trim().is_empty() => {
                 return Err(invalid("worker_id", "must not be empty"));
@@ -180,9 +181,11 @@ impl Settings {
         }
         Ok(Settings {
             sources,
-            database_url: raw
-                .database_url
-                .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            database_url: crate::connection::with_schema(
+                &raw.database_url
+                    .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+                &schema,
+            ),
             listen_url: raw.listen_url,
             statements,
             dispatch,
@@ -261,10 +264,21 @@ impl Settings {
     }
 }
 
+/// `outbox_schema`, checked; `outbox` when unset.
+fn outbox_schema(raw: &RawConfig) -> Result<String, ConfigError> {
+    let schema = raw
+        .outbox_schema
+        .as_deref()
+        .unwrap_or(crate::connection::DEFAULT_SCHEMA);
+    crate::connection::check_schema_name(schema).map_err(|e| invalid("outbox_schema", e))?;
+    Ok(schema.to_owned())
+}
+
 /// The sources to serve: `[sources.NAME]` tables, a server whose outbox databases are
 /// served, a catalogue query; the discovery interval, the slots, the slot lease, the pools
 /// and the connection budget.
 fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
+    let schema = outbox_schema(raw)?;
     let mut listed = std::collections::BTreeMap::new();
     for (name, table) in raw.sources.iter().flatten() {
         if name.trim().is_empty() {
@@ -276,7 +290,16 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
                 "must not be empty",
             ));
         }
-        crate::connection::Target::parse(&table.database_url).map_err(|e| {
+        let source_schema = match &table.schema {
+            Some(s) => {
+                crate::connection::check_schema_name(s)
+                    .map_err(|e| invalid(format!("sources.{name}.schema"), e))?;
+                s.as_str()
+            }
+            None => &schema,
+        };
+        let url = crate::connection::with_schema(&table.database_url, source_schema);
+        crate::connection::Target::parse(&url).map_err(|e| {
             invalid(
                 format!("sources.{name}.database_url"),
                 format!(
@@ -285,13 +308,14 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
                 ),
             )
         })?;
-        listed.insert(name.clone(), table.database_url.clone());
+        listed.insert(name.clone(), url);
     }
     let non_empty = |setting: &str, value: &Option<String>| match value {
         Some(v) if v.trim().is_empty() => Err(invalid(setting, "must not be empty")),
         other => Ok(other.clone()),
     };
-    let server_url = non_empty("sources_server_url", &raw.sources_server_url)?;
+    let server_url = non_empty("sources_server_url", &raw.sources_server_url)?
+        .map(|url| crate::connection::with_schema(&url, &schema));
     let catalogue = match (
         non_empty("sources_catalogue_url", &raw.sources_catalogue_url)?,
         non_empty("sources_catalogue_query", &raw.sources_catalogue_query)?,
@@ -318,6 +342,7 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
         256,
     )?;
     let settings = SourcesSettings {
+        schema,
         listed,
         server_url,
         catalogue,

@@ -16,6 +16,10 @@ pub struct RawConfig {
     /// Postgres URL (from the global `--database-url` / `DATABASE_URL`, or the file).
     #[arg(skip)]
     pub database_url: Option<String>,
+    /// The schema that holds the outbox, in the database and in every source that names
+    /// none of its own (from the global `--outbox-schema` / `OUTBOX_SCHEMA`, or the file).
+    #[arg(skip)]
+    pub outbox_schema: Option<String>,
     /// Identity of this worker in leases and attempts [default: host-pid-random].
     #[arg(long, env = "OUTBOX_WORKER_ID")]
     pub worker_id: Option<String>,
@@ -141,15 +145,16 @@ pub struct RawConfig {
     /// Outboxes to serve, by name (TOML only: `[sources.NAME]` with `database_url`).
     #[arg(skip)]
     pub sources: Option<BTreeMap<String, SourceTable>>,
-    /// Serve every database on this Postgres server that holds schema outbox (many
+    /// Serve every database on this Postgres server that holds the outbox schema (many
     /// sources, found again every sources_discover_interval_secs).
     #[arg(long, env = "OUTBOX_SOURCES_SERVER_URL", hide_env_values = true)]
     pub sources_server_url: Option<String>,
     /// A database whose sources_catalogue_query returns the sources to serve.
     #[arg(long, env = "OUTBOX_SOURCES_CATALOGUE_URL", hide_env_values = true)]
     pub sources_catalogue_url: Option<String>,
-    /// SQL returning (name, connection string) of each source; the connection string may
-    /// be a secret reference (`${NAME}`, `${file:PATH}`).
+    /// SQL returning (name, connection string) of each source, and optionally a third
+    /// column, its outbox schema; the connection string may be a secret reference
+    /// (`${NAME}`, `${file:PATH}`).
     #[arg(long, env = "OUTBOX_SOURCES_CATALOGUE_QUERY")]
     pub sources_catalogue_query: Option<String>,
     /// Seconds between discoveries of the sources, and between the polls of a source this
@@ -204,6 +209,8 @@ pub struct RawConfig {
 pub struct SourceTable {
     /// The source's connection string (secrets allowed).
     pub database_url: String,
+    /// The schema that holds the source's outbox [default: `outbox_schema`].
+    pub schema: Option<String>,
 }
 
 impl RawConfig {
@@ -228,6 +235,7 @@ impl RawConfig {
     pub fn or(self, fallback: RawConfig) -> RawConfig {
         RawConfig {
             database_url: self.database_url.or(fallback.database_url),
+            outbox_schema: self.outbox_schema.or(fallback.outbox_schema),
             worker_id: self.worker_id.or(fallback.worker_id),
             sink: self.sink.or(fallback.sink),
             sink_file: self.sink_file.or(fallback.sink_file),

@@ -16,7 +16,11 @@
 //! - `verify-ca`: TLS, and the server's chain must lead to a trusted root.
 //! - `verify-full`: `verify-ca`, and the certificate must name the host connected to.
 //!
-//! `settings.rs` reads the TLS settings out of the connection string and the environment;
+//! The connection string also names the schema that holds the outbox: `outbox_schema`
+//! (default `outbox`), the relayer's own parameter, which is never sent to the server.
+//!
+//! `settings.rs` reads the TLS settings and `outbox_schema` out of the connection string and
+//! the environment;
 //! `tls.rs` builds the rustls configuration and the verifier each mode needs.
 
 mod settings;
@@ -31,7 +35,7 @@ use tokio_postgres::config::{Host, SslNegotiation};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use settings::SslMode;
-use settings::{TLS_KEYS, split_tls_settings};
+use settings::{SCHEMA_KEY, TLS_KEYS, split_own_settings};
 use tls::{client_config, client_identity, file_roots, system_roots};
 
 /// A parsed connection string: where to connect, as whom, and how to secure it.
@@ -42,6 +46,54 @@ pub struct Target {
     pub mode: SslMode,
     /// What the server's certificate is checked against.
     pub verification: Verification,
+    /// The schema that holds the outbox (`outbox_schema`; [`DEFAULT_SCHEMA`] when unset).
+    pub schema: String,
+}
+
+/// The schema of the outbox when the connection string names none.
+pub const DEFAULT_SCHEMA: &str = "outbox";
+
+/// Checks an outbox schema name: a plain lower-case identifier (letters, digits, `_`; at
+/// most 48 characters, so that its derived names (`NAME_new`, the notification channel)
+/// stay within Postgres' 63) that is not one of Postgres' own schemas or `public`.
+pub fn check_schema_name(name: &str) -> Result<(), String> {
+    let plain = !name.is_empty()
+        && name.len() <= 48
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !plain {
+        return Err(format!(
+            "invalid outbox_schema {name:?}: use a lower-case identifier of letters, digits \
+             and _ that starts with a letter or _, at most 48 characters"
+        ));
+    }
+    if name.starts_with("pg_") || name == "public" || name == "information_schema" {
+        return Err(format!(
+            "invalid outbox_schema {name:?}: the outbox needs a schema of its own, not one of \
+             Postgres' (pg_*, information_schema) or public"
+        ));
+    }
+    Ok(())
+}
+
+/// `url` (a `postgres://` URL or `key=value` words) naming `schema` as its outbox schema,
+/// unless it names one already.
+pub fn with_schema(url: &str, schema: &str) -> String {
+    let has = |s: &str| {
+        s.split(['?', '&', ' '])
+            .any(|p| p.starts_with("outbox_schema="))
+    };
+    if schema == DEFAULT_SCHEMA || has(url) {
+        return url.to_owned();
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}{SCHEMA_KEY}={schema}")
+    } else {
+        format!("{url} {SCHEMA_KEY}={schema}")
+    }
 }
 
 /// How much of the server's certificate is checked.
@@ -64,7 +116,7 @@ impl Target {
 
     /// [`Target::parse`] with the environment given as a lookup.
     pub fn parse_with_env(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let (rest, mut tls) = split_tls_settings(url)?;
+        let (rest, mut tls) = split_own_settings(url)?;
         for (key, variable) in TLS_KEYS {
             if !tls.iter().any(|(k, _)| k == key)
                 && let Some(value) = env(variable).filter(|v| !v.is_empty())
@@ -79,6 +131,8 @@ impl Target {
                 .map(|(_, v)| v.as_str())
         };
         let mode = SslMode::parse(setting("sslmode").unwrap_or("prefer"))?;
+        let schema = setting(SCHEMA_KEY).unwrap_or(DEFAULT_SCHEMA).to_owned();
+        check_schema_name(&schema)?;
         let mut config = tokio_postgres::Config::from_str(&rest).map_err(|e| describe_chain(&e))?;
         if config.get_password().is_none()
             && let Some(password) = env("PGPASSWORD")
@@ -146,6 +200,7 @@ impl Target {
             tls,
             mode,
             verification,
+            schema,
         })
     }
 
@@ -171,11 +226,20 @@ impl Target {
             .join(",")
     }
 
-    /// `127.0.0.1:5432 as "relay", database "app"`, for messages (never the password).
+    /// `127.0.0.1:5432 as "relay", database "app"` (and `, schema "NAME"` for an outbox
+    /// schema other than `outbox`), for messages (never the password).
     pub fn describe(&self) -> String {
         let user = self.config.get_user().unwrap_or("(default user)");
         let database = self.config.get_dbname().unwrap_or(user);
-        format!("{} as {user:?}, database {database:?}", self.address())
+        let schema = if self.schema == DEFAULT_SCHEMA {
+            String::new()
+        } else {
+            format!(", schema {:?}", self.schema)
+        };
+        format!(
+            "{} as {user:?}, database {database:?}{schema}",
+            self.address()
+        )
     }
 
     /// Why the log should warn about this connection's security, if it should.
@@ -303,7 +367,7 @@ mod tests {
 
     #[test]
     fn tls_settings_leave_the_url_and_the_rest_stays() {
-        let (rest, tls) = split_tls_settings(
+        let (rest, tls) = split_own_settings(
             "postgres://u:p@h:5433/db?sslmode=verify-full&application_name=x&sslrootcert=%2Fca.pem",
         )
         .unwrap();
@@ -316,7 +380,7 @@ mod tests {
             ]
         );
         let (rest, tls) =
-            split_tls_settings("host=h user='a b' sslmode = require password='it\\'s'").unwrap();
+            split_own_settings("host=h user='a b' sslmode = require password='it\\'s'").unwrap();
         assert_eq!(rest, "host='h' user='a b' password='it\\'s'");
         assert_eq!(tls, vec![("sslmode".to_owned(), "require".to_owned())]);
         let config = tokio_postgres::Config::from_str(&rest).unwrap();

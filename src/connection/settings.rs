@@ -1,6 +1,7 @@
-//! The TLS settings of a connection string, read the way libpq reads them: `sslmode`,
-//! `sslrootcert`, `sslcert`, `sslkey` and `sslnegotiation` from a `postgres://` URL's query
-//! or from `key=value` words (quoted values, `\\` escapes), apart from the rest of the
+//! The settings of a connection string that tokio-postgres does not read: the TLS settings,
+//! read the way libpq reads them (`sslmode`, `sslrootcert`, `sslcert`, `sslkey` and
+//! `sslnegotiation`), and the relayer's own `outbox_schema`, from a `postgres://` URL's
+//! query or from `key=value` words (quoted values, `\\` escapes), apart from the rest of the
 //! string, which tokio-postgres parses.
 
 /// The TLS settings of the connection string (and their `PG*` environment variables).
@@ -58,9 +59,14 @@ impl SslMode {
     }
 }
 
-/// Splits the TLS settings from the rest of a connection string (URL or key=value).
-pub(super) fn split_tls_settings(url: &str) -> Result<(String, Vec<(String, String)>), String> {
-    let is_tls = |key: &str| TLS_KEYS.iter().any(|(k, _)| *k == key);
+/// The relayer's own setting of a connection string: the schema that holds the outbox
+/// (see [`crate::connection::Target::schema`]).
+pub(super) const SCHEMA_KEY: &str = "outbox_schema";
+
+/// Splits the TLS settings and `outbox_schema` from the rest of a connection string (URL or
+/// key=value).
+pub(super) fn split_own_settings(url: &str) -> Result<(String, Vec<(String, String)>), String> {
+    let is_tls = |key: &str| key == SCHEMA_KEY || TLS_KEYS.iter().any(|(k, _)| *k == key);
     let mut tls = Vec::new();
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let Some((base, query)) = url.split_once('?') else {

@@ -1,6 +1,8 @@
 //! Finding the sources: those listed in the config, every database of a server that holds
-//! schema `outbox`, and the rows of a catalogue query, merged by name (a listed source wins
-//! over a discovered one of the same name).
+//! the outbox schema (`outbox_schema`, default `outbox`), and the rows of a catalogue query,
+//! merged by name (a listed source wins over a discovered one of the same name). A source's
+//! connection string names its schema when it is not `outbox` (see [`crate::connection`]),
+//! so two sources may be two schemas of one database.
 
 use std::collections::BTreeMap;
 
@@ -55,13 +57,17 @@ pub async fn discover_keeping(
     if let Some((url, query)) = &settings.catalogue {
         let store = Store::connect_as(url, 1, "outbox-relay poll")
             .map_err(|e| format!("sources_catalogue_url: {e}"))?;
-        for (name, source_url) in store
+        for (name, source_url, schema) in store
             .catalogue(query)
             .await
             .map_err(|e| format!("sources_catalogue_query: {e}"))?
         {
             let source_url = crate::secret::interpolate(&source_url)
                 .map_err(|e| format!("sources_catalogue_query: source {name:?}: {e}"))?;
+            let schema = schema.unwrap_or_else(|| settings.schema.clone());
+            crate::connection::check_schema_name(&schema)
+                .map_err(|e| format!("sources_catalogue_query: source {name:?}: {e}"))?;
+            let source_url = crate::connection::with_schema(&source_url, &schema);
             found.insert(name, source_url);
         }
     }

@@ -11,12 +11,17 @@ use std::time::Duration;
 /// discover): the process serves the one database of `database_url`, as ever.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SourcesSettings {
-    /// Sources listed in the config: name → connection string.
+    /// The outbox schema of a source that names none (`outbox_schema`); the connection
+    /// strings below name theirs already.
+    pub schema: String,
+    /// Sources listed in the config: name → connection string (naming its schema as
+    /// `outbox_schema` when it is not `outbox`).
     pub listed: BTreeMap<String, String>,
-    /// Every database on this server that holds schema `outbox` is a source, named after
+    /// Every database on this server that holds the outbox schema is a source, named after
     /// the database.
     pub server_url: Option<String>,
-    /// A catalogue database and the query that returns (name, connection string) rows.
+    /// A catalogue database and the query that returns (name, connection string[, schema])
+    /// rows.
     pub catalogue: Option<(String, String)>,
     /// How often discovery runs (and how often a source not served here is asked for).
     pub discover_interval: Duration,
@@ -44,6 +49,7 @@ impl Default for SourcesSettings {
     /// `source_calls_per_server` and `source_label_limit`.
     fn default() -> Self {
         Self {
+            schema: crate::connection::DEFAULT_SCHEMA.to_owned(),
             listed: BTreeMap::new(),
             server_url: None,
             catalogue: None,

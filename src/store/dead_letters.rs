@@ -60,7 +60,7 @@ impl Store {
         let client = self.client().await?;
         let row = client
             .query_typed_one(
-                "SELECT outbox.start_replay($1, $2, $3, $4, $5)",
+                &self.sql("SELECT outbox.start_replay($1, $2, $3, $4, $5)"),
                 &[
                     (&filter.ids, Type::UUID_ARRAY),
                     (&filter.topic, Type::TEXT),
@@ -79,7 +79,7 @@ impl Store {
         let client = self.client().await?;
         let row = client
             .query_typed_one(
-                "SELECT outbox.replay_step($1, $2)",
+                &self.sql("SELECT outbox.replay_step($1, $2)"),
                 &[(&replay_id, Type::INT8), (&limit, Type::INT4)],
             )
             .await?;
@@ -95,10 +95,10 @@ impl Store {
         let client = self.client().await?;
         let rows = client
             .query_typed(
-                &format!(
+                &self.sql(&format!(
                     "SELECT {DEAD_LETTER_COLUMNS}, ''::bytea FROM {DEAD_LETTERS_MATCHING} \
                      ORDER BY dead_lettered_at DESC, outbox_id LIMIT $5"
-                ),
+                )),
                 &[
                     (&filter.ids, Type::UUID_ARRAY),
                     (&filter.topic, Type::TEXT),
@@ -116,7 +116,7 @@ impl Store {
         let client = self.client().await?;
         let row = client
             .query_typed_one(
-                &format!("SELECT count(*) FROM {DEAD_LETTERS_MATCHING}"),
+                &self.sql(&format!("SELECT count(*) FROM {DEAD_LETTERS_MATCHING}")),
                 &[
                     (&filter.ids, Type::UUID_ARRAY),
                     (&filter.topic, Type::TEXT),
@@ -136,10 +136,10 @@ impl Store {
         let client = self.client().await?;
         let Some(row) = client
             .query_typed_opt(
-                &format!(
+                &self.sql(&format!(
                     "SELECT {DEAD_LETTER_COLUMNS}, payload FROM outbox.dead_letters \
                      WHERE outbox_id = $1"
-                ),
+                )),
                 &[(&id.0, Type::UUID)],
             )
             .await?
@@ -148,8 +148,10 @@ impl Store {
         };
         let attempts = client
             .query_typed(
-                "SELECT attempt_no, state::text, worker_id, error, created_at \
+                &self.sql(
+                    "SELECT attempt_no, state::text, worker_id, error, created_at \
                  FROM outbox.attempts WHERE outbox_id = $1 ORDER BY attempt_no",
+                ),
                 &[(&id.0, Type::UUID)],
             )
             .await?

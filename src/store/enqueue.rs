@@ -10,7 +10,7 @@ impl Store {
     /// `outbox.enqueue` on a connection of the pool, in a transaction of its own.
     pub async fn enqueue(&self, message: &NewMessage) -> Result<OutboxId> {
         let client = self.client().await?;
-        Ok(enqueue(&**client, message).await?)
+        Ok(enqueue_in(&**client, self.schema(), message).await?)
     }
 }
 
@@ -46,6 +46,16 @@ pub async fn enqueue(
     client: &impl tokio_postgres::GenericClient,
     message: &NewMessage,
 ) -> std::result::Result<OutboxId, tokio_postgres::Error> {
+    enqueue_in(client, crate::connection::DEFAULT_SCHEMA, message).await
+}
+
+/// [`enqueue`] into the outbox held by `schema` (an outbox migrated with `outbox_schema`
+/// set to that name).
+pub async fn enqueue_in(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &str,
+    message: &NewMessage,
+) -> std::result::Result<OutboxId, tokio_postgres::Error> {
     let common: [(&(dyn ToSql + Sync), Type); 6] = [
         (&message.topic, Type::TEXT),
         (&message.key, Type::TEXT),
@@ -56,26 +66,31 @@ pub async fn enqueue(
     ];
     // Unnamed, with the parameter types given: one round trip, and nothing left on the
     // server connection, so it works through a transaction pooler.
-    let row =
-        match &message.payload {
-            Payload::Json(json) => client
-                .query_typed_one(
+    let row = match &message.payload {
+        Payload::Json(json) => client
+            .query_typed_one(
+                &super::naming::in_schema(
                     "SELECT outbox.enqueue($1, $7::jsonb, $2, coalesce($3::jsonb, '{}'), $4, $5, \
                      coalesce($6, 10))",
-                    &[&common[..], &[(json, Type::JSONB)]].concat(),
-                )
-                .await?,
-            Payload::Bytes { data, content_type } => client
-                .query_typed_one(
+                    schema,
+                ),
+                &[&common[..], &[(json, Type::JSONB)]].concat(),
+            )
+            .await?,
+        Payload::Bytes { data, content_type } => client
+            .query_typed_one(
+                &super::naming::in_schema(
                     "SELECT outbox.enqueue($1, $7::bytea, $2, coalesce($3::jsonb, '{}'), $4, $5, \
                      coalesce($6, 10), $8)",
-                    &[
-                        &common[..],
-                        &[(data, Type::BYTEA), (content_type, Type::TEXT)],
-                    ]
-                    .concat(),
-                )
-                .await?,
-        };
+                    schema,
+                ),
+                &[
+                    &common[..],
+                    &[(data, Type::BYTEA), (content_type, Type::TEXT)],
+                ]
+                .concat(),
+            )
+            .await?,
+    };
     Ok(OutboxId(row.get(0)))
 }

@@ -4,6 +4,8 @@
 
 use tokio_postgres::Client;
 
+use crate::connection::DEFAULT_SCHEMA;
+
 /// Inserts $2 messages on topic $1 in one statement. The payload is `{"n": i}`, padded
 /// with a `pad` field to about $5 bytes when that is larger; with $3 = k, every k-th message
 /// gets one of $4 keys.
@@ -36,9 +38,31 @@ pub async fn fill_messages_returning_ids(
     keys: i64,
     payload_bytes: i32,
 ) -> Result<Vec<uuid::Uuid>, tokio_postgres::Error> {
+    fill_messages_returning_ids_in(
+        c,
+        DEFAULT_SCHEMA,
+        topic,
+        n,
+        keyed_every,
+        keys,
+        payload_bytes,
+    )
+    .await
+}
+
+/// [`fill_messages_returning_ids`] into the outbox held by `schema`.
+pub async fn fill_messages_returning_ids_in(
+    c: &Client,
+    schema: &str,
+    topic: &str,
+    n: i64,
+    keyed_every: Option<i64>,
+    keys: i64,
+    payload_bytes: i32,
+) -> Result<Vec<uuid::Uuid>, tokio_postgres::Error> {
     let rows = c
         .query(
-            &format!("{FILL} RETURNING outbox_id"),
+            &*super::naming::in_schema(&format!("{FILL} RETURNING outbox_id"), schema),
             &[&topic, &n, &keyed_every, &keys, &payload_bytes],
         )
         .await?;

@@ -149,7 +149,7 @@ impl Store {
         let _turn = self.turn().await;
         let row = client
             .query_typed_one(
-                "SELECT * FROM outbox.repair_expired_leases($1)",
+                &self.sql("SELECT * FROM outbox.repair_expired_leases($1)"),
                 &[(&limit, Type::INT4)],
             )
             .await?;

@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Result, Store, StoreError};
 
-/// Channel that `outbox.enqueue` notifies when a message is ready.
+/// Channel that `outbox.enqueue` notifies when a message is ready (in schema `outbox`; the
+/// outbox in schema NAME notifies `NAME_new`).
 pub const NOTIFY_CHANNEL: &str = "outbox_new";
 /// How often the listener checks that it hears its own notification.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(30);
@@ -152,11 +153,13 @@ impl Store {
             }
             Ok::<(), tokio_postgres::Error>(())
         });
-        // The wake-up channel last, so that pg_stat_activity shows `LISTEN outbox_new` for
+        // The wake-up channel last, so that pg_stat_activity shows `LISTEN outbox_new` (or its
+        // schema's channel) for
         // the listening session.
         client.batch_execute(&format!("LISTEN {channel}")).await?;
+        let wake_channel = super::naming::notify_channel(self.schema());
         client
-            .batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
+            .batch_execute(&format!("LISTEN {wake_channel}"))
             .await?;
         wake.notify_one();
         tracing::debug!(target = %target.describe(), channel, "listening");

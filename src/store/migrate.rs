@@ -24,6 +24,7 @@ impl Store {
     /// A login that cannot own the schema (such as one holding only `outbox_relay`) is
     /// refused before anything runs, with a message that says which role to use.
     pub async fn migrate(&self) -> Result<Vec<String>> {
+        let schema = self.schema();
         let mut client = self.client().await?;
         let row = client
             .query_typed_one(
@@ -33,8 +34,8 @@ impl Store {
                              ELSE pg_has_role(n.nspowner, 'USAGE') END, \
                         pg_get_userbyid(n.nspowner)::text \
                    FROM (SELECT 1) AS one \
-                   LEFT JOIN pg_namespace AS n ON n.nspname = 'outbox'",
-                &[],
+                   LEFT JOIN pg_namespace AS n ON n.nspname = $1",
+                &[(&schema, tokio_postgres::types::Type::TEXT)],
             )
             .await?;
         let (user, allowed, owner): (String, bool, Option<String>) =
@@ -42,12 +43,12 @@ impl Store {
         if !allowed {
             return Err(StoreError::Migration(match owner {
                 Some(owner) => format!(
-                    "login {user:?} cannot change schema outbox, which belongs to {owner:?}: run \
+                    "login {user:?} cannot change schema {schema}, which belongs to {owner:?}: run \
                      `outbox-relay migrate` as {owner:?} (the DDL role); the relayer itself \
                      needs only a login in outbox_relay"
                 ),
                 None => format!(
-                    "login {user:?} cannot create schema outbox (no CREATE right on the \
+                    "login {user:?} cannot create schema {schema} (no CREATE right on the \
                      database): run `outbox-relay migrate` as the database owner (the DDL role)"
                 ),
             }));
@@ -63,25 +64,54 @@ impl Store {
         // Transaction-scoped: released by the commit, the rollback or the end of the
         // connection, so a migrate killed half-way strands nothing, even on a pooled server
         // connection that outlives its client.
+        // One lock per schema: the outboxes of several schemas in one database migrate
+        // independently.
         let free = simple_value(
             &tx,
-            "SELECT pg_try_advisory_xact_lock(hashtext('outbox.migrate'))",
+            &self.sql("SELECT pg_try_advisory_xact_lock(hashtext('outbox.migrate'))"),
         )
         .await?
             == "t";
         if !free {
             tracing::info!("another migrate holds the migration lock; waiting for it to finish");
-            tx.batch_execute("SELECT pg_advisory_xact_lock(hashtext('outbox.migrate'))")
+            tx.batch_execute(&self.sql("SELECT pg_advisory_xact_lock(hashtext('outbox.migrate'))"))
                 .await?;
         }
         // refinery's history table is not schema-qualified: a session without a schema to
         // create it in (an empty search_path) gets the default one, `public`, for this
         // transaction only.
-        if simple_value(&tx, "SELECT current_schema() IS NULL").await? == "t" {
-            tx.batch_execute("SET LOCAL search_path = public").await?;
+        if schema == crate::connection::DEFAULT_SCHEMA {
+            if simple_value(&tx, "SELECT current_schema() IS NULL").await? == "t" {
+                tx.batch_execute("SET LOCAL search_path = public").await?;
+            }
+        } else {
+            // Another schema keeps its history in itself (SCHEMA.refinery_schema_history),
+            // so the schema is created first, and the migrations that name the history table
+            // unqualified find that one. A schema that exists without that table belongs to
+            // something else: the migrations would change the rights on its tables.
+            let state = simple_value(
+                &tx,
+                &format!(
+                    "SELECT CASE WHEN to_regnamespace('{schema}') IS NULL THEN 'absent' \
+                                 WHEN to_regclass('{schema}.refinery_schema_history') IS NULL \
+                                 THEN 'foreign' ELSE 'outbox' END"
+                ),
+            )
+            .await?;
+            if state == "foreign" {
+                return Err(StoreError::Migration(format!(
+                    "schema {schema} exists and holds no outbox (it has no \
+                     {schema}.refinery_schema_history): give the outbox a schema of its own \
+                     (outbox_schema)"
+                )));
+            }
+            tx.batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {schema}; SET LOCAL search_path = {schema}"
+            ))
+            .await?;
         }
         let mut locked = Locked(tx);
-        let report = crate::schema::runner()
+        let report = runner_for(schema)
             .run_async(&mut locked)
             .await
             .map_err(|e| StoreError::Migration(e.to_string()))?;
@@ -98,31 +128,32 @@ impl Store {
     /// accepted (migrations only add), so a fleet can be upgraded after its schema.
     pub async fn check_schema(&self) -> Result<i32> {
         let needed = crate::schema::version();
+        let schema = self.schema();
         let client = self.client().await?;
         let row = client
             .query_typed_one(
                 "SELECT s.n IS NOT NULL, \
                         CASE WHEN has_schema_privilege(s.n, 'USAGE') \
-                             THEN to_regprocedure('outbox.schema_version()') IS NOT NULL \
+                             THEN to_regprocedure($1 || '.schema_version()') IS NOT NULL \
                              ELSE false END, \
                         coalesce(has_schema_privilege(s.n, 'USAGE'), false), \
                         current_database()::text, current_user::text \
-                   FROM (SELECT to_regnamespace('outbox') AS n) AS s",
-                &[],
+                   FROM (SELECT to_regnamespace($1) AS n) AS s",
+                &[(&schema, tokio_postgres::types::Type::TEXT)],
             )
             .await?;
-        let (schema, function, usage, database, user): (bool, bool, bool, String, String) =
+        let (exists, function, usage, database, user): (bool, bool, bool, String, String) =
             (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         let fix = "run `outbox-relay migrate` (as the schema owner)";
         let denied = || {
             StoreError::Schema(format!(
-                "login {user:?} may not use schema outbox: grant it one of the roles \
+                "login {user:?} may not use schema {schema}: grant it one of the roles \
                  outbox_relay, outbox_producer or outbox_reader"
             ))
         };
-        if !schema {
+        if !exists {
             return Err(StoreError::Schema(format!(
-                "schema outbox does not exist in database {database:?} (never migrated); this \
+                "schema {schema} does not exist in database {database:?} (never migrated); this \
                  build needs version {needed}: {fix}"
             )));
         }
@@ -131,7 +162,7 @@ impl Store {
         }
         let found = if function {
             match client
-                .query_typed_one("SELECT outbox.schema_version()", &[])
+                .query_typed_one(&self.sql("SELECT outbox.schema_version()"), &[])
                 .await
             {
                 Ok(row) => row.get::<_, Option<i32>>(0),
@@ -156,13 +187,34 @@ impl Store {
         match found {
             Some(found) if found >= needed => Ok(found),
             Some(found) => Err(StoreError::Schema(format!(
-                "schema outbox is at version {found}, this build needs {needed}: {fix}"
+                "schema {schema} is at version {found}, this build needs {needed}: {fix}"
             ))),
             None => Err(StoreError::Schema(format!(
-                "schema outbox predates version 5, this build needs {needed}: {fix}"
+                "schema {schema} predates version 5, this build needs {needed}: {fix}"
             ))),
         }
     }
+}
+
+/// The runner that builds the outbox in `schema`: for the default schema, the embedded
+/// migrations as they are; for another, the same migrations with that schema's names
+/// ([`super::naming::migration_in_schema`]), recorded in `SCHEMA.refinery_schema_history`.
+fn runner_for(schema: &str) -> refinery::Runner {
+    if schema == crate::connection::DEFAULT_SCHEMA {
+        return crate::schema::runner();
+    }
+    let migrations: Vec<Migration> = crate::schema::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| {
+            let sql = super::naming::migration_in_schema(m.sql().unwrap_or_default(), schema);
+            Migration::unapplied(&m.to_string(), &sql)
+                .expect("an embedded migration's name parses again")
+        })
+        .collect();
+    let mut runner = refinery::Runner::new(&migrations).set_grouped(true);
+    runner.set_migration_table_name(format!("{schema}.refinery_schema_history"));
+    runner
 }
 
 /// A statement a pooler in statement mode refuses (`BEGIN`) is explained as such: nothing

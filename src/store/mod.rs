@@ -20,8 +20,9 @@
 //! - `sources.rs`: the slots through which a fleet shares many outboxes, and finding them;
 //! - `fill.rs`: synthetic messages in bulk, for the bench and the tests.
 //!
-//! Every statement names its schema (`outbox.…`) and nothing sets session state, so a
-//! statement means the same on whichever server connection a pooler gives it. Outside the
+//! Every statement names its schema (`outbox.…`, or the source's own schema: `naming.rs`)
+//! and nothing sets session state, so a statement means the same on whichever server
+//! connection a pooler gives it. Outside the
 //! leasing calls, statements are sent unnamed with their parameter types (one round trip,
 //! nothing left on the server).
 
@@ -39,14 +40,15 @@ mod fill;
 mod lease;
 mod listen;
 mod migrate;
+mod naming;
 mod observation;
 mod pooler;
 mod sources;
 mod statements;
 
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
-pub use enqueue::enqueue;
-pub use fill::{fill_messages, fill_messages_returning_ids};
+pub use enqueue::{enqueue, enqueue_in};
+pub use fill::{fill_messages, fill_messages_returning_ids, fill_messages_returning_ids_in};
 pub use lease::{ClaimSizes, Repair};
 pub use listen::{ListenerHealth, NOTIFY_CHANNEL};
 pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, Status};
@@ -255,6 +257,17 @@ impl Store {
     /// Where and how this store connects.
     pub fn target(&self) -> &Target {
         &self.target
+    }
+
+    /// The schema that holds this store's outbox (`outbox_schema` of its connection string).
+    pub fn schema(&self) -> &str {
+        &self.target.schema
+    }
+
+    /// `sql`, written against schema `outbox`, for this store's schema
+    /// ([`naming::in_schema`]): the text itself for the default schema.
+    fn sql<'a>(&self, sql: &'a str) -> std::borrow::Cow<'a, str> {
+        naming::in_schema(sql, &self.target.schema)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {

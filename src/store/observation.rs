@@ -70,7 +70,9 @@ impl Store {
         self.client()
             .await?
             .query_typed(
-                "SELECT outbox.report_circuits($1, $2, $3, $4, make_interval(secs => $5))",
+                &self.sql(
+                    "SELECT outbox.report_circuits($1, $2, $3, $4, make_interval(secs => $5))",
+                ),
                 &[
                     (&worker.as_str(), Type::TEXT),
                     (&destinations, Type::TEXT_ARRAY),
@@ -89,8 +91,10 @@ impl Store {
             .client()
             .await?
             .query_typed(
-                "SELECT worker_id, destination, state, since, reported_at, expires_at, stale \
+                &self.sql(
+                    "SELECT worker_id, destination, state, since, reported_at, expires_at, stale \
                  FROM outbox.circuits ORDER BY destination, stale, state, worker_id",
+                ),
                 &[],
             )
             .await?;
@@ -121,8 +125,10 @@ impl Store {
         let client = self.client().await?;
         let row = client
             .query_typed_one(
-                "SELECT observed_at, refreshed, snapshot \
+                &self.sql(
+                    "SELECT observed_at, refreshed, snapshot \
                  FROM outbox.observe($1, make_interval(secs => $2))",
+                ),
                 &[
                     (&top_topics, Type::INT4),
                     (&max_age.as_secs_f64(), Type::FLOAT8),
@@ -144,8 +150,10 @@ impl Store {
         let client = self.client().await?;
         let row = client
             .query_typed_one(
-                "SELECT ready, delayed, in_flight, expired_leases, dead_letters, \
+                &self.sql(
+                    "SELECT ready, delayed, in_flight, expired_leases, dead_letters, \
                  extract(epoch FROM oldest_ready_age)::float8 FROM outbox.status",
+                ),
                 &[],
             )
             .await?;

@@ -35,9 +35,11 @@ impl Store {
             .client()
             .await?
             .query_typed_one(
-                "SELECT slot, token, members, holders \
+                &self.sql(
+                    "SELECT slot, token, members, holders \
                  FROM outbox.serve_source($1, $2, $3, make_interval(secs => $4), \
                                           make_interval(secs => $5))",
+                ),
                 &[
                     (&worker.as_str(), Type::TEXT),
                     (&slots, Type::INT4),
@@ -61,7 +63,7 @@ impl Store {
         self.client()
             .await?
             .query_typed(
-                "SELECT outbox.leave_source($1)",
+                &self.sql("SELECT outbox.leave_source($1)"),
                 &[(&worker.as_str(), Type::TEXT)],
             )
             .await?;
@@ -74,7 +76,7 @@ impl Store {
             .client()
             .await?
             .query_typed(
-                "SELECT worker_id FROM outbox.source_holders ORDER BY slot",
+                &self.sql("SELECT worker_id FROM outbox.source_holders ORDER BY slot"),
                 &[],
             )
             .await?;
@@ -95,32 +97,42 @@ impl Store {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
-    /// Whether this database holds schema `outbox`.
+    /// Whether this database holds the store's outbox schema (`outbox` unless its
+    /// connection string names another).
     pub async fn has_outbox(&self) -> Result<bool> {
         Ok(self
             .client()
             .await?
-            .query_typed_one("SELECT to_regnamespace('outbox') IS NOT NULL", &[])
+            .query_typed_one(
+                "SELECT to_regnamespace($1) IS NOT NULL",
+                &[(&self.schema(), Type::TEXT)],
+            )
             .await?
             .get(0))
     }
 
-    /// The rows of a catalogue query: (name, connection string) of each source; the query
-    /// must return two text columns.
-    pub async fn catalogue(&self, query: &str) -> Result<Vec<(String, String)>> {
+    /// The rows of a catalogue query: (name, connection string, outbox schema) of each
+    /// source; the query returns two text columns, or three when it names each source's
+    /// schema (NULL in the third: the default).
+    pub async fn catalogue(&self, query: &str) -> Result<Vec<(String, String, Option<String>)>> {
         let rows = self.client().await?.simple_query(query).await?;
         let mut sources = Vec::new();
         for row in rows {
             if let tokio_postgres::SimpleQueryMessage::Row(row) = row {
+                let schema = if row.len() > 2 {
+                    row.try_get(2).ok().flatten().map(str::to_owned)
+                } else {
+                    None
+                };
                 match (row.try_get(0), row.try_get(1)) {
-                    (Ok(Some(name)), Ok(Some(url))) => {
-                        sources.push((name.to_owned(), url.to_owned()));
+                    (Ok(Some(name)), Ok(Some(url))) if row.len() <= 3 => {
+                        sources.push((name.to_owned(), url.to_owned(), schema));
                     }
                     _ => {
                         return Err(super::StoreError::Schema(format!(
                             "the sources catalogue query must return two non-NULL text \
-                             columns (name, connection string); it returned a row with {} \
-                             column(s) or a NULL",
+                             columns (name, connection string) and optionally a third (the \
+                             outbox schema); it returned a row with {} column(s) or a NULL",
                             row.len()
                         )));
                     }

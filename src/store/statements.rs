@@ -108,8 +108,9 @@ impl Store {
         }
     }
 
-    /// One leasing call: `sql` with `params` (each with its Postgres type), named and cached
-    /// or unnamed as [`Statements`] says, in one of the store's turns when it has them.
+    /// One leasing call: `sql` (written against schema `outbox`, sent for the store's schema)
+    /// with `params` (each with its Postgres type), named and cached or unnamed as
+    /// [`Statements`] says, in one of the store's turns when it has them.
     pub(super) async fn leasing_query(
         &self,
         sql: &str,
@@ -139,6 +140,7 @@ impl Store {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>> {
+        let sql = &*self.sql(sql);
         if !self.unnamed_statements() {
             let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
             let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
