@@ -32,6 +32,7 @@ const RETRY: Duration = Duration::from_secs(5);
 pub async fn run(
     store: Store,
     worker: WorkerId,
+    source: telemetry::Source,
     dispatcher: Arc<Dispatcher>,
     shutdown: CancellationToken,
 ) {
@@ -58,7 +59,7 @@ pub async fn run(
                     RENEW
                 }
                 Err(e) => {
-                    telemetry::database_error(&worker, "report_circuits", &e);
+                    telemetry::database_error(&worker, &source, "report_circuits", &e);
                     RETRY
                 }
             }
@@ -75,6 +76,6 @@ pub async fn run(
     }
     // Stopping: this process's circuits hold nothing back any more.
     if let Err(e) = store.report_circuits(&worker, &[], TTL).await {
-        telemetry::database_error(&worker, "report_circuits", &e);
+        telemetry::database_error(&worker, &source, "report_circuits", &e);
     }
 }

@@ -18,6 +18,7 @@ use crate::telemetry;
 pub async fn run(
     store: Store,
     worker: WorkerId,
+    source: telemetry::Source,
     interval: Duration,
     limit: i32,
     shutdown: CancellationToken,
@@ -37,7 +38,7 @@ pub async fn run(
                     }
                 }
                 Err(e) => {
-                    telemetry::database_error(&worker, "repair", &e);
+                    telemetry::database_error(&worker, &source, "repair", &e);
                     break;
                 }
             }

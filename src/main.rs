@@ -394,6 +394,7 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
         let observer = tokio::spawn(observe::run(
             store.clone(),
             settings.relay.worker_id.clone(),
+            outbox_relay::telemetry::Source::default(),
             latest,
             shutdown.clone(),
         ));

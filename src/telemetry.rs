@@ -411,7 +411,12 @@ impl Source {
 
     /// `topic`, and `source` when there is one.
     fn labels(&self, topic: &str) -> Vec<Label> {
-        let mut labels = vec![Label::new("topic", topic.to_owned())];
+        self.with("topic", topic)
+    }
+
+    /// `name` = `value`, and `source` when there is one.
+    fn with(&self, name: &'static str, value: &str) -> Vec<Label> {
+        let mut labels = vec![Label::new(name, value.to_owned())];
         if let Some(source) = self.label() {
             labels.push(Label::new("source", source.to_owned()));
         }
@@ -439,26 +444,33 @@ pub fn batch_claimed(worker: &WorkerId, source: &Source, batch: &[ClaimedMessage
     tracing::debug!(worker_id = %worker, source = source.name(), messages = batch.len(), took_ms = millis(took), "claimed a batch");
 }
 
-pub fn batch_dispatched(destination: &str, took: Duration) {
-    histogram!(DISPATCH_SECONDS, "destination" => destination.to_owned())
+pub fn batch_dispatched(destination: &str, source: &Source, took: Duration) {
+    histogram!(DISPATCH_SECONDS, source.with("destination", destination))
         .record(took.as_secs_f64());
 }
 
-pub fn dispatch_deadline(destination: &str, deadline: Duration, messages: usize) {
-    counter!(DISPATCH_DEADLINES, "destination" => destination.to_owned()).increment(1);
+pub fn dispatch_deadline(destination: &str, source: &Source, deadline: Duration, messages: usize) {
+    counter!(DISPATCH_DEADLINES, source.with("destination", destination)).increment(1);
     tracing::warn!(
         destination,
+        source = source.name(),
         messages,
         timeout_ms = millis(deadline),
         "destination did not answer within its deadline; the batch is retryable"
     );
 }
 
-pub fn dispatch_panicked(destination: &str, batch: &[ClaimedMessage], panic: &str) {
-    counter!(DISPATCH_PANICS, "destination" => destination.to_owned()).increment(1);
+pub fn dispatch_panicked(
+    destination: &str,
+    source: &Source,
+    batch: &[ClaimedMessage],
+    panic: &str,
+) {
+    counter!(DISPATCH_PANICS, source.with("destination", destination)).increment(1);
     let ids: Vec<String> = batch.iter().map(|m| m.id.to_string()).collect();
     tracing::error!(
         destination,
+        source = source.name(),
         outbox_ids = ids.join(","),
         panic,
         "destination panicked while publishing; releasing the batch's leases"
@@ -573,9 +585,15 @@ pub fn repaired(worker: &WorkerId, requeued: i32, dead_lettered: i32) {
     }
 }
 
-pub fn database_error(worker: &WorkerId, operation: &'static str, error: &dyn std::fmt::Display) {
-    counter!(DATABASE_ERRORS, "operation" => operation).increment(1);
-    tracing::warn!(worker_id = %worker, operation, error = %error, "database call failed");
+pub fn database_error(
+    worker: &WorkerId,
+    source: &Source,
+    operation: &'static str,
+    error: &dyn std::fmt::Display,
+) {
+    counter!(DATABASE_ERRORS, source.with("operation", operation)).increment(1);
+    tracing::warn!(worker_id = %worker, source = source.name(), operation, error = %error,
+        "database call failed");
 }
 
 /// The database pool's connections: `open` now, `idle` among them, at most `max`.
@@ -594,29 +612,35 @@ const CIRCUIT_OPEN: f64 = 1.0;
 const CIRCUIT_HALF_OPEN: f64 = 2.0;
 
 /// A destination's circuit starts closed.
-pub fn circuit_started(destination: &str) {
-    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(CIRCUIT_CLOSED);
+pub fn circuit_started(destination: &str, source: &Source) {
+    gauge!(CIRCUIT_STATE, source.with("destination", destination)).set(CIRCUIT_CLOSED);
 }
 
-pub fn circuit_opened(destination: &str) {
-    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(CIRCUIT_OPEN);
+pub fn circuit_opened(destination: &str, source: &Source) {
+    gauge!(CIRCUIT_STATE, source.with("destination", destination)).set(CIRCUIT_OPEN);
     tracing::warn!(
         destination,
+        source = source.name(),
         "circuit open: not claiming its topics until a probe succeeds"
     );
 }
 
-pub fn circuit_half_open(destination: &str) {
-    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(CIRCUIT_HALF_OPEN);
+pub fn circuit_half_open(destination: &str, source: &Source) {
+    gauge!(CIRCUIT_STATE, source.with("destination", destination)).set(CIRCUIT_HALF_OPEN);
     tracing::info!(
         destination,
+        source = source.name(),
         "circuit half-open: the next message is a probe"
     );
 }
 
-pub fn circuit_closed(destination: &str) {
-    gauge!(CIRCUIT_STATE, "destination" => destination.to_owned()).set(CIRCUIT_CLOSED);
-    tracing::info!(destination, "circuit closed: destination is back");
+pub fn circuit_closed(destination: &str, source: &Source) {
+    gauge!(CIRCUIT_STATE, source.with("destination", destination)).set(CIRCUIT_CLOSED);
+    tracing::info!(
+        destination,
+        source = source.name(),
+        "circuit closed: destination is back"
+    );
 }
 
 /// Who holds back the MVCC horizon, as the watchdog reports it (plain values: the figures

@@ -247,6 +247,19 @@ async fn each_source_is_labelled_up_to_the_cap_and_its_backlog_exported_by_its_s
     let in_flight = by_label(&body, "outbox_in_flight_messages", "source");
     assert_eq!(in_flight.len(), 3, "{in_flight:?}");
     assert!(in_flight.values().all(|n| *n == 0.0), "{in_flight:?}");
+    // The destination's timings and circuit state are by source too, under the same
+    // labels: each source has circuits of its own, all closed here.
+    let dispatched = by_label(&body, "outbox_dispatch_duration_seconds_count", "source");
+    let circuits = by_label(&body, "outbox_destination_circuit_state", "source");
+    for by_source in [&dispatched, &circuits] {
+        assert_eq!(
+            by_source.keys().collect::<Vec<_>>(),
+            delivered.keys().collect::<Vec<_>>(),
+            "{by_source:?}"
+        );
+    }
+    assert!(dispatched.values().all(|n| *n >= 1.0), "{dispatched:?}");
+    assert!(circuits.values().all(|n| *n == 0.0), "{circuits:?}");
     promtool_check_metrics(&body);
 
     // A second process joins: the first gives it a source back. From then on each source's

@@ -82,6 +82,8 @@ type Book = (Inner, u64, DateTime<Utc>);
 #[derive(Debug)]
 pub struct Breaker {
     destination: String,
+    /// The source whose messages this circuit guards (its metrics' `source` label).
+    source: telemetry::Source,
     settings: CircuitSettings,
     inner: Mutex<Book>,
     changed: Arc<Notify>,
@@ -89,10 +91,16 @@ pub struct Breaker {
 
 impl Breaker {
     /// A closed circuit; `changed` is notified at each change of state.
-    pub fn new(destination: &str, settings: CircuitSettings, changed: Arc<Notify>) -> Self {
-        telemetry::circuit_started(destination);
+    pub fn new(
+        destination: &str,
+        source: telemetry::Source,
+        settings: CircuitSettings,
+        changed: Arc<Notify>,
+    ) -> Self {
+        telemetry::circuit_started(destination, &source);
         Self {
             destination: destination.to_owned(),
+            source,
             settings,
             inner: Mutex::new((Inner::Closed { failures: 0 }, 0, Utc::now())),
             changed,
@@ -141,9 +149,9 @@ impl Breaker {
             }
             self.changed.notify_one();
             match after {
-                State::Open => telemetry::circuit_opened(&self.destination),
-                State::HalfOpen => telemetry::circuit_half_open(&self.destination),
-                State::Closed => telemetry::circuit_closed(&self.destination),
+                State::Open => telemetry::circuit_opened(&self.destination, &self.source),
+                State::HalfOpen => telemetry::circuit_half_open(&self.destination, &self.source),
+                State::Closed => telemetry::circuit_closed(&self.destination, &self.source),
             }
         }
     }
@@ -283,6 +291,7 @@ mod tests {
     fn breaker(failures: u32) -> Breaker {
         Breaker::new(
             "test",
+            telemetry::Source::default(),
             CircuitSettings {
                 failures,
                 cooldown: COOLDOWN,
@@ -360,6 +369,7 @@ mod tests {
         let changed = Arc::new(Notify::new());
         let b = Breaker::new(
             "test",
+            telemetry::Source::default(),
             CircuitSettings {
                 failures: 2,
                 cooldown: COOLDOWN,

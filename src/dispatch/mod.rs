@@ -64,6 +64,8 @@ struct Lane {
     /// What the breaker and the budget were built from, for [`Dispatcher::for_source`].
     circuit: CircuitSettings,
     max_in_flight: usize,
+    /// The source whose messages this lane carries (its metrics' `source` label).
+    source: telemetry::Source,
 }
 
 /// The messages of a claim that go to one destination.
@@ -95,6 +97,7 @@ impl Dispatcher {
                     d.deadline,
                     d.max_in_flight,
                     circuit_changed.clone(),
+                    telemetry::Source::default(),
                 ))
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
@@ -122,6 +125,7 @@ impl Dispatcher {
                 deadline,
                 max_in_flight,
                 circuit_changed.clone(),
+                telemetry::Source::default(),
             )],
             routes: Routes(vec![(TopicPattern::Any, 0)]),
             circuit_changed,
@@ -132,7 +136,7 @@ impl Dispatcher {
     /// connections are shared) and routes, with circuits and budgets of its own, so that a
     /// source whose messages a destination refuses, or whose batches fill its budget, does
     /// not hold back the others.
-    pub fn for_source(&self) -> Self {
+    pub fn for_source(&self, source: &telemetry::Source) -> Self {
         let circuit_changed = Arc::new(Notify::new());
         Self {
             lanes: self
@@ -146,6 +150,7 @@ impl Dispatcher {
                         l.deadline,
                         l.max_in_flight,
                         circuit_changed.clone(),
+                        source.clone(),
                     )
                 })
                 .collect(),
@@ -271,7 +276,7 @@ impl Dispatcher {
             lane.breaker.record(ticket, &mut outcomes, &attempt_nos);
             outcomes
         };
-        telemetry::batch_dispatched(&lane.name, started.elapsed());
+        telemetry::batch_dispatched(&lane.name, &lane.source, started.elapsed());
         outcomes
     }
 
@@ -364,7 +369,12 @@ impl Lane {
                 messages.len()
             )),
             Ok(Err(_)) => {
-                telemetry::dispatch_deadline(&self.name, self.deadline, messages.len());
+                telemetry::dispatch_deadline(
+                    &self.name,
+                    &self.source,
+                    self.deadline,
+                    messages.len(),
+                );
                 retryable(format!(
                     "destination {} did not answer within {} ms",
                     self.name,
@@ -377,7 +387,7 @@ impl Lane {
                     .map(|s| (*s).to_owned())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                telemetry::dispatch_panicked(&self.name, messages, &what);
+                telemetry::dispatch_panicked(&self.name, &self.source, messages, &what);
                 vec![
                     Outcome::NotAttempted {
                         reason: format!("destination {} panicked: {what}", self.name),
@@ -439,15 +449,17 @@ impl Lane {
         deadline: Duration,
         max_in_flight: usize,
         circuit_changed: Arc<Notify>,
+        source: telemetry::Source,
     ) -> Self {
         Self {
             name: name.to_owned(),
             destination,
-            breaker: circuit::Breaker::new(name, circuit, circuit_changed),
+            breaker: circuit::Breaker::new(name, source.clone(), circuit, circuit_changed),
             budget: Arc::new(Semaphore::new(max_in_flight)),
             deadline,
             circuit,
             max_in_flight,
+            source,
         }
     }
 }

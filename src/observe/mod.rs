@@ -274,7 +274,13 @@ pub async fn fetch(
 
 /// Observes every `interval` (±10%) until `shutdown`: keeps `latest` current and warns
 /// once per culprit that holds the horizon past the threshold (and says when it is gone).
-pub async fn run(store: Store, worker: WorkerId, latest: Arc<Latest>, shutdown: CancellationToken) {
+pub async fn run(
+    store: Store,
+    worker: WorkerId,
+    source: crate::telemetry::Source,
+    latest: Arc<Latest>,
+    shutdown: CancellationToken,
+) {
     let settings = latest.settings;
     let mut warned: HashMap<String, HorizonHolder> = HashMap::new();
     loop {
@@ -288,7 +294,7 @@ pub async fn run(store: Store, worker: WorkerId, latest: Arc<Latest>, shutdown: 
                 latest.set(observation);
             }
             Ok(None) => {}
-            Err(e) => telemetry::database_error(&worker, "observe", &e),
+            Err(e) => telemetry::database_error(&worker, &source, "observe", &e),
         }
         let jittered = settings.interval.mul_f64(rand::random_range(0.9..=1.1));
         tokio::select! {

@@ -104,7 +104,7 @@ impl Relay {
                     break results;
                 }
                 Err(e) => {
-                    telemetry::database_error(self.worker(), "complete", &e);
+                    telemetry::database_error(self.worker(), &self.source, "complete", &e);
                     let retryable = !matches!(e, StoreError::InvalidArgument(_));
                     if !retryable
                         || chrono::Utc::now()
@@ -172,7 +172,7 @@ impl Relay {
                 }
             }
             Err(e) => {
-                telemetry::database_error(self.worker(), "release", &e);
+                telemetry::database_error(self.worker(), &self.source, "release", &e);
                 Summary::default()
             }
         }

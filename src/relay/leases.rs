@@ -157,7 +157,7 @@ impl Relay {
                         }
                     }
                 }
-                Err(e) => telemetry::database_error(self.worker(), "extend", &e),
+                Err(e) => telemetry::database_error(self.worker(), &self.source, "extend", &e),
             }
         }
     }

@@ -186,6 +186,7 @@ impl Relay {
         helpers.spawn(janitor::run(
             self.store.clone(),
             self.worker().clone(),
+            self.source.clone(),
             self.settings.repair_interval,
             self.settings.repair_limit,
             shutdown.clone(),
@@ -193,6 +194,7 @@ impl Relay {
         helpers.spawn(circuit_reports::run(
             self.store.clone(),
             self.worker().clone(),
+            self.source.clone(),
             self.dispatcher.clone(),
             background.clone(),
         ));
@@ -238,7 +240,7 @@ impl Relay {
                 }
                 Err(e) => {
                     drop(permit);
-                    telemetry::database_error(self.worker(), "claim", &e);
+                    telemetry::database_error(self.worker(), &self.source, "claim", &e);
                     tokio::select! {
                         () = shutdown.cancelled() => break,
                         () = tokio::time::sleep(backoff) => {}

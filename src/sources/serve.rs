@@ -186,7 +186,7 @@ async fn serve(
     let relay = Relay::new(
         fleet.relay.clone(),
         store.clone(),
-        Arc::new(fleet.dispatcher.for_source()),
+        Arc::new(fleet.dispatcher.for_source(&source)),
     )
     .with_gate(gate.clone())
     .with_source(source.clone());
@@ -200,8 +200,14 @@ async fn serve(
             .board
             .observe(name, label, worker.as_str(), latest.clone());
         tokio::spawn(
-            observe::run(store.clone(), worker.clone(), latest, relay_stop.clone())
-                .instrument(tracing::info_span!("observe", source = name)),
+            observe::run(
+                store.clone(),
+                worker.clone(),
+                source.clone(),
+                latest,
+                relay_stop.clone(),
+            )
+            .instrument(tracing::info_span!("observe", source = name)),
         )
     });
     let mut relay_ended = None;
