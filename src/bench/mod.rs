@@ -111,6 +111,12 @@ pub struct Options {
     /// alongside costs).
     #[arg(long)]
     pub sustained_no_prune: bool,
+    /// The sustained run with the MVCC horizon held for this many seconds, from the end of
+    /// its first window: a REPEATABLE READ session keeps its snapshot, as a long report, a
+    /// lagging replication slot or a standby's feedback would. Each window then shows the
+    /// mean claim time (from pg_stat_user_functions) and the outbox's table and index sizes.
+    #[arg(long, default_value_t = 0)]
+    pub hold_horizon_secs: u64,
     /// Instead of the other measurements: the relayer against graphile-worker, pg-boss and
     /// pgmq (see `scripts/bench-peers.sh`, which prepares this directory: Node packages in
     /// DIR/node_modules, pgmq's SQL-only install in DIR/pgmq.sql).

@@ -2,6 +2,12 @@
 //! a backlog. What goes wrong over time in a Postgres queue (dead tuples piling up, the
 //! attempt log's retention stalling the hot path, throughput drifting) only shows in a long
 //! run; this prints per 30-second window what would show it.
+//!
+//! With `--hold-horizon-secs H`, a session holds its snapshot (REPEATABLE READ, one read,
+//! then idle in transaction) from the end of the first window for H seconds: no row
+//! version deleted meanwhile can be vacuumed, and each window prints the mean time of the
+//! claim function (counted by Postgres itself, `track_functions`) and the outbox's sizes,
+//! before, during and after the hold.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +60,16 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
              whatever the relayer does (run it against a server with autovacuum on)"
         );
     }
+    // Postgres counts the calls and time of each function of the relays' sessions (set
+    // before they connect): the claim's mean time per window, measured by the server.
+    let database: String = sql
+        .query_one("SELECT current_database()::text", &[])
+        .await?
+        .get(0);
+    sql.batch_execute(&format!(
+        "ALTER DATABASE \"{database}\" SET track_functions = 'pl'"
+    ))
+    .await?;
     let recorder = Recorder::new(None);
     let shutdown = CancellationToken::new();
     let relays = start_relays(url, o, &recorder, &shutdown)?;
@@ -92,6 +108,22 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     let started = Instant::now();
     let pruner =
         (!o.sustained_no_prune).then(|| tokio::spawn(prune(url.to_owned(), started, stop.clone())));
+    let hold = (o.hold_horizon_secs > 0).then(|| {
+        let from = started + WINDOW;
+        let until = from + Duration::from_secs(o.hold_horizon_secs);
+        outln!(
+            "sustained: the MVCC horizon held from {} s to {} s",
+            WINDOW.as_secs(),
+            WINDOW.as_secs() + o.hold_horizon_secs
+        );
+        (
+            from,
+            until,
+            tokio::spawn(hold_horizon(url.to_owned(), from, until, stop.clone())),
+        )
+    });
+    let mut claims = claim_calls(sql).await?;
+    let mut windows_seen: Vec<Window> = Vec::new();
     let mut lsn = wal_lsn(sql).await?;
     let windows = o.sustained_secs.div_ceil(WINDOW.as_secs()).max(1);
     let mut rates = Vec::new();
@@ -124,16 +156,39 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         let wal_per_msg = (wal - lsn) as f64 / delivered.max(1) as f64;
         lsn = wal;
         most_dead = most_dead.max(dead);
+        let now_claims = claim_calls(sql).await?;
+        let claim_ms = (now_claims.1 - claims.1) / (now_claims.0 - claims.0).max(1) as f64;
+        claims = now_claims;
+        let sizes = sizes(sql).await?;
+        let end = started + WINDOW * u32::try_from(w)?;
+        let held = hold
+            .as_ref()
+            .is_some_and(|(from, until, _)| end > *from && end - WINDOW < *until);
         progress("");
         outln!(
-            "  window {w:>2} ({:>3}-{:>3} s): {r:>7.0} msg/s delivered, {produced:.0} enqueued, \
-             backlog {backlog}, \
-             n_dead_tup {dead} (autovacuums so far {vacuums}), attempt log {attempts} rows, \
+            "  window {w:>2} ({:>3}-{:>3} s){}: {r:>7.0} msg/s delivered, {produced:.0} \
+             enqueued, backlog {backlog}, claim {claim_ms:.1} ms, \
+             n_dead_tup {dead} (autovacuums so far {vacuums}), messages {} + indexes {} MB, \
+             attempt log {attempts} rows ({} MB), \
              WAL {wal_per_msg:.0} bytes/msg (checkpoints so far {checkpoints})",
             (w - 1) * WINDOW.as_secs(),
             w * WINDOW.as_secs(),
+            if held { " held" } else { "" },
+            sizes.0 >> 20,
+            sizes.1 >> 20,
+            sizes.2 >> 20,
         );
         rates.push(r);
+        windows_seen.push(Window {
+            held,
+            backlog,
+            claim_ms,
+            messages_bytes: sizes.0 + sizes.1,
+        });
+    }
+    if let Some((_, _, holder)) = hold {
+        holder.await??;
+        summarize_hold(&windows_seen, rate);
     }
     stop.cancel();
     let produced = producer.await??;
@@ -190,6 +245,99 @@ async fn produce(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(produced)
+}
+
+/// What a window of a held-horizon run is summarized by.
+struct Window {
+    held: bool,
+    backlog: i64,
+    claim_ms: f64,
+    /// outbox.messages and its indexes.
+    messages_bytes: i64,
+}
+
+/// The figures of the held-horizon target: the claim's time held against unheld, the
+/// backlog against 5 s of traffic, the outbox's size before, at its largest and at the end.
+#[allow(clippy::cast_precision_loss)]
+fn summarize_hold(windows: &[Window], rate: u64) {
+    let before: Vec<&Window> = windows.iter().take_while(|w| !w.held).collect();
+    let held: Vec<&Window> = windows.iter().filter(|w| w.held).collect();
+    let after: Vec<&Window> = windows
+        .iter()
+        .skip_while(|w| !w.held)
+        .filter(|w| !w.held)
+        .collect();
+    let (Some(unheld), Some(last)) = (before.first(), windows.last()) else {
+        return;
+    };
+    let worst_claim = held.iter().map(|w| w.claim_ms).fold(0.0, f64::max);
+    let worst_backlog = held.iter().map(|w| w.backlog).max().unwrap_or_default();
+    let largest = windows
+        .iter()
+        .map(|w| w.messages_bytes)
+        .max()
+        .unwrap_or_default();
+    outln!(
+        "held horizon: claim {:.1} ms unheld, at most {worst_claim:.1} ms held ({:.1} ×); \
+         backlog at most {worst_backlog} while held ({:.1} s of traffic at {rate} msg/s); \
+         messages and indexes {} MB before, {} MB at most, {} MB at the end ({} windows \
+         after the hold, claim {:.1} ms in the last)",
+        unheld.claim_ms,
+        worst_claim / unheld.claim_ms.max(0.001),
+        worst_backlog as f64 / rate.max(1) as f64,
+        unheld.messages_bytes >> 20,
+        largest >> 20,
+        last.messages_bytes >> 20,
+        after.len(),
+        last.claim_ms,
+    );
+}
+
+/// Calls of the claim function so far and their total time in ms (pg_stat_user_functions).
+async fn claim_calls(sql: &tokio_postgres::Client) -> Result<(i64, f64)> {
+    let row = sql
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_time), 0)::float8 \
+               FROM pg_stat_user_functions \
+              WHERE schemaname = 'outbox' AND funcname = 'claim_outbox_batch_seq'",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Bytes of outbox.messages, of its indexes, and of outbox.attempts with its indexes.
+async fn sizes(sql: &tokio_postgres::Client) -> Result<(i64, i64, i64)> {
+    let row = sql
+        .query_one(
+            "SELECT pg_relation_size('outbox.messages'), pg_indexes_size('outbox.messages'), \
+                    pg_total_relation_size('outbox.attempts')",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1), row.get(2)))
+}
+
+/// Holds the MVCC horizon from `from` to `until` (or until stopped): one REPEATABLE READ
+/// transaction that reads once and stays open, idle in transaction.
+async fn hold_horizon(
+    url: String,
+    from: Instant,
+    until: Instant,
+    stop: CancellationToken,
+) -> Result<()> {
+    tokio::time::sleep_until(from.into()).await;
+    let c = connect(&url).await?;
+    c.batch_execute(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.dead_letters",
+    )
+    .await?;
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = tokio::time::sleep_until(until.into()) => {}
+    }
+    c.batch_execute("COMMIT").await?;
+    Ok(())
 }
 
 /// The server's current WAL position, in bytes.
