@@ -110,7 +110,10 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             replay_id,
             replayed,
         } => {
-            outln!("replayed {replayed} (replay {replay_id}, see outbox.replay_log)");
+            outln!(
+                "replayed {replayed} (replay {replay_id}, see {}.replay_log)",
+                store.schema()
+            );
         }
     }
     Ok(())

@@ -294,6 +294,17 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
             Some(s) => {
                 crate::connection::check_schema_name(s)
                     .map_err(|e| invalid(format!("sources.{name}.schema"), e))?;
+                if let Some(named) = crate::connection::schema_of(&table.database_url)
+                    && &named != s
+                {
+                    return Err(invalid(
+                        format!("sources.{name}.schema"),
+                        format!(
+                            "is {s:?} but its database_url names outbox_schema={named}: give \
+                             the schema once"
+                        ),
+                    ));
+                }
                 s.as_str()
             }
             None => &schema,

@@ -53,9 +53,118 @@ pub struct Target {
 /// The schema of the outbox when the connection string names none.
 pub const DEFAULT_SCHEMA: &str = "outbox";
 
+/// SQL keywords that cannot name a schema unquoted (Postgres' reserved and type or function
+/// name keywords), and `plpgsql`, whose settings prefix is reserved: the outbox's
+/// statements name its schema unquoted (`NAME.messages`, the setting `NAME.woken`).
+const NOT_A_SCHEMA_NAME: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "authorization",
+    "binary",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "collation",
+    "column",
+    "concurrently",
+    "constraint",
+    "create",
+    "cross",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_schema",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "freeze",
+    "from",
+    "full",
+    "grant",
+    "group",
+    "having",
+    "ilike",
+    "in",
+    "initially",
+    "inner",
+    "intersect",
+    "into",
+    "is",
+    "isnull",
+    "join",
+    "lateral",
+    "leading",
+    "left",
+    "like",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "natural",
+    "not",
+    "notnull",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "outer",
+    "overlaps",
+    "placing",
+    "plpgsql",
+    "primary",
+    "references",
+    "returning",
+    "right",
+    "select",
+    "session_user",
+    "similar",
+    "some",
+    "symmetric",
+    "system_user",
+    "table",
+    "tablesample",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "verbose",
+    "when",
+    "where",
+    "window",
+    "with",
+];
+
 /// Checks an outbox schema name: a plain lower-case identifier (letters, digits, `_`; at
 /// most 48 characters, so that its derived names (`NAME_new`, the notification channel)
-/// stay within Postgres' 63) that is not one of Postgres' own schemas or `public`.
+/// stay within Postgres' 63) that is not one of Postgres' own schemas, `public`, or an SQL
+/// keyword. Every statement may put a name that passes into its text as it is.
 pub fn check_schema_name(name: &str) -> Result<(), String> {
     let plain = !name.is_empty()
         && name.len() <= 48
@@ -69,6 +178,11 @@ pub fn check_schema_name(name: &str) -> Result<(), String> {
              and _ that starts with a letter or _, at most 48 characters"
         ));
     }
+    if NOT_A_SCHEMA_NAME.contains(&name) {
+        return Err(format!(
+            "invalid outbox_schema {name:?}: an SQL keyword cannot name the outbox's schema"
+        ));
+    }
     if name.starts_with("pg_") || name == "public" || name == "information_schema" {
         return Err(format!(
             "invalid outbox_schema {name:?}: the outbox needs a schema of its own, not one of \
@@ -78,14 +192,19 @@ pub fn check_schema_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The outbox schema `url` names (`outbox_schema`), if it names one.
+pub fn schema_of(url: &str) -> Option<String> {
+    let (_, own) = split_own_settings(url).ok()?;
+    own.into_iter()
+        .rev()
+        .find(|(k, _)| k == SCHEMA_KEY)
+        .map(|(_, v)| v)
+}
+
 /// `url` (a `postgres://` URL or `key=value` words) naming `schema` as its outbox schema,
-/// unless it names one already.
+/// unless it names one already (its own wins).
 pub fn with_schema(url: &str, schema: &str) -> String {
-    let has = |s: &str| {
-        s.split(['?', '&', ' '])
-            .any(|p| p.starts_with("outbox_schema="))
-    };
-    if schema == DEFAULT_SCHEMA || has(url) {
+    if schema == DEFAULT_SCHEMA || schema_of(url).is_some() {
         return url.to_owned();
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -363,6 +482,48 @@ mod tests {
 
     fn no_env(_: &str) -> Option<String> {
         None
+    }
+
+    #[test]
+    fn the_schema_is_named_once_and_a_connection_strings_own_wins() {
+        use super::{check_schema_name, schema_of, with_schema};
+        assert_eq!(
+            with_schema("postgres://u@h/db", "outbox"),
+            "postgres://u@h/db"
+        );
+        assert_eq!(
+            with_schema("postgres://u@h/db", "t1"),
+            "postgres://u@h/db?outbox_schema=t1"
+        );
+        assert_eq!(
+            with_schema("postgres://u@h/db?sslmode=require", "t1"),
+            "postgres://u@h/db?sslmode=require&outbox_schema=t1"
+        );
+        assert_eq!(
+            with_schema("postgres://u@h/db?outbox_schema=a", "t1"),
+            "postgres://u@h/db?outbox_schema=a"
+        );
+        assert_eq!(
+            with_schema("host=h dbname=db outbox_schema = a", "t1"),
+            "host=h dbname=db outbox_schema = a"
+        );
+        assert_eq!(
+            with_schema("host=h dbname=db", "t1"),
+            "host=h dbname=db outbox_schema=t1"
+        );
+        assert_eq!(schema_of("host=h password='x outbox_schema=y'"), None);
+        let target =
+            Target::parse_with_env("postgres://u@h/db?outbox_schema=t1", |_| None).unwrap();
+        assert_eq!(target.schema, "t1");
+        assert_eq!(target.config.get_dbname(), Some("db"));
+        for bad in [
+            "user", "order", "plpgsql", "public", "pg_x", "Tenant", "1a", "",
+        ] {
+            assert!(check_schema_name(bad).is_err(), "{bad}");
+        }
+        for good in ["tenant_1", "billing", "_x"] {
+            assert!(check_schema_name(good).is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -159,6 +159,15 @@ impl Dispatcher {
         }
     }
 
+    /// Sets the circuit gauges of this dispatcher's destinations back to closed, once
+    /// nothing delivers through it any more (a source that left this process): the
+    /// process that serves the source next reports its circuits.
+    pub fn circuits_gone(&self) {
+        for lane in &self.lanes {
+            telemetry::circuit_started(&lane.name, &lane.source);
+        }
+    }
+
     /// Each destination's name, circuit state and since when (wall clock), in the order of
     /// the configuration.
     pub fn circuits(&self) -> Vec<(String, State, DateTime<Utc>)> {

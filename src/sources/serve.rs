@@ -183,13 +183,10 @@ async fn serve(
     let gate = Gate::until(until);
     let relay_stop = CancellationToken::new();
     let source = fleet.labels.label(name);
-    let relay = Relay::new(
-        fleet.relay.clone(),
-        store.clone(),
-        Arc::new(fleet.dispatcher.for_source(&source)),
-    )
-    .with_gate(gate.clone())
-    .with_source(source.clone());
+    let dispatcher = Arc::new(fleet.dispatcher.for_source(&source));
+    let relay = Relay::new(fleet.relay.clone(), store.clone(), dispatcher.clone())
+        .with_gate(gate.clone())
+        .with_source(source.clone());
     let mut relay_task = tokio::spawn(relay.run(relay_stop.clone()));
     // The source's backlog, observed while it is served here.
     let observer = fleet.observe.map(|settings| {
@@ -277,6 +274,8 @@ async fn serve(
             Default::default()
         }
     };
+    // Its circuits are gone with its relay: their gauges must not stay open here.
+    dispatcher.circuits_gone();
     let worker = &fleet.relay.worker_id;
     match end {
         End::Stop => {
@@ -315,19 +314,12 @@ async fn serve(
     }
 }
 
-/// The server (host and port) of a connection string, for the connection budget.
+/// The server (host and port) of a connection string, for the connection budget and the
+/// turns: read as the store reads it, so that the sources of one server (its databases and
+/// their schemas, whatever their TLS settings) share them.
 fn server_of(url: &str) -> String {
-    use tokio_postgres::config::Host;
-    match url.parse::<tokio_postgres::Config>() {
-        Ok(config) => {
-            let host = match config.get_hosts().first() {
-                Some(Host::Tcp(name)) => name.clone(),
-                Some(Host::Unix(path)) => path.display().to_string(),
-                None => "localhost".to_owned(),
-            };
-            let port = config.get_ports().first().copied().unwrap_or(5432);
-            format!("{host}:{port}")
-        }
+    match crate::connection::Target::parse(url) {
+        Ok(target) => target.address(),
         Err(_) => url.to_owned(),
     }
 }
@@ -335,4 +327,27 @@ fn server_of(url: &str) -> String {
 /// `d` ± 10%, so that the polls of many sources and processes spread out.
 fn jitter(d: Duration) -> Duration {
     d.mul_f64(rand::random_range(0.9..=1.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_of;
+
+    #[test]
+    fn the_sources_of_one_server_share_it_whatever_their_schema_and_tls_settings() {
+        let plain = server_of("postgres://relay@db.internal:5433/a");
+        assert_eq!(plain, "db.internal:5433");
+        assert_eq!(
+            server_of("postgres://relay@db.internal:5433/b?outbox_schema=tenant_1"),
+            plain
+        );
+        assert_eq!(
+            server_of("postgres://relay@db.internal:5433/c?sslmode=require&outbox_schema=t"),
+            plain
+        );
+        assert_eq!(
+            server_of("host=db.internal port=5433 dbname=d outbox_schema=t"),
+            plain
+        );
+    }
 }

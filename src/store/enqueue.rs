@@ -3,14 +3,14 @@
 
 use tokio_postgres::types::{ToSql, Type};
 
-use super::{Result, Store};
+use super::{Result, Store, StoreError};
 use crate::message::{NewMessage, OutboxId, Payload};
 
 impl Store {
     /// `outbox.enqueue` on a connection of the pool, in a transaction of its own.
     pub async fn enqueue(&self, message: &NewMessage) -> Result<OutboxId> {
         let client = self.client().await?;
-        Ok(enqueue_in(&**client, self.schema(), message).await?)
+        Ok(enqueue_into(&**client, self.schema(), message).await?)
     }
 }
 
@@ -46,12 +46,23 @@ pub async fn enqueue(
     client: &impl tokio_postgres::GenericClient,
     message: &NewMessage,
 ) -> std::result::Result<OutboxId, tokio_postgres::Error> {
-    enqueue_in(client, crate::connection::DEFAULT_SCHEMA, message).await
+    enqueue_into(client, crate::connection::DEFAULT_SCHEMA, message).await
 }
 
 /// [`enqueue`] into the outbox held by `schema` (an outbox migrated with `outbox_schema`
-/// set to that name).
+/// set to that name). A name that is not a valid outbox schema name
+/// ([`crate::connection::check_schema_name`]) is refused before anything is sent.
 pub async fn enqueue_in(
+    client: &impl tokio_postgres::GenericClient,
+    schema: &str,
+    message: &NewMessage,
+) -> Result<OutboxId> {
+    crate::connection::check_schema_name(schema).map_err(StoreError::InvalidArgument)?;
+    Ok(enqueue_into(client, schema, message).await?)
+}
+
+/// The statement of [`enqueue`] and [`enqueue_in`], `schema` checked.
+async fn enqueue_into(
     client: &impl tokio_postgres::GenericClient,
     schema: &str,
     message: &NewMessage,

@@ -51,6 +51,11 @@ pub async fn fill_messages_returning_ids(
 }
 
 /// [`fill_messages_returning_ids`] into the outbox held by `schema`.
+///
+/// # Panics
+///
+/// When `schema` is not a valid outbox schema name
+/// ([`crate::connection::check_schema_name`]).
 pub async fn fill_messages_returning_ids_in(
     c: &Client,
     schema: &str,
@@ -60,6 +65,9 @@ pub async fn fill_messages_returning_ids_in(
     keys: i64,
     payload_bytes: i32,
 ) -> Result<Vec<uuid::Uuid>, tokio_postgres::Error> {
+    if let Err(e) = crate::connection::check_schema_name(schema) {
+        panic!("{e}");
+    }
     let rows = c
         .query(
             &*super::naming::in_schema(&format!("{FILL} RETURNING outbox_id"), schema),

@@ -171,6 +171,13 @@ impl Store {
                 }
                 Err(e) => return Err(e.into()),
             }
+        } else if schema != crate::connection::DEFAULT_SCHEMA {
+            // Every outbox in another schema was built by a release that has
+            // schema_version(): without it, the schema holds something else.
+            return Err(StoreError::Schema(format!(
+                "schema {schema} in database {database:?} holds no outbox (it has no \
+                 {schema}.schema_version()): {fix}, or name the outbox's own schema"
+            )));
         } else {
             // Before version 5 there was no schema_version(); the history table says which.
             client

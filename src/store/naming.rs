@@ -6,6 +6,11 @@
 //! outbox: its own tables, functions, history table (`NAME.refinery_schema_history`),
 //! notification channel (`NAME_new`), advisory-lock keys and per-transaction settings
 //! (`NAME.woken`). The default schema's text is used as it is.
+//!
+//! The rewritten text of each migration is what refinery checksums in such a schema's
+//! history: a change of the rewrite that alters the text of a landed migration makes
+//! `migrate` refuse every outbox already built in another schema. Change it only in ways
+//! that leave the rewritten text of the landed migrations as it is.
 
 use std::borrow::Cow;
 
@@ -151,7 +156,7 @@ mod tests {
                 let code = line.split("--").next().unwrap_or("");
                 let outside: String = code.split('\'').step_by(2).collect();
                 assert!(
-                    !words(code, true) && !words(&outside, false),
+                    !words(code, true) && !words(&outside, false) && !code.contains("'outbox'"),
                     "{} line {}: {line}",
                     m.name(),
                     i + 1

@@ -98,13 +98,15 @@ impl Store {
     }
 
     /// Whether this database holds the store's outbox schema (`outbox` unless its
-    /// connection string names another).
+    /// connection string names another; such a schema must hold the outbox's messages
+    /// table, so that an application's schema of the same name is not taken for one).
     pub async fn has_outbox(&self) -> Result<bool> {
         Ok(self
             .client()
             .await?
             .query_typed_one(
-                "SELECT to_regnamespace($1) IS NOT NULL",
+                "SELECT to_regnamespace($1) IS NOT NULL \
+                    AND ($1 = 'outbox' OR to_regclass($1 || '.messages') IS NOT NULL)",
                 &[(&self.schema(), Type::TEXT)],
             )
             .await?
