@@ -260,14 +260,13 @@ struct Window {
 /// backlog against 5 s of traffic, the outbox's size before, at its largest and at the end.
 #[allow(clippy::cast_precision_loss)]
 fn summarize_hold(windows: &[Window], rate: u64) {
-    let before: Vec<&Window> = windows.iter().take_while(|w| !w.held).collect();
     let held: Vec<&Window> = windows.iter().filter(|w| w.held).collect();
-    let after: Vec<&Window> = windows
+    let after = windows
         .iter()
         .skip_while(|w| !w.held)
         .filter(|w| !w.held)
-        .collect();
-    let (Some(unheld), Some(last)) = (before.first(), windows.last()) else {
+        .count();
+    let (Some(unheld), Some(last)) = (windows.first().filter(|w| !w.held), windows.last()) else {
         return;
     };
     let worst_claim = held.iter().map(|w| w.claim_ms).fold(0.0, f64::max);
@@ -288,7 +287,7 @@ fn summarize_hold(windows: &[Window], rate: u64) {
         unheld.messages_bytes >> 20,
         largest >> 20,
         last.messages_bytes >> 20,
-        after.len(),
+        after,
         last.claim_ms,
     );
 }

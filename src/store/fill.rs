@@ -65,9 +65,7 @@ pub async fn fill_messages_returning_ids_in(
     keys: i64,
     payload_bytes: i32,
 ) -> Result<Vec<uuid::Uuid>, tokio_postgres::Error> {
-    if let Err(e) = crate::connection::check_schema_name(schema) {
-        panic!("{e}");
-    }
+    crate::connection::check_schema_name(schema).unwrap_or_else(|e| panic!("{e}"));
     let rows = c
         .query(
             &*super::naming::in_schema(&format!("{FILL} RETURNING outbox_id"), schema),
