@@ -134,6 +134,9 @@ REVOKE ALL ON FUNCTION outbox.uuid_v7() FROM PUBLIC;
 --     in the future) after them, so a walk stops at the first entry not yet due.
 --   - leased messages stay in it (see the lease columns above); a claim skips them by the
 --     heap check, which costs at most the messages in flight.
+--   - claims walk each shard from its floor (04_claim.sql), so the dead entries of
+--     delivered messages that vacuum may not remove yet (the MVCC horizon held) are not
+--     stepped over by every claim.
 -- * messages_key_seq_idx (message_key, seq) WHERE message_key IS NOT NULL: a key's messages
 --   in enqueue order. One probe answers "is an earlier message of this key pending?" (the
 --   claim's head check, mark_behind) and "which message is next in this key?" (the claim's
@@ -141,7 +144,9 @@ REVOKE ALL ON FUNCTION outbox.uuid_v7() FROM PUBLIC;
 --   have no entry.
 --
 -- Triggers (functions below): messages_mark_behind (BEFORE INSERT of a keyed message) and
--- messages_settle_behind (deferred to commit, for a message inserted behind).
+-- messages_settle_behind (deferred to commit, for a message inserted behind); in
+-- 04_claim.sql, messages_lower_claim_floor_on_insert and _on_update (the owner's own
+-- writes of an old available_at, which the SQL API never makes).
 CREATE TABLE outbox.messages (
     outbox_id        uuid        NOT NULL DEFAULT outbox.uuid_v7(),
     -- enqueue order; decides which message is the head of its key; sent to consumers of
@@ -154,8 +159,9 @@ CREATE TABLE outbox.messages (
     content_type     text        NOT NULL DEFAULT 'application/json',
     headers          jsonb       NOT NULL DEFAULT '{}',
     created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
-    -- not before: delays and retry backoff
-    available_at     timestamptz NOT NULL DEFAULT now(),
+    -- not before: delays and retry backoff; the API never writes a time before the clock
+    -- of the write (the claim floors, 04_claim.sql)
+    available_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- attempts recorded so far; the next attempt is number attempt_count + 1
     attempt_count    integer     NOT NULL DEFAULT 0,
     -- attempts recorded in earlier lives (before the latest replay from dead letters):
@@ -244,7 +250,9 @@ REVOKE ALL ON FUNCTION outbox.mark_behind() FROM PUBLIC;
 --   that a completion is deleting (or that a claim holds FOR UPDATE during its short
 --   transaction) is passed over for the next earlier one. The producer never waits here.
 --   Under REPEATABLE READ or SERIALIZABLE, where that lock could fail the commit with a
---   serialization error, it locks nothing and clears the new message's own mark.
+--   serialization error, it locks nothing and clears the new message's own mark. Its
+--   entry in messages_shard_heads_idx is then where this transaction's INSERT put it, at
+--   or after the clock of the insert: never below its shard's claim floor (04_claim.sql).
 -- Raises: nothing.
 -- Crash: nothing; it runs inside the producer's transaction, and a crash before the commit
 --   completes loses the message with the rest of that transaction.

@@ -30,8 +30,11 @@
 --                             enqueue under one key at the same time get no order between
 --                             them.
 --             p_headers       a JSON object of the message's headers; default and NULL: {}.
---             p_available_at  not before; default and NULL: now() (the transaction's start).
---                             A time in the future delays the message.
+--             p_available_at  not before; default and NULL: the clock at the insert
+--                             (clock_timestamp()). A time in the future delays the
+--                             message; a time in the past is stored as the clock too, so
+--                             the message is never below its shard's claim floor
+--                             (04_claim.sql).
 --             p_outbox_id     the producer's own id; default and NULL: a new UUIDv7. Every
 --                             delivery of the message carries it.
 --             p_max_attempts  attempts before the message is dead-lettered, at least 1;
@@ -88,7 +91,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_id uuid := coalesce(p_outbox_id, outbox.uuid_v7());
-    v_available_at timestamptz := coalesce(p_available_at, now());
     v_used text;
 BEGIN
     IF p_topic IS NULL OR p_topic = '' THEN
@@ -126,12 +128,14 @@ BEGIN
                                  available_at, max_attempts)
     VALUES (v_id, p_topic, p_message_key, p_payload,
             coalesce(p_content_type, 'application/octet-stream'),
-            coalesce(p_headers, '{}'), v_available_at, coalesce(p_max_attempts, 10));
+            coalesce(p_headers, '{}'), greatest(p_available_at, clock_timestamp()),
+            coalesce(p_max_attempts, 10));
 
     -- Wake the relayers at commit (NOTIFY outbox_new), unless this transaction already
     -- asked or another transaction of the current 2 ms window does: the window's
     -- transaction-scoped advisory lock, taken without waiting, picks one.
-    IF v_available_at <= now() AND current_setting('outbox.woken', true) IS DISTINCT FROM 'yes' THEN
+    IF (p_available_at IS NULL OR p_available_at <= clock_timestamp())
+       AND current_setting('outbox.woken', true) IS DISTINCT FROM 'yes' THEN
         IF pg_try_advisory_xact_lock(
                hashtext('outbox.wake_relayers'),
                ((extract(epoch FROM clock_timestamp()) * 500)::bigint % 2147483647)::integer) THEN

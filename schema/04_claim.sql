@@ -11,10 +11,16 @@
 --                                  with each message's seq
 --   outbox.claim_outbox_batch      the same without seq; kept for the previous release
 --   outbox.claim_shard_candidates  internal: chooses and locks one shard's messages
+--   outbox.claim_floors            internal: where each shard's walk starts (the floors)
+--   outbox.raise_claim_floor       internal: sets one shard's floor
+--   outbox.claim_floor_bound       internal: the bound every floor is capped by
+--   outbox.lower_claim_floor       internal trigger function: the owner's own old writes
 --
 -- Conventions shared by all three:
--- * Ready: available_at <= now(), no lease (lease_token IS NULL), topic in p_topics when
---   given, matching none of the LIKE patterns of p_exclude_topics when given.
+-- * Ready: available_at at or before the claim's start (the clock when it is called, so a
+--   message enqueued earlier in the caller's own transaction counts), no lease
+--   (lease_token IS NULL), topic in p_topics when given, matching none of the LIKE
+--   patterns of p_exclude_topics when given.
 -- * Heads and runs. A keyed message is `behind` when an earlier message of its key is
 --   pending (set by a trigger on insert, 01_tables.sql; cleared on the key's next message
 --   by the completion that deletes the head, promote_heads in 05_completion.sql). Claims
@@ -31,6 +37,10 @@
 --   shard. Each shard has a turn, the row 'claim:<shard>' of outbox.turns, locked FOR
 --   UPDATE by the claim that reads the shard and held until its transaction ends; only the
 --   schema owner can lock those rows, so only these SECURITY DEFINER functions take turns.
+-- * Floors. Each shard's walk starts at the shard's floor, a time at or before every entry
+--   of the shard that is live or being written (the floors' section at the end of this
+--   file), so the dead entries of delivered messages that a held MVCC horizon keeps in the
+--   index are not stepped over again by every claim.
 -- * Leases: claimed_by, lease_token (random, gen_random_uuid()) and lease_expires_at are
 --   set together (CHECK messages_lease_complete). They are in no index, so leasing is a HOT
 --   update.
@@ -78,9 +88,10 @@
 --             message's enqueue order, outbox.messages.seq: see Guarantees). No rows when
 --             nothing is ready in the shards it could take.
 -- Locks:      It goes round the 16 shards once, from a random one. Per shard: a probe (no
---             lock) for a ready entry of messages_shard_heads_idx within the topic filters,
---             which stops at the first one, leased or not; none, and the shard is passed
---             without its turn. Then the shard's turn, FOR UPDATE SKIP LOCKED; held by
+--             lock) for the first entry of messages_shard_heads_idx from the shard's floor,
+--             leased or not, which raises the floor (raise_claim_floor); none due by the
+--             claim's start, or (with topic filters) none due within them, and the shard
+--             is passed without its turn. Then the shard's turn, FOR UPDATE SKIP LOCKED; held by
 --             another claim, and the shard is passed. Under the turn, claim_shard_candidates
 --             locks the shard's heads FOR UPDATE SKIP LOCKED, oldest first (a message any
 --             other transaction holds is skipped, never waited for), and chooses the runs
@@ -184,6 +195,11 @@ DECLARE
     v_ids uuid[] := '{}';
     v_ctids tid[] := '{}';
     v_bytes bigint := 0;
+    v_now timestamptz := clock_timestamp();
+    v_floors timestamptz[];
+    v_bound timestamptz;
+    v_first timestamptz;
+    v_raised timestamptz;
 BEGIN
     IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
         PERFORM outbox.invalid_argument('p_batch_size', format('must be between 1 and 10000, got %s', p_batch_size));
@@ -199,6 +215,8 @@ BEGIN
         PERFORM outbox.invalid_argument('p_max_message_bytes', format('must be at least 1 or NULL, got %s', p_max_message_bytes));
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
+    v_floors := outbox.claim_floors();
+    v_bound := outbox.claim_floor_bound();
 
     -- The shards in turn from a random one. Each is probed for a ready entry before its
     -- turn is taken, so that an idle queue costs no turn; the probe is a hint only (it
@@ -214,12 +232,27 @@ BEGIN
             IF v_pass = 2 AND v_shard = v_busy THEN
                 PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE;
             ELSE
-                CONTINUE WHEN NOT EXISTS (
+                -- The shard's first entry from its floor, leased or not: it raises the floor
+                -- (claim_floor_bound), and no entry due by now means no work.
+                v_first := (SELECT c.available_at
+                              FROM outbox.messages AS c
+                             WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = v_shard
+                               AND NOT c.behind
+                               AND c.available_at >= v_floors[v_shard + 1]
+                             ORDER BY c.available_at, c.seq
+                             LIMIT 1);
+                v_raised := least(coalesce(v_first, 'infinity'), v_bound);
+                IF v_raised > v_floors[v_shard + 1] THEN
+                    v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_raised);
+                END IF;
+                CONTINUE WHEN v_first IS NULL OR v_first > v_now;
+                CONTINUE WHEN (p_topics IS NOT NULL OR p_exclude_topics IS NOT NULL) AND NOT EXISTS (
                     SELECT 1
                       FROM outbox.messages AS c
                      WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = v_shard
                        AND NOT c.behind
-                       AND c.available_at <= now()
+                       AND c.available_at >= v_floors[v_shard + 1]
+                       AND c.available_at <= v_now
                        AND (p_topics IS NULL OR c.topic = ANY (p_topics))
                        AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics)));
                 v_busy := coalesce(v_busy, v_shard);
@@ -229,7 +262,8 @@ BEGIN
             v_turns := v_turns + 1;
             SELECT v_ids || s.ids, v_ctids || s.ctids, v_bytes + s.bytes
               INTO v_ids, v_ctids, v_bytes
-              FROM outbox.claim_shard_candidates(v_shard, p_batch_size - cardinality(v_ids), v_bytes,
+              FROM outbox.claim_shard_candidates(v_shard, v_floors[v_shard + 1], v_now,
+                                                 p_batch_size - cardinality(v_ids), v_bytes,
                                                  p_topics, p_exclude_topics, p_max_bytes,
                                                  p_max_message_bytes) AS s;
             EXIT WHEN cardinality(v_ids) >= p_batch_size
@@ -310,6 +344,11 @@ DECLARE
     v_ids uuid[] := '{}';
     v_ctids tid[] := '{}';
     v_bytes bigint := 0;
+    v_now timestamptz := clock_timestamp();
+    v_floors timestamptz[];
+    v_bound timestamptz;
+    v_first timestamptz;
+    v_raised timestamptz;
 BEGIN
     IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
         PERFORM outbox.invalid_argument('p_batch_size', format('must be between 1 and 10000, got %s', p_batch_size));
@@ -325,6 +364,8 @@ BEGIN
         PERFORM outbox.invalid_argument('p_max_message_bytes', format('must be at least 1 or NULL, got %s', p_max_message_bytes));
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
+    v_floors := outbox.claim_floors();
+    v_bound := outbox.claim_floor_bound();
 
     -- The shards in turn from a random one. Each is probed for a ready entry before its
     -- turn is taken, so that an idle queue costs no turn; the probe is a hint only (it
@@ -340,12 +381,27 @@ BEGIN
             IF v_pass = 2 AND v_shard = v_busy THEN
                 PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE;
             ELSE
-                CONTINUE WHEN NOT EXISTS (
+                -- The shard's first entry from its floor, leased or not: it raises the floor
+                -- (claim_floor_bound), and no entry due by now means no work.
+                v_first := (SELECT c.available_at
+                              FROM outbox.messages AS c
+                             WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = v_shard
+                               AND NOT c.behind
+                               AND c.available_at >= v_floors[v_shard + 1]
+                             ORDER BY c.available_at, c.seq
+                             LIMIT 1);
+                v_raised := least(coalesce(v_first, 'infinity'), v_bound);
+                IF v_raised > v_floors[v_shard + 1] THEN
+                    v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_raised);
+                END IF;
+                CONTINUE WHEN v_first IS NULL OR v_first > v_now;
+                CONTINUE WHEN (p_topics IS NOT NULL OR p_exclude_topics IS NOT NULL) AND NOT EXISTS (
                     SELECT 1
                       FROM outbox.messages AS c
                      WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = v_shard
                        AND NOT c.behind
-                       AND c.available_at <= now()
+                       AND c.available_at >= v_floors[v_shard + 1]
+                       AND c.available_at <= v_now
                        AND (p_topics IS NULL OR c.topic = ANY (p_topics))
                        AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics)));
                 v_busy := coalesce(v_busy, v_shard);
@@ -355,7 +411,8 @@ BEGIN
             v_turns := v_turns + 1;
             SELECT v_ids || s.ids, v_ctids || s.ctids, v_bytes + s.bytes
               INTO v_ids, v_ctids, v_bytes
-              FROM outbox.claim_shard_candidates(v_shard, p_batch_size - cardinality(v_ids), v_bytes,
+              FROM outbox.claim_shard_candidates(v_shard, v_floors[v_shard + 1], v_now,
+                                                 p_batch_size - cardinality(v_ids), v_bytes,
                                                  p_topics, p_exclude_topics, p_max_bytes,
                                                  p_max_message_bytes) AS s;
             EXIT WHEN cardinality(v_ids) >= p_batch_size
@@ -397,7 +454,9 @@ GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text
 -- shard and locks its heads. Called only by claim_outbox_batch_seq and claim_outbox_batch,
 -- while the claim holds the shard's turn; no role may execute it.
 --
--- Inputs:     p_shard (0 to 15); p_room, the most ids to return (at least 1); p_used, the
+-- Inputs:     p_shard (0 to 15); p_floor, the shard's floor, where the walk starts; p_now,
+--             the claim's start (ready: available_at at or before it); p_room, the most ids
+--             to return (at least 1); p_used, the
 --             payload bytes the batch has counted so far; p_topics, p_exclude_topics,
 --             p_max_bytes and p_max_message_bytes as the claim received them.
 -- Returns:    ids and ctids, parallel: the heads in claim order (available_at, seq), then
@@ -412,14 +471,17 @@ GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text
 --             message of their key is pending; the budget keeps a prefix of the heads, then
 --             a prefix of the runs (p_used + bytes counted before each < p_max_bytes).
 -- Raises:     nothing of its own.
--- Shape:      one ordered scan of the shard's index that stops after p_room heads: its
---             cost grows with the leased and not yet vacuumed entries it steps over, not
---             with the backlog or the messages behind heads. A plain index scan also marks
+-- Shape:      one ordered scan of the shard's index from p_floor that stops after p_room
+--             heads: its cost grows with the leased entries and the dead ones above the
+--             floor it steps over, not with the backlog, the messages behind heads, or how
+--             long the MVCC horizon has been held. A plain index scan also marks
 --             the entries of deleted rows dead, so the next claim skips them without
 --             visiting the heap (a bitmap scan would not). Each run is one probe of
 --             messages_key_seq_idx, limited to the room left.
 CREATE OR REPLACE FUNCTION outbox.claim_shard_candidates(
     p_shard integer,
+    p_floor timestamptz,
+    p_now timestamptz,
     p_room integer,
     p_used bigint,
     p_topics text[],
@@ -464,7 +526,8 @@ BEGIN
                       FROM outbox.messages AS c
                      WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
                        AND NOT c.behind
-                       AND c.available_at <= now()
+                       AND c.available_at >= p_floor
+                       AND c.available_at <= p_now
                        AND c.lease_token IS NULL
                        AND (p_topics IS NULL OR c.topic = ANY (p_topics))
                        AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics))
@@ -493,7 +556,7 @@ BEGIN
                                 SELECT y.outbox_id, y.ctid, y.seq, y.len
                                   FROM (SELECT n.outbox_id, n.ctid, n.seq,
                                                octet_length(n.payload)::bigint AS len,
-                                               bool_and(n.available_at <= now()
+                                               bool_and(n.available_at <= p_now
                                                         AND n.lease_token IS NULL
                                                         AND n.topic = h.topic
                                                         AND (p_max_message_bytes IS NULL
@@ -515,7 +578,270 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION outbox.claim_shard_candidates(integer, integer, bigint, text[], text[], bigint, bigint) IS
+COMMENT ON FUNCTION outbox.claim_shard_candidates(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint) IS
     'Internal (claim_outbox_batch_seq and claim_outbox_batch, under the shard''s turn): locks up to p_room heads of one shard and returns their ids, tuple addresses and counted bytes, then the runs behind the keyed heads, within the room and budget left.';
 
-REVOKE ALL ON FUNCTION outbox.claim_shard_candidates(integer, integer, bigint, text[], text[], bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.claim_shard_candidates(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint) FROM PUBLIC;
+
+
+-- The claim floors: where each shard's walk starts.
+--
+-- A delivered message leaves a dead entry in messages_shard_heads_idx at the front of its
+-- shard (entries sort by available_at) until vacuum removes it, and vacuum removes nothing
+-- that a transaction older than the deletion could still see. While something holds the
+-- MVCC horizon back (a long transaction, a REPEATABLE READ snapshot, a replication slot, a
+-- standby's hot_standby_feedback), those entries pile up, and a walk from the start of a
+-- shard steps over every one of them. Each shard has a floor, a time at or before every
+-- entry of the shard that is live or will be; claims walk from it, so what they step over
+-- is what was delivered since the shard's oldest live entry, however long the horizon is
+-- held.
+--
+-- Storage: sequences, not rows. setval is not transactional and leaves no row version, so
+-- keeping the floors current writes nothing that a held horizon keeps (a row updated by
+-- every claim would pile up dead versions of its own). Each value is microseconds since the
+-- Unix epoch; 0, the start value, stands for no floor (-infinity): the shard is walked from
+-- its start.
+--   outbox.claim_floor_0 … outbox.claim_floor_15  the floor of each shard
+--   outbox.claim_floor_bound                      no entry to come is below it (below)
+--   outbox.claim_floor_mark_at, _mark_xid         the next value of the bound, and the
+--                                                 transaction id it waits for
+--
+-- The invariant: every entry of shard s that is live, or that a transaction in progress is
+-- writing, is at or after floor s. It holds because:
+-- * Every write that puts an entry into the index puts it either at or after the clock
+--   (clock_timestamp()) of a moment at which its transaction holds a transaction id, or a
+--   moment before it gets one within the same statement: enqueue and the column's default
+--   (a time in the past becomes the clock), replay_step (the clock), settle_behind (where
+--   its own INSERT put it);
+--   or at or after an entry that the same transaction changes or deletes, which holds the
+--   floor below it until the transaction commits: a retry or a lease expiry (not before
+--   now(), after the claim that leased the message), promote_heads (not before the head
+--   the completion deleted).
+--   A lease, its heartbeat and its release keep the entry where it is (HOT updates of
+--   columns in no index).
+-- * The bound is a time T less a margin of 1 s, taken once every transaction that held a
+--   transaction id at T has ended (claim_floor_bound). A write still in progress got its
+--   transaction id after T, so its entry is at or after T less the margin.
+-- * A floor rises only to the least of the bound and the first entry of the shard at or
+--   after the floor in a snapshot taken after the bound was read, leased or not. An entry
+--   that snapshot does not see was written by a transaction that got its id after the
+--   bound's T, so it is above the bound.
+-- A floor, once valid, stays valid: later entries are above the bound it was capped by.
+-- Concurrent claims may set a floor in any order; a lower one only costs a longer walk.
+-- The schema owner's own writes of an old available_at (an INSERT, or an UPDATE that moves
+-- it earlier) lower the shard's floor to it (the triggers of lower_claim_floor, below).
+-- The safety net: a message left below its floor anyway (such a write racing a claim that
+-- raises the floor, or a server clock stepped back) is moved up to the clock by the next
+-- repair_expired_leases pass (06_repair_retention.sql).
+--
+-- What a floor cannot pass: a live entry. A message that stays ready and unclaimed (its
+-- topic excluded while its destination's circuit is open, or claimed by no relayer's topic
+-- filter) or leased for long holds its shard's floor, and that shard's claims step over
+-- what was delivered behind it, as every claim did before floors. A transaction that holds
+-- a transaction id holds back the bound, and with it every floor: the horizon such a
+-- transaction holds is not skipped (docs/performance.md).
+
+CREATE SEQUENCE outbox.claim_floor_0 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_1 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_2 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_3 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_4 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_5 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_6 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_7 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_8 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_9 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_10 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_11 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_12 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_13 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_14 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_15 AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_bound AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_mark_at AS bigint MINVALUE 0 START 0;
+CREATE SEQUENCE outbox.claim_floor_mark_xid AS bigint MINVALUE 0 START 0;
+
+DO $$
+BEGIN
+    FOR v_shard IN 0 .. 15 LOOP
+        EXECUTE format('COMMENT ON SEQUENCE outbox.%I IS %L', 'claim_floor_' || v_shard,
+                       format('The claim floor of shard %s (microseconds since the Unix epoch): no live entry of the shard is below it. Set by the claims only.', v_shard));
+        EXECUTE format('REVOKE ALL ON SEQUENCE outbox.%I FROM PUBLIC', 'claim_floor_' || v_shard);
+    END LOOP;
+END;
+$$;
+
+COMMENT ON SEQUENCE outbox.claim_floor_bound IS
+    'No entry still to be written is below this time (microseconds since the Unix epoch); caps every claim floor. Set by claim_floor_bound only.';
+COMMENT ON SEQUENCE outbox.claim_floor_mark_at IS
+    'The next value of claim_floor_bound (microseconds since the Unix epoch, before its margin), taken once every transaction id below claim_floor_mark_xid has ended.';
+COMMENT ON SEQUENCE outbox.claim_floor_mark_xid IS
+    'The transaction id claim_floor_mark_at waits for: every id below it has ended before the mark is taken.';
+
+REVOKE ALL ON SEQUENCE outbox.claim_floor_bound FROM PUBLIC;
+REVOKE ALL ON SEQUENCE outbox.claim_floor_mark_at FROM PUBLIC;
+REVOKE ALL ON SEQUENCE outbox.claim_floor_mark_xid FROM PUBLIC;
+
+
+-- outbox.claim_floors (internal): the 16 floors, shard 0 first (index 1), 0 as -infinity.
+-- Called by the claims, repair_expired_leases and lower_claim_floor; no role may execute
+-- it. Reads the sequences without locking them; raises nothing.
+CREATE OR REPLACE FUNCTION outbox.claim_floors() RETURNS timestamptz[]
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT array_agg(CASE WHEN f.micros = 0 THEN timestamptz '-infinity'
+                          ELSE timestamptz 'epoch' + f.micros * interval '1 microsecond' END
+                     ORDER BY f.shard)
+      FROM (SELECT 0, last_value FROM outbox.claim_floor_0
+            UNION ALL SELECT 1, last_value FROM outbox.claim_floor_1
+            UNION ALL SELECT 2, last_value FROM outbox.claim_floor_2
+            UNION ALL SELECT 3, last_value FROM outbox.claim_floor_3
+            UNION ALL SELECT 4, last_value FROM outbox.claim_floor_4
+            UNION ALL SELECT 5, last_value FROM outbox.claim_floor_5
+            UNION ALL SELECT 6, last_value FROM outbox.claim_floor_6
+            UNION ALL SELECT 7, last_value FROM outbox.claim_floor_7
+            UNION ALL SELECT 8, last_value FROM outbox.claim_floor_8
+            UNION ALL SELECT 9, last_value FROM outbox.claim_floor_9
+            UNION ALL SELECT 10, last_value FROM outbox.claim_floor_10
+            UNION ALL SELECT 11, last_value FROM outbox.claim_floor_11
+            UNION ALL SELECT 12, last_value FROM outbox.claim_floor_12
+            UNION ALL SELECT 13, last_value FROM outbox.claim_floor_13
+            UNION ALL SELECT 14, last_value FROM outbox.claim_floor_14
+            UNION ALL SELECT 15, last_value FROM outbox.claim_floor_15) AS f(shard, micros)
+$$;
+
+COMMENT ON FUNCTION outbox.claim_floors() IS
+    'Internal (claims, repair_expired_leases): the claim floors of shards 0 to 15, as timestamps. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.claim_floors() FROM PUBLIC;
+
+
+-- outbox.raise_claim_floor (internal): sets the floor of shard p_shard to p_to, which the
+-- caller computed as the invariant above requires, and returns p_to. Called by the claims;
+-- no role may execute it. Not transactional (setval): a claim rolled back keeps the floor
+-- it raised, which stays valid. Raises nothing for a shard of 0 to 15.
+CREATE OR REPLACE FUNCTION outbox.raise_claim_floor(p_shard integer, p_to timestamptz) RETURNS timestamptz
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT setval(('outbox.claim_floor_' || p_shard)::regclass,
+                  (extract(epoch FROM p_to) * 1000000)::bigint);
+    SELECT p_to;
+$$;
+
+COMMENT ON FUNCTION outbox.raise_claim_floor(integer, timestamptz) IS
+    'Internal (claims): sets the claim floor of one shard; not transactional. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.raise_claim_floor(integer, timestamptz) FROM PUBLIC;
+
+
+-- outbox.claim_floor_bound (internal): returns the bound every floor is capped by, after
+-- moving it up when it is due. Called by the claims at their start; no role may execute it.
+--
+-- Does:       at most once per 100 ms across the fleet (a transaction-scoped advisory lock
+--             tried without waiting, 'outbox.floor'), and only under READ COMMITTED (a
+--             snapshot of the transaction's start would see old transaction ids as the
+--             newest) in a transaction that holds no id yet: when every transaction id
+--             below the mark's has ended (the current snapshot's xmin), the bound becomes
+--             the mark's time less 1 s, and a new mark is taken: the clock, then this
+--             transaction's own id, got after it, so every id got later is got after the
+--             clock was read.
+-- Locks:      the advisory lock, held until the caller's transaction ends.
+-- Guarantees: every transaction holding a transaction id got before the bound's time plus
+--             1 s has ended. A transaction without one (a read-only snapshot, however old)
+--             does not hold the bound back.
+-- Raises:     nothing.
+-- Crash:      the mark's id is written before its time, so a mark half written pairs an
+--             older time with a newer id, which only delays the bound.
+-- Shape:      assigns the claim's transaction id at most 10 times a second; sequences as
+--             the floors, for the same reason.
+CREATE OR REPLACE FUNCTION outbox.claim_floor_bound() RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bound bigint;
+    v_at bigint;
+    v_xid bigint;
+    v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+BEGIN
+    SELECT b.last_value, a.last_value
+      INTO v_bound, v_at
+      FROM outbox.claim_floor_bound AS b, outbox.claim_floor_mark_at AS a;
+    IF v_now - v_at >= 100000
+       AND current_setting('transaction_isolation') = 'read committed'
+       AND pg_current_xact_id_if_assigned() IS NULL
+       AND pg_try_advisory_xact_lock(hashtext('outbox.floor'), 0) THEN
+        SELECT b.last_value, a.last_value, x.last_value
+          INTO v_bound, v_at, v_xid
+          FROM outbox.claim_floor_bound AS b, outbox.claim_floor_mark_at AS a,
+               outbox.claim_floor_mark_xid AS x;
+        -- The mark is taken up only once every id below its own has ended, and replaced
+        -- only then: a transaction that holds an id for long keeps the bound where it was.
+        IF v_now - v_at >= 100000
+           AND (v_at = 0 OR pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_xid) THEN
+            IF v_at > 0 THEN
+                v_bound := greatest(v_bound, v_at - 1000000);
+                PERFORM setval('outbox.claim_floor_bound', v_bound);
+            END IF;
+            v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+            PERFORM setval('outbox.claim_floor_mark_xid', pg_current_xact_id()::text::bigint);
+            PERFORM setval('outbox.claim_floor_mark_at', v_now);
+        END IF;
+    END IF;
+    RETURN timestamptz 'epoch' + v_bound * interval '1 microsecond';
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.claim_floor_bound() IS
+    'Internal (claims): the time no entry still to be written is below, moved up at most every 100 ms once the transactions that held ids at its mark have ended. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.claim_floor_bound() FROM PUBLIC;
+
+
+-- outbox.lower_claim_floor (internal): the function of the triggers
+-- messages_lower_claim_floor_on_insert (BEFORE INSERT of a message dated before its
+-- transaction's start) and messages_lower_claim_floor_on_update (BEFORE UPDATE that moves
+-- available_at earlier). Not granted.
+--
+-- The SQL API never fires them: it writes available_at at or after the clock. They are for
+-- the schema owner's own writes (an INSERT with an old available_at, an UPDATE that makes a
+-- delayed message due at once), which could otherwise put a message below its shard's
+-- floor, where claims would not find it before the next repair pass. Lowers the shard's
+-- floor to the message's available_at (one before the epoch removes the floor) when it is
+-- below it. Not
+-- transactional, and not atomic with a claim raising the floor at the same moment: a
+-- message that such a race leaves below its floor is moved up by repair_expired_leases.
+-- Raises nothing.
+CREATE OR REPLACE FUNCTION outbox.lower_claim_floor() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_shard integer := hashtext(coalesce(NEW.message_key, NEW.outbox_id::text)) & 15;
+BEGIN
+    IF NEW.available_at < (outbox.claim_floors())[v_shard + 1] THEN
+        PERFORM setval(('outbox.claim_floor_' || v_shard)::regclass,
+                       (extract(epoch FROM greatest(NEW.available_at, timestamptz 'epoch')) * 1000000)::bigint);
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.lower_claim_floor() IS
+    'Internal (triggers messages_lower_claim_floor_on_insert and _on_update, for the owner''s own writes of an old available_at): lowers the shard''s claim floor to the message. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.lower_claim_floor() FROM PUBLIC;
+
+CREATE TRIGGER messages_lower_claim_floor_on_insert
+    BEFORE INSERT ON outbox.messages
+    FOR EACH ROW
+    WHEN (NEW.available_at < now())
+    EXECUTE FUNCTION outbox.lower_claim_floor();
+
+CREATE TRIGGER messages_lower_claim_floor_on_update
+    BEFORE UPDATE OF available_at ON outbox.messages
+    FOR EACH ROW
+    WHEN (NEW.available_at < OLD.available_at)
+    EXECUTE FUNCTION outbox.lower_claim_floor();

@@ -154,6 +154,7 @@ DECLARE
     v_retry_ats timestamptz[];
     v_exhausted boolean[];
     v_keys text[];
+    v_after timestamptz[];
     v_mixed boolean;
     v_reused boolean := false;
 BEGIN
@@ -199,9 +200,10 @@ BEGIN
                    AND m.claimed_by = p_worker_id
                    AND m.lease_expires_at > now()
                 RETURNING m.outbox_id, m.attempt_count + 1 AS attempt_no, m.lease_token,
-                          m.message_key
+                          m.message_key, m.available_at
             ), done AS (
-                SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.message_key, u.error,
+                SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.message_key,
+                       g.available_at, u.error,
                        g.lease_token <> u.token AS mixed
                   FROM gone AS g
                   JOIN unnest(p_outbox_ids, p_lease_tokens, p_errors)
@@ -214,9 +216,10 @@ BEGIN
                  ORDER BY d.ord
             )
             SELECT array_agg(d.ord), array_agg(d.attempt_no),
-                   array_agg(DISTINCT d.message_key) FILTER (WHERE d.message_key IS NOT NULL),
+                   array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL),
+                   array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL),
                    coalesce(bool_or(d.mixed), false)
-              INTO v_ords, v_nos, v_keys, v_mixed
+              INTO v_ords, v_nos, v_keys, v_after, v_mixed
               FROM done AS d;
         EXCEPTION WHEN unique_violation THEN
             -- An id with an earlier history: the deletion is undone with the INSERT, and
@@ -241,7 +244,7 @@ BEGIN
         END IF;
         IF NOT v_reused THEN
             IF v_keys IS NOT NULL THEN
-                PERFORM outbox.promote_heads(v_keys);
+                PERFORM outbox.promote_heads(v_keys, v_after);
             END IF;
             RETURN QUERY
             SELECT u.id, h.attempt_no, h.ord IS NULL, false
@@ -546,8 +549,8 @@ DECLARE
     v_done uuid[];
     v_retry uuid[];
     v_parked uuid[];
-    v_keys text[];
-    v_dead_keys text[];
+    v_keys text[] := '{}';
+    v_after timestamptz[] := '{}';
 BEGIN
     PERFORM outbox.record_attempts(p_outbox_ids, p_attempt_nos, p_states, p_worker_ids,
                                    p_lease_tokens, p_errors);
@@ -563,10 +566,11 @@ BEGIN
     IF cardinality(v_done) > 0 THEN
         WITH gone AS (
             DELETE FROM outbox.messages WHERE outbox_id = ANY (v_done)
-            RETURNING message_key
+            RETURNING message_key, available_at
         )
-        SELECT array_agg(DISTINCT g.message_key) FILTER (WHERE g.message_key IS NOT NULL)
-          INTO v_keys
+        SELECT coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
+               coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}')
+          INTO v_keys, v_after
           FROM gone AS g;
     END IF;
 
@@ -599,12 +603,11 @@ BEGIN
               FROM gone AS g
               JOIN unnest(p_outbox_ids, p_attempt_nos, p_errors) AS u(id, attempt_no, error)
                 ON u.id = g.outbox_id
-            RETURNING message_key
         )
-        SELECT array_agg(DISTINCT b.message_key) FILTER (WHERE b.message_key IS NOT NULL)
-          INTO v_dead_keys
-          FROM buried AS b;
-        v_keys := coalesce(v_keys, '{}') || coalesce(v_dead_keys, '{}');
+        SELECT v_keys || coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
+               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}')
+          INTO v_keys, v_after
+          FROM gone AS g;
     END IF;
 
     IF cardinality(v_retry) > 0 THEN
@@ -621,7 +624,7 @@ BEGIN
     END IF;
 
     IF cardinality(v_keys) > 0 THEN
-        PERFORM outbox.promote_heads(v_keys);
+        PERFORM outbox.promote_heads(v_keys, v_after);
     END IF;
 
     RETURN cardinality(v_dead);
@@ -772,31 +775,42 @@ REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
 --             pending message is found already a head, is updated, or the key has none.
 --             The other completion, which saw this one's message still there and a head,
 --             changed nothing. Each round ends with a message of the key gone or promoted,
---             so the loop ends.
+--             so the loop ends. A promoted message's available_at moves up to the latest
+--             available_at the caller deleted under its key, if it was earlier: its entry
+--             enters messages_shard_heads_idx at or after that of the head the caller
+--             deleted, which held its shard's claim floor (04_claim.sql) until this
+--             transaction commits, so the new entry is never below the floor. It keeps its
+--             place among the messages enqueued after it.
 -- Shape:      the heads are found first (one probe of messages_key_seq_idx per distinct
 --             key) and then updated by primary key: joined in one statement, the planner
 --             could walk all of outbox.messages per call (11.7 s at a 480,000 backlog).
 --             PL/pgSQL with plan_cache_mode = auto keeps the plans between calls (they do
 --             not depend on the arrays). A call without a concurrent deletion makes one
 --             round: the lookup and the UPDATE.
-CREATE OR REPLACE FUNCTION outbox.promote_heads(p_keys text[]) RETURNS void
+CREATE OR REPLACE FUNCTION outbox.promote_heads(p_keys text[], p_after timestamptz[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = auto
 SET enable_seqscan = off
 AS $$
 DECLARE
-    v_keys     text[] := ARRAY(SELECT DISTINCT k.key
-                                 FROM unnest(p_keys) AS k(key)
-                                WHERE k.key IS NOT NULL);
-    v_ids      uuid[];  -- the first pending message of a key, still marked behind
-    v_id_keys  text[];  -- its key
-    v_promoted text[];  -- the keys whose message this round's UPDATE changed
+    v_keys     text[];       -- the keys to promote a message of
+    v_after    timestamptz[]; -- for each, the latest available_at the caller deleted
+    v_ids      uuid[];       -- the first pending message of a key, still marked behind
+    v_id_keys  text[];       -- its key
+    v_id_after timestamptz[]; -- its key's v_after
+    v_promoted text[];       -- the keys whose message this round's UPDATE changed
 BEGIN
+    SELECT array_agg(k.key), array_agg(k.after)
+      INTO v_keys, v_after
+      FROM (SELECT u.key, max(u.after) AS after
+              FROM unnest(p_keys, p_after) AS u(key, after)
+             WHERE u.key IS NOT NULL
+             GROUP BY u.key) AS k;
     WHILE cardinality(v_keys) > 0 LOOP
-        SELECT array_agg(f.outbox_id), array_agg(k.key)
-          INTO v_ids, v_id_keys
-          FROM unnest(v_keys) AS k(key)
+        SELECT array_agg(f.outbox_id), array_agg(k.key), array_agg(k.after)
+          INTO v_ids, v_id_keys, v_id_after
+          FROM unnest(v_keys, v_after) AS k(key, after)
          CROSS JOIN LATERAL (
                 SELECT n.outbox_id, n.behind
                   FROM outbox.messages AS n
@@ -808,7 +822,8 @@ BEGIN
 
         WITH promoted AS (
             UPDATE outbox.messages AS m
-               SET behind = false
+               SET behind = false,
+                   available_at = greatest(m.available_at, v_id_after[array_position(v_ids, m.outbox_id)])
              WHERE m.outbox_id = ANY (v_ids)
                AND m.behind
             RETURNING m.message_key
@@ -819,12 +834,15 @@ BEGIN
 
         -- A message not updated was deleted (or made a head) by another transaction while
         -- this one waited for it: its key is looked up again.
-        v_keys := ARRAY(SELECT unnest(v_id_keys) EXCEPT SELECT unnest(v_promoted));
+        SELECT array_agg(k.key), array_agg(k.after)
+          INTO v_keys, v_after
+          FROM unnest(v_id_keys, v_id_after) AS k(key, after)
+         WHERE k.key <> ALL (v_promoted);
     END LOOP;
 END;
 $$;
 
-COMMENT ON FUNCTION outbox.promote_heads(text[]) IS
-    'Internal (complete_outbox_batch, apply_outcomes): marks the first pending message of each listed key as its head (behind = false).';
+COMMENT ON FUNCTION outbox.promote_heads(text[], timestamptz[]) IS
+    'Internal (complete_outbox_batch, apply_outcomes): marks the first pending message of each listed key as its head (behind = false), not before the latest available_at deleted under the key.';
 
-REVOKE ALL ON FUNCTION outbox.promote_heads(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.promote_heads(text[], timestamptz[]) FROM PUBLIC;

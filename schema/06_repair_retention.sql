@@ -65,7 +65,13 @@
 --             reports it lease_lost, complete_outbox_attempt raises P7002 (LEASE_LOST), and
 --             extend_outbox_leases and release_outbox_leases leave it out.
 --             There is no cursor over ids or times: every pass scans the table from its
---             start, so a lease whose claim committed late is never skipped. When it
+--             start, so a lease whose claim committed late is never skipped.
+--             The claim floors' safety net: first, every unleased message that is not
+--             behind and is below its shard's claim floor (04_claim.sql) gets available_at
+--             = the clock, with a WARNING giving how many: the SQL API never writes one
+--             there, but the schema owner's own INSERT or UPDATE with an old available_at,
+--             or a server clock stepped back, can. Claims find it again at once; it is not
+--             counted in the result. When it
 --             handled any message, the relayers are woken (NOTIFY outbox_new, payload
 --             'repaired') at commit.
 -- Raises:     P7001 (p_limit) when p_limit is NULL or below 1. Nothing else (a reused id
@@ -74,7 +80,8 @@
 --             turn is released, and the next pass (of any process) handles them.
 -- Shape:      the lease columns are kept out of every index, so that a claim, a heartbeat
 --             and a release stay HOT updates; the price is this sequential scan of
---             outbox.messages, paid by one process per repair interval. JIT is off, so the
+--             outbox.messages, and the safety net's second one, paid by one process per
+--             repair interval. JIT is off, so the
 --             scan's estimated cost at a large backlog never makes a pass compile its plan.
 CREATE OR REPLACE FUNCTION outbox.repair_expired_leases(p_limit integer DEFAULT 1000)
 RETURNS TABLE (requeued integer, dead_lettered integer)
@@ -90,6 +97,8 @@ DECLARE
     v_errors text[];
     v_exhausted boolean[];
     v_dead integer;
+    v_lifted integer;
+    v_floors timestamptz[];
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM outbox.invalid_argument('p_limit', format('must be at least 1, got %s', p_limit));
@@ -98,6 +107,21 @@ BEGIN
     IF NOT FOUND THEN
         RETURN QUERY SELECT 0, 0;
         RETURN;
+    END IF;
+
+    -- The claim floors' safety net (04_claim.sql): a message ready to claim below its
+    -- shard's floor moves up to the clock, where the claims' walks find it.
+    v_floors := outbox.claim_floors();
+    UPDATE outbox.messages AS m
+       SET available_at = clock_timestamp()
+     WHERE m.lease_token IS NULL
+       AND NOT m.behind
+       AND m.available_at < v_floors[(hashtext(coalesce(m.message_key, m.outbox_id::text)) & 15) + 1];
+    GET DIAGNOSTICS v_lifted = ROW_COUNT;
+    IF v_lifted > 0 THEN
+        RAISE WARNING 'outbox: % message(s) were below their shard''s claim floor and were moved up to now', v_lifted
+            USING HINT = 'available_at was set in the past by a direct write, or the server clock went back';
+        PERFORM pg_notify('outbox_new', 'repaired');
     END IF;
 
     SELECT array_agg(z.outbox_id), array_agg(z.attempt_no), array_agg(z.claimed_by),

@@ -27,7 +27,7 @@
 --   It moves only dead letters whose dead_lettered_at is at most its start (up_to), so a
 --   message that fails again while a long replay runs is not replayed twice by it.
 -- * A replayed message gets its dead letter's id, topic, key, payload, content type,
---   headers, created_at and last error, is ready at once (available_at = now()), and gets
+--   headers, created_at and last error, is ready at once (available_at = the clock), and gets
 --   a fresh budget of max_attempts attempts (attempt_base = attempt_count): its attempt
 --   numbers continue where they stopped, so the attempt log keeps one gapless history per
 --   message. It joins the back of its key's queue (a new seq; behind a pending message of
@@ -222,7 +222,7 @@ BEGIN
                                  created_at, available_at, attempt_count, attempt_base,
                                  max_attempts, last_error)
     SELECT b.outbox_id, b.topic, b.message_key, b.payload, b.content_type, b.headers,
-           b.created_at, now(), b.attempt_count, b.attempt_count, b.max_attempts, b.last_error
+           b.created_at, clock_timestamp(), b.attempt_count, b.attempt_count, b.max_attempts, b.last_error
       FROM back AS b
      ORDER BY b.created_at, b.outbox_id;
     GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -5,6 +5,7 @@
 //!
 //! - [`enqueue`]: ids, headers, bytes, refused reuse, inlining, wake-ups;
 //! - [`claim`]: what a claim leases, its budget, the shards' turns, concurrent claimers;
+//! - [`floors`]: where claims start their walks, and what the floors never pass;
 //! - [`keys`]: per-key order, runs of a key, producers committing behind a head;
 //! - [`completion`]: the lease fences of completion, extension and release;
 //! - [`repair`]: expired leases requeued or dead-lettered, and the stale worker fenced;
@@ -21,6 +22,7 @@ mod claim;
 mod completion;
 mod dead_letters;
 mod enqueue;
+mod floors;
 mod keys;
 mod observation;
 mod repair;

@@ -1,0 +1,256 @@
+//! The claim floors (`04_claim.sql`): claims walk each shard from its floor, so the dead
+//! entries a held MVCC horizon keeps cost them nothing; a floor never passes a message that
+//! is pending or still being written, and a message put below its floor anyway is moved up
+//! by repair.
+
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use super::*;
+use crate::common::{fill, pending};
+
+/// The bound every floor is capped by, as a timestamp (microseconds since the epoch).
+async fn bound(c: &Client) -> i64 {
+    count(c, "SELECT last_value FROM outbox.claim_floor_bound").await
+}
+
+/// Claims (and gives back) nothing for `for_`, one empty claim every 50 ms: what moves the
+/// bound and the floors of an idle outbox.
+async fn idle_claims(c: &Client, for_: Duration) {
+    let until = Instant::now() + for_;
+    while Instant::now() < until {
+        assert!(claim(c, 10, "idle", 30).await.is_empty());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Empty claims until the bound passes `micros` (since the epoch). It waits for every
+/// transaction of the server that holds an id, those of other tests' databases too.
+async fn bound_passes(c: &Client, micros: i64) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while bound(c).await <= micros {
+        assert!(
+            Instant::now() < until,
+            "the bound did not pass {micros} in 60 s"
+        );
+        idle_claims(c, Duration::from_millis(200)).await;
+    }
+}
+
+/// The clock, in microseconds since the epoch.
+async fn clock(c: &Client) -> i64 {
+    count(
+        c,
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+    )
+    .await
+}
+
+/// Entries of messages_shard_heads_idx that scans have returned so far, as the statistics
+/// count them after `c` flushed its own.
+async fn heads_entries_read(c: &Client) -> i64 {
+    c.batch_execute("SELECT pg_stat_force_next_flush()")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    count(
+        c,
+        "SELECT idx_tup_read FROM pg_stat_user_indexes \
+         WHERE indexrelname = 'messages_shard_heads_idx'",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn claims_walk_from_the_floors_past_what_a_held_snapshot_keeps() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // A reader holding its snapshot: nothing deleted from now on can be vacuumed.
+    let holder = db.client().await;
+    holder
+        .batch_execute(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.attempts",
+        )
+        .await
+        .unwrap();
+
+    let delivered = 4_000;
+    fill(&c, "t", delivered, None).await;
+    loop {
+        let batch = claim(&c, 500, "w", 30).await;
+        if batch.is_empty() {
+            break;
+        }
+        let states = vec!["DISPATCHED"; batch.len()];
+        complete_batch(&c, "w", &batch, &states).await;
+    }
+    assert_eq!(pending(&c).await, 0);
+
+    // The floors pass the dead entries once the bound (1 s behind the clock) has. The
+    // bound waits for every transaction of the server holding an id, those of other
+    // tests' databases too.
+    let drained = clock(&c).await;
+    bound_passes(&c, drained).await;
+    let before = heads_entries_read(&c).await;
+    for _ in 0..10 {
+        assert!(claim(&c, 10, "w", 30).await.is_empty());
+    }
+    let read = heads_entries_read(&c).await - before;
+    assert!(
+        read < 100,
+        "10 claims of an empty outbox read {read} entries of messages_shard_heads_idx; the \
+         {delivered} dead entries the held snapshot keeps should be below every floor"
+    );
+
+    // Work that arrives is claimed as before, the snapshot still held.
+    let id = enqueue(&c, "t", None).await;
+    let got = claim(&c, 10, "w", 30).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [id]);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_transaction_holding_an_id_keeps_the_floors_below_what_it_writes() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    idle_claims(&c, Duration::from_millis(300)).await;
+
+    // A producer writes its message, then keeps its transaction open while claims run.
+    let producer = db.client().await;
+    producer.batch_execute("BEGIN").await.unwrap();
+    let written = clock(&producer).await;
+    let id: Uuid = producer
+        .query_one("SELECT outbox.enqueue('t', '{}'::jsonb)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    idle_claims(&c, Duration::from_millis(2_500)).await;
+    assert!(
+        bound(&c).await < written,
+        "the bound passed a message whose transaction is still open"
+    );
+    let floors = count(
+        &c,
+        "SELECT max((extract(epoch FROM f) * 1000000)::bigint) FROM unnest(outbox.claim_floors()) AS f",
+    )
+    .await;
+    assert!(
+        floors < written,
+        "a floor passed a message still being written"
+    );
+
+    // Committed, it is claimed at once, not after a repair pass.
+    producer.batch_execute("COMMIT").await.unwrap();
+    let got = claim(&c, 10, "w", 30).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [id]);
+
+    // With the transaction gone the bound moves on past it.
+    bound_passes(&c, written).await;
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn enqueue_puts_a_past_time_at_the_clock_and_claims_it_at_once() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let start = clock(&c).await;
+    bound_passes(&c, start).await;
+    let id: Uuid = c
+        .query_one(
+            "SELECT outbox.enqueue('t', '{}'::jsonb, p_available_at => now() - interval '1 day')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let late = count(
+        &c,
+        "SELECT count(*) FROM outbox.messages WHERE available_at > now() - interval '1 minute'",
+    )
+    .await;
+    assert_eq!(
+        late, 1,
+        "a past available_at is stored as the time of the enqueue"
+    );
+    let got = claim(&c, 10, "w", 30).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [id]);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn the_owners_own_old_writes_lower_the_floor_and_repair_catches_what_a_race_leaves() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let start = clock(&c).await;
+    bound_passes(&c, start).await;
+
+    // The schema owner's own INSERT with an old time lowers its shard's floor.
+    let inserted: Uuid = c
+        .query_one(
+            "INSERT INTO outbox.messages (topic, payload, available_at) \
+             VALUES ('t', '\\x00', now() - interval '1 hour') RETURNING outbox_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let got = claim(&c, 10, "w", 30).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [inserted]);
+    complete_batch(&c, "w", &got, &["DISPATCHED"]).await;
+
+    // So does an UPDATE that makes a delayed message due an hour ago.
+    let delayed: Uuid = c
+        .query_one(
+            "SELECT outbox.enqueue('t', '{}'::jsonb, p_available_at => now() + interval '1 hour')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let now = clock(&c).await;
+    bound_passes(&c, now).await;
+    c.execute(
+        "UPDATE outbox.messages SET available_at = now() - interval '1 hour' WHERE outbox_id = $1",
+        &[&delayed],
+    )
+    .await
+    .unwrap();
+    let got = claim(&c, 10, "w", 30).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [delayed]);
+
+    // A message left below its floor (here: the floors raised past it by hand, as a claim
+    // racing the owner's write could) is moved up by the next repair pass.
+    let stranded: Uuid = c
+        .query_one(
+            "INSERT INTO outbox.messages (topic, payload, available_at) \
+             VALUES ('t', '\\x00', now() - interval '1 hour') RETURNING outbox_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    c.batch_execute(
+        "SELECT setval(format('outbox.claim_floor_%s', s)::regclass, \
+                       (extract(epoch FROM now() - interval '1 minute') * 1000000)::bigint) \
+           FROM generate_series(0, 15) AS s",
+    )
+    .await
+    .unwrap();
+    assert!(
+        claim(&c, 10, "w", 30).await.is_empty(),
+        "below its floor, no claim finds it"
+    );
+    assert_eq!(
+        repair(&c).await,
+        (0, 0),
+        "moving a message up is not a requeue"
+    );
+    let got = claim(&c, 10, "w", 30).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [stranded]);
+    db.finish().await;
+}
