@@ -155,6 +155,7 @@ DECLARE
     v_exhausted boolean[];
     v_keys text[];
     v_after timestamptz[];
+    v_seqs bigint[];
     v_mixed boolean;
     v_reused boolean := false;
 BEGIN
@@ -200,10 +201,10 @@ BEGIN
                    AND m.claimed_by = p_worker_id
                    AND m.lease_expires_at > now()
                 RETURNING m.outbox_id, m.attempt_count + 1 AS attempt_no, m.lease_token,
-                          m.message_key, m.available_at
+                          m.message_key, m.available_at, m.seq
             ), done AS (
                 SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.message_key,
-                       g.available_at, u.error,
+                       g.available_at, g.seq, u.error,
                        g.lease_token <> u.token AS mixed
                   FROM gone AS g
                   JOIN unnest(p_outbox_ids, p_lease_tokens, p_errors)
@@ -218,8 +219,9 @@ BEGIN
             SELECT array_agg(d.ord), array_agg(d.attempt_no),
                    array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL),
                    array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL),
+                   array_agg(d.seq) FILTER (WHERE d.message_key IS NOT NULL),
                    coalesce(bool_or(d.mixed), false)
-              INTO v_ords, v_nos, v_keys, v_after, v_mixed
+              INTO v_ords, v_nos, v_keys, v_after, v_seqs, v_mixed
               FROM done AS d;
         EXCEPTION WHEN unique_violation THEN
             -- An id with an earlier history: the deletion is undone with the INSERT, and
@@ -244,7 +246,7 @@ BEGIN
         END IF;
         IF NOT v_reused THEN
             IF v_keys IS NOT NULL THEN
-                PERFORM outbox.promote_heads(v_keys, v_after);
+                PERFORM outbox.promote_heads(v_keys, v_after, v_seqs);
             END IF;
             RETURN QUERY
             SELECT u.id, h.attempt_no, h.ord IS NULL, false
@@ -551,6 +553,7 @@ DECLARE
     v_parked uuid[];
     v_keys text[] := '{}';
     v_after timestamptz[] := '{}';
+    v_seqs bigint[] := '{}';
 BEGIN
     PERFORM outbox.record_attempts(p_outbox_ids, p_attempt_nos, p_states, p_worker_ids,
                                    p_lease_tokens, p_errors);
@@ -566,11 +569,12 @@ BEGIN
     IF cardinality(v_done) > 0 THEN
         WITH gone AS (
             DELETE FROM outbox.messages WHERE outbox_id = ANY (v_done)
-            RETURNING message_key, available_at
+            RETURNING message_key, available_at, seq
         )
         SELECT coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}')
-          INTO v_keys, v_after
+               coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
+               coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL), '{}')
+          INTO v_keys, v_after, v_seqs
           FROM gone AS g;
     END IF;
 
@@ -605,8 +609,9 @@ BEGIN
                 ON u.id = g.outbox_id
         )
         SELECT v_keys || coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}')
-          INTO v_keys, v_after
+               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
+               v_seqs || coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL), '{}')
+          INTO v_keys, v_after, v_seqs
           FROM gone AS g;
     END IF;
 
@@ -624,7 +629,7 @@ BEGIN
     END IF;
 
     IF cardinality(v_keys) > 0 THEN
-        PERFORM outbox.promote_heads(v_keys, v_after);
+        PERFORM outbox.promote_heads(v_keys, v_after, v_seqs);
     END IF;
 
     RETURN cardinality(v_dead);
@@ -787,7 +792,8 @@ REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
 --             PL/pgSQL with plan_cache_mode = auto keeps the plans between calls (they do
 --             not depend on the arrays). A call without a concurrent deletion makes one
 --             round: the lookup and the UPDATE.
-CREATE OR REPLACE FUNCTION outbox.promote_heads(p_keys text[], p_after timestamptz[]) RETURNS void
+CREATE OR REPLACE FUNCTION outbox.promote_heads(p_keys text[], p_after timestamptz[], p_seqs bigint[])
+RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = auto
@@ -796,25 +802,28 @@ AS $$
 DECLARE
     v_keys     text[];       -- the keys to promote a message of
     v_after    timestamptz[]; -- for each, the latest available_at the caller deleted
+    v_from     bigint[];     -- for each, the lowest seq the caller deleted
     v_ids      uuid[];       -- the first pending message of a key, still marked behind
     v_id_keys  text[];       -- its key
     v_id_after timestamptz[]; -- its key's v_after
+    v_id_from  bigint[];     -- its key's v_from
     v_promoted text[];       -- the keys whose message this round's UPDATE changed
 BEGIN
-    SELECT array_agg(k.key), array_agg(k.after)
-      INTO v_keys, v_after
-      FROM (SELECT u.key, max(u.after) AS after
-              FROM unnest(p_keys, p_after) AS u(key, after)
+    SELECT array_agg(k.key), array_agg(k.after), array_agg(k.from_seq)
+      INTO v_keys, v_after, v_from
+      FROM (SELECT u.key, max(u.after) AS after, min(u.seq) AS from_seq
+              FROM unnest(p_keys, p_after, p_seqs) AS u(key, after, seq)
              WHERE u.key IS NOT NULL
              GROUP BY u.key) AS k;
     WHILE cardinality(v_keys) > 0 LOOP
-        SELECT array_agg(f.outbox_id), array_agg(k.key), array_agg(k.after)
-          INTO v_ids, v_id_keys, v_id_after
-          FROM unnest(v_keys, v_after) AS k(key, after)
+        SELECT array_agg(f.outbox_id), array_agg(k.key), array_agg(k.after), array_agg(k.from_seq)
+          INTO v_ids, v_id_keys, v_id_after, v_id_from
+          FROM unnest(v_keys, v_after, v_from) AS k(key, after, from_seq)
          CROSS JOIN LATERAL (
                 SELECT n.outbox_id, n.behind
                   FROM outbox.messages AS n
                  WHERE n.message_key = k.key
+                   AND n.seq > k.from_seq
                  ORDER BY n.seq
                  LIMIT 1) AS f
          WHERE f.behind;
@@ -834,15 +843,15 @@ BEGIN
 
         -- A message not updated was deleted (or made a head) by another transaction while
         -- this one waited for it: its key is looked up again.
-        SELECT array_agg(k.key), array_agg(k.after)
-          INTO v_keys, v_after
-          FROM unnest(v_id_keys, v_id_after) AS k(key, after)
+        SELECT array_agg(k.key), array_agg(k.after), array_agg(k.from_seq)
+          INTO v_keys, v_after, v_from
+          FROM unnest(v_id_keys, v_id_after, v_id_from) AS k(key, after, from_seq)
          WHERE k.key <> ALL (v_promoted);
     END LOOP;
 END;
 $$;
 
-COMMENT ON FUNCTION outbox.promote_heads(text[], timestamptz[]) IS
+COMMENT ON FUNCTION outbox.promote_heads(text[], timestamptz[], bigint[]) IS
     'Internal (complete_outbox_batch, apply_outcomes): marks the first pending message of each listed key as its head (behind = false), not before the latest available_at deleted under the key.';
 
-REVOKE ALL ON FUNCTION outbox.promote_heads(text[], timestamptz[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.promote_heads(text[], timestamptz[], bigint[]) FROM PUBLIC;

@@ -90,7 +90,7 @@ async fn claims_walk_from_the_floors_past_what_a_held_snapshot_keeps() {
     }
     assert_eq!(pending(&c).await, 0);
 
-    // The floors pass the dead entries once the bound (1 s behind the clock) has. The
+    // The floors pass the dead entries once the bound (200 ms behind the clock) has. The
     // bound waits for every transaction of the server holding an id, those of other
     // tests' databases too.
     let drained = clock(&c).await;
