@@ -219,12 +219,21 @@ REVOKE ALL ON TABLE outbox.messages FROM PUBLIC;
 -- earlier message of its key not yet committed) is harmless: the claim takes a head only
 -- when no earlier message of its key is pending. Locks nothing; raises nothing.
 -- SECURITY DEFINER: it reads the table with the owner's rights, whoever inserts.
+-- It reads the key's entries of messages_key_seq_idx newest first and stops at the first
+-- pending one: while the MVCC horizon is held, the key's delivered messages leave dead
+-- entries below its pending ones, and a key with a message pending (a busy key) answers at
+-- its newest entries instead of stepping over every message it delivered since the hold
+-- began. A key with nothing pending still steps over them all.
 CREATE OR REPLACE FUNCTION outbox.mark_behind() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    NEW.behind := EXISTS (SELECT 1 FROM outbox.messages AS e WHERE e.message_key = NEW.message_key);
+    NEW.behind := coalesce((SELECT true
+                              FROM outbox.messages AS e
+                             WHERE e.message_key = NEW.message_key
+                             ORDER BY e.seq DESC
+                             LIMIT 1), false);
     RETURN NEW;
 END;
 $$;

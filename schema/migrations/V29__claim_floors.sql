@@ -9,6 +9,8 @@
 -- (promote_heads takes those times); the owner's own writes of an old available_at lower
 -- the floor (triggers), and repair_expired_leases moves up a message found below its
 -- floor. The full contract is in the area files (04_claim.sql for the floors).
+-- Under a held horizon the keyed probes step over the key's dead entries: mark_behind reads
+-- the key newest first, and promote_heads starts after the seq its completion deleted.
 
 ALTER TABLE outbox.messages ALTER COLUMN available_at SET DEFAULT clock_timestamp();
 
@@ -696,6 +698,26 @@ COMMENT ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, 
 REVOKE ALL ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text) TO outbox_producer;
 GRANT EXECUTE ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text) TO outbox_relay;
+
+
+CREATE OR REPLACE FUNCTION outbox.mark_behind() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    NEW.behind := coalesce((SELECT true
+                              FROM outbox.messages AS e
+                             WHERE e.message_key = NEW.message_key
+                             ORDER BY e.seq DESC
+                             LIMIT 1), false);
+    RETURN NEW;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.mark_behind() IS
+    'Internal (trigger messages_mark_behind, before insert of a keyed message): marks the message behind when an earlier message of its key is pending. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.mark_behind() FROM PUBLIC;
 
 
 DROP FUNCTION outbox.promote_heads(text[]);

@@ -260,7 +260,7 @@ async fn drain(sql: &tokio_postgres::Client, recorder: &Recorder, n: u64) -> Res
     Ok(started.elapsed())
 }
 
-/// Inserts `n` messages: 256-byte JSON payloads, every tenth with one of 1,000 keys.
+/// Inserts `n` messages: 256-byte JSON payloads, every tenth with one of 100 keys.
 async fn fill(sql: &tokio_postgres::Client, n: u64) -> Result<()> {
     progress(&format!("enqueueing {n} messages"));
     fill_messages(sql, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;

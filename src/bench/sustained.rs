@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use outbox_relay::store::fill_messages;
+use outbox_relay::store::fill_messages_numbered;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -238,7 +238,9 @@ async fn produce(
         let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
         while due > produced && !stop.is_cancelled() {
             let n = (due - produced).min(PRODUCE_CHUNK);
-            fill_messages(&c, "bench", i64::try_from(n)?, Some(10), 1000, 256).await?;
+            let first = i64::try_from(produced)? + 1;
+            fill_messages_numbered(&c, "bench", first, i64::try_from(n)?, Some(10), 1000, 256)
+                .await?;
             produced += n;
             enqueued.store(produced, Ordering::SeqCst);
         }
