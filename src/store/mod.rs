@@ -49,7 +49,8 @@ mod statements;
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
 pub use enqueue::{enqueue, enqueue_in};
 pub use fill::{
-    fill_messages, fill_messages_numbered, fill_messages_returning_ids, fill_messages_returning_ids_in,
+    fill_messages, fill_messages_numbered, fill_messages_returning_ids,
+    fill_messages_returning_ids_in,
 };
 pub use lease::{ClaimSizes, Repair};
 pub use listen::{ListenerHealth, NOTIFY_CHANNEL};
