@@ -145,8 +145,8 @@ REVOKE ALL ON FUNCTION outbox.uuid_v7() FROM PUBLIC;
 --
 -- Triggers (functions below): messages_mark_behind (BEFORE INSERT of a keyed message) and
 -- messages_settle_behind (deferred to commit, for a message inserted behind); in
--- 04_claim.sql, messages_lower_claim_floor_on_insert and _on_update (the owner's own
--- writes of an old available_at, which the SQL API never makes).
+-- 04_claim.sql, messages_lower_claim_floor_on_insert and _on_update (deferred to commit,
+-- for a message dated in the past).
 CREATE TABLE outbox.messages (
     outbox_id        uuid        NOT NULL DEFAULT outbox.uuid_v7(),
     -- enqueue order; decides which message is the head of its key; sent to consumers of
@@ -159,8 +159,8 @@ CREATE TABLE outbox.messages (
     content_type     text        NOT NULL DEFAULT 'application/json',
     headers          jsonb       NOT NULL DEFAULT '{}',
     created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
-    -- not before: delays and retry backoff; the API never writes a time before the clock
-    -- of the write (the claim floors, 04_claim.sql)
+    -- not before: delays and retry backoff (a time before the write lowers the claim
+    -- floor of its shard at commit, 04_claim.sql)
     available_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- attempts recorded so far; the next attempt is number attempt_count + 1
     attempt_count    integer     NOT NULL DEFAULT 0,

@@ -32,8 +32,8 @@
 --             p_headers       a JSON object of the message's headers; default and NULL: {}.
 --             p_available_at  not before; default and NULL: the clock at the insert
 --                             (clock_timestamp()). A time in the future delays the
---                             message; a time in the past is stored as the clock too, so
---                             the message is never below its shard's claim floor
+--                             message; a time in the past makes it ready at once, and
+--                             at the commit lowers its shard's claim floor to it
 --                             (04_claim.sql).
 --             p_outbox_id     the producer's own id; default and NULL: a new UUIDv7. Every
 --                             delivery of the message carries it.
@@ -128,7 +128,7 @@ BEGIN
                                  available_at, max_attempts)
     VALUES (v_id, p_topic, p_message_key, p_payload,
             coalesce(p_content_type, 'application/octet-stream'),
-            coalesce(p_headers, '{}'), greatest(p_available_at, clock_timestamp()),
+            coalesce(p_headers, '{}'), coalesce(p_available_at, clock_timestamp()),
             coalesce(p_max_attempts, 10));
 
     -- Wake the relayers at commit (NOTIFY outbox_new), unless this transaction already

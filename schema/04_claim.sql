@@ -14,7 +14,7 @@
 --   outbox.claim_floors            internal: where each shard's walk starts (the floors)
 --   outbox.raise_claim_floor       internal: sets one shard's floor
 --   outbox.claim_floor_bound       internal: the bound every floor is capped by
---   outbox.lower_claim_floor       internal trigger function: the owner's own old writes
+--   outbox.lower_claim_floor       internal trigger function: messages dated in the past
 --
 -- Conventions shared by all three:
 -- * Ready: available_at at or before the claim's start (the clock when it is called, so a
@@ -611,8 +611,8 @@ REVOKE ALL ON FUNCTION outbox.claim_shard_candidates(integer, timestamptz, times
 -- * Every write that puts an entry into the index puts it either at or after the clock
 --   (clock_timestamp()) of a moment at which its transaction holds a transaction id, or a
 --   moment before it gets one within the same statement: enqueue and the column's default
---   (a time in the past becomes the clock), replay_step (the clock), settle_behind (where
---   its own INSERT put it);
+--   (the clock when no time is given), replay_step (the clock), settle_behind (where its
+--   own INSERT put it);
 --   or at or after an entry that the same transaction changes or deletes, which holds the
 --   floor below it until the transaction commits: a retry or a lease expiry (not before
 --   now(), after the claim that leased the message), promote_heads (not before the head
@@ -628,11 +628,12 @@ REVOKE ALL ON FUNCTION outbox.claim_shard_candidates(integer, timestamptz, times
 --   bound's T, so it is above the bound.
 -- A floor, once valid, stays valid: later entries are above the bound it was capped by.
 -- Concurrent claims may set a floor in any order; a lower one only costs a longer walk.
--- The schema owner's own writes of an old available_at (an INSERT, or an UPDATE that moves
--- it earlier) lower the shard's floor to it (the triggers of lower_claim_floor, below).
--- The safety net: a message left below its floor anyway (such a write racing a claim that
--- raises the floor, or a server clock stepped back) is moved up to the clock by the next
--- repair_expired_leases pass (06_repair_retention.sql).
+-- A message written with an older available_at (enqueue with a past time, the schema
+-- owner's own INSERT or UPDATE) lowers its shard's floor to it at its commit (the
+-- deferred triggers of lower_claim_floor, below). The safety net: a message left below its
+-- floor anyway (such a commit racing a claim that raises the floor, or a server clock
+-- stepped back) is moved up to the clock by the next repair_expired_leases pass
+-- (06_repair_retention.sql).
 --
 -- What a floor cannot pass: a live entry. A message that stays ready and unclaimed (its
 -- topic excluded while its destination's circuit is open, or claimed by no relayer's topic
@@ -806,20 +807,18 @@ COMMENT ON FUNCTION outbox.claim_floor_bound() IS
 REVOKE ALL ON FUNCTION outbox.claim_floor_bound() FROM PUBLIC;
 
 
--- outbox.lower_claim_floor (internal): the function of the triggers
--- messages_lower_claim_floor_on_insert (BEFORE INSERT of a message dated before its
--- transaction's start) and messages_lower_claim_floor_on_update (BEFORE UPDATE that moves
--- available_at earlier). Not granted.
+-- outbox.lower_claim_floor (internal): the function of the deferred constraint triggers
+-- messages_lower_claim_floor_on_insert (a message dated before its transaction's start:
+-- enqueue with a past p_available_at, or the schema owner's own INSERT) and
+-- messages_lower_claim_floor_on_update (an UPDATE that moves available_at earlier: the
+-- owner's own, the SQL API never does). Not granted.
 --
--- The SQL API never fires them: it writes available_at at or after the clock. They are for
--- the schema owner's own writes (an INSERT with an old available_at, an UPDATE that makes a
--- delayed message due at once), which could otherwise put a message below its shard's
--- floor, where claims would not find it before the next repair pass. Lowers the shard's
--- floor to the message's available_at (one before the epoch removes the floor) when it is
--- below it. Not
--- transactional, and not atomic with a claim raising the floor at the same moment: a
--- message that such a race leaves below its floor is moved up by repair_expired_leases.
--- Raises nothing.
+-- Such a message may be below its shard's floor. At the commit of its transaction this
+-- lowers the floor to the message's available_at (one before the epoch removes the floor)
+-- when it is below it, so that the claims after the commit find it. Not transactional. A
+-- claim that read the shard before the commit and raises the floor just after the
+-- lowering can leave the message below its floor: repair_expired_leases moves it up on
+-- its next pass. Raises nothing.
 CREATE OR REPLACE FUNCTION outbox.lower_claim_floor() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -831,23 +830,25 @@ BEGIN
         PERFORM setval(('outbox.claim_floor_' || v_shard)::regclass,
                        (extract(epoch FROM greatest(NEW.available_at, timestamptz 'epoch')) * 1000000)::bigint);
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END;
 $$;
 
 COMMENT ON FUNCTION outbox.lower_claim_floor() IS
-    'Internal (triggers messages_lower_claim_floor_on_insert and _on_update, for the owner''s own writes of an old available_at): lowers the shard''s claim floor to the message. Not granted.';
+    'Internal (deferred triggers messages_lower_claim_floor_on_insert and _on_update, for a message dated in the past): lowers the shard''s claim floor to the message at commit. Not granted.';
 
 REVOKE ALL ON FUNCTION outbox.lower_claim_floor() FROM PUBLIC;
 
-CREATE TRIGGER messages_lower_claim_floor_on_insert
-    BEFORE INSERT ON outbox.messages
+CREATE CONSTRAINT TRIGGER messages_lower_claim_floor_on_insert
+    AFTER INSERT ON outbox.messages
+    DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW
     WHEN (NEW.available_at < now())
     EXECUTE FUNCTION outbox.lower_claim_floor();
 
-CREATE TRIGGER messages_lower_claim_floor_on_update
-    BEFORE UPDATE OF available_at ON outbox.messages
+CREATE CONSTRAINT TRIGGER messages_lower_claim_floor_on_update
+    AFTER UPDATE OF available_at ON outbox.messages
+    DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW
     WHEN (NEW.available_at < OLD.available_at)
     EXECUTE FUNCTION outbox.lower_claim_floor();

@@ -68,10 +68,10 @@
 --             start, so a lease whose claim committed late is never skipped.
 --             The claim floors' safety net: first, every unleased message that is not
 --             behind and is below its shard's claim floor (04_claim.sql) gets available_at
---             = the clock, with a WARNING giving how many: the SQL API never writes one
---             there, but the schema owner's own INSERT or UPDATE with an old available_at,
---             or a server clock stepped back, can. Claims find it again at once; it is not
---             counted in the result. When it
+--             = the clock, with a WARNING giving how many: a message dated in the past
+--             whose commit raced a claim raising the floor, or a server clock stepped
+--             back, can leave one there. Claims find it again at once; it is not counted
+--             in the result. When it
 --             handled any message, the relayers are woken (NOTIFY outbox_new, payload
 --             'repaired') at commit.
 -- Raises:     P7001 (p_limit) when p_limit is NULL or below 1. Nothing else (a reused id

@@ -4,11 +4,11 @@
 -- the horizon, the dead entries of delivered messages stay at the front of each shard, and
 -- a walk from the start stepped over all of them. The floor rises to the first entry a
 -- claim's probe finds, capped by a bound that trails the oldest transaction holding an id.
--- Inserts put their entry at or after the clock (enqueue and the column's default, replays);
--- a key's promoted head goes no earlier than the head its completion deleted
--- (promote_heads takes those times); the owner's own writes of an old available_at lower
--- the floor (triggers), and repair_expired_leases moves up a message found below its
--- floor. The full contract is in the area files (04_claim.sql for the floors).
+-- Inserts put their entry at or after the clock (the column's default, enqueue without a
+-- time, replays); a key's promoted head goes no earlier than the head its completion
+-- deleted (promote_heads takes those times); a message dated in the past lowers its
+-- shard's floor at its commit (deferred triggers), and repair_expired_leases moves up a
+-- message found below its floor. The full contract is in the area files (04_claim.sql for the floors).
 -- Under a held horizon the keyed probes step over the key's dead entries: mark_behind reads
 -- the key newest first, and promote_heads starts after the seq its completion deleted.
 
@@ -179,20 +179,18 @@ COMMENT ON FUNCTION outbox.claim_floor_bound() IS
 REVOKE ALL ON FUNCTION outbox.claim_floor_bound() FROM PUBLIC;
 
 
--- outbox.lower_claim_floor (internal): the function of the triggers
--- messages_lower_claim_floor_on_insert (BEFORE INSERT of a message dated before its
--- transaction's start) and messages_lower_claim_floor_on_update (BEFORE UPDATE that moves
--- available_at earlier). Not granted.
+-- outbox.lower_claim_floor (internal): the function of the deferred constraint triggers
+-- messages_lower_claim_floor_on_insert (a message dated before its transaction's start:
+-- enqueue with a past p_available_at, or the schema owner's own INSERT) and
+-- messages_lower_claim_floor_on_update (an UPDATE that moves available_at earlier: the
+-- owner's own, the SQL API never does). Not granted.
 --
--- The SQL API never fires them: it writes available_at at or after the clock. They are for
--- the schema owner's own writes (an INSERT with an old available_at, an UPDATE that makes a
--- delayed message due at once), which could otherwise put a message below its shard's
--- floor, where claims would not find it before the next repair pass. Lowers the shard's
--- floor to the message's available_at (one before the epoch removes the floor) when it is
--- below it. Not
--- transactional, and not atomic with a claim raising the floor at the same moment: a
--- message that such a race leaves below its floor is moved up by repair_expired_leases.
--- Raises nothing.
+-- Such a message may be below its shard's floor. At the commit of its transaction this
+-- lowers the floor to the message's available_at (one before the epoch removes the floor)
+-- when it is below it, so that the claims after the commit find it. Not transactional. A
+-- claim that read the shard before the commit and raises the floor just after the
+-- lowering can leave the message below its floor: repair_expired_leases moves it up on
+-- its next pass. Raises nothing.
 CREATE OR REPLACE FUNCTION outbox.lower_claim_floor() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -204,23 +202,25 @@ BEGIN
         PERFORM setval(('outbox.claim_floor_' || v_shard)::regclass,
                        (extract(epoch FROM greatest(NEW.available_at, timestamptz 'epoch')) * 1000000)::bigint);
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END;
 $$;
 
 COMMENT ON FUNCTION outbox.lower_claim_floor() IS
-    'Internal (triggers messages_lower_claim_floor_on_insert and _on_update, for the owner''s own writes of an old available_at): lowers the shard''s claim floor to the message. Not granted.';
+    'Internal (deferred triggers messages_lower_claim_floor_on_insert and _on_update, for a message dated in the past): lowers the shard''s claim floor to the message at commit. Not granted.';
 
 REVOKE ALL ON FUNCTION outbox.lower_claim_floor() FROM PUBLIC;
 
-CREATE TRIGGER messages_lower_claim_floor_on_insert
-    BEFORE INSERT ON outbox.messages
+CREATE CONSTRAINT TRIGGER messages_lower_claim_floor_on_insert
+    AFTER INSERT ON outbox.messages
+    DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW
     WHEN (NEW.available_at < now())
     EXECUTE FUNCTION outbox.lower_claim_floor();
 
-CREATE TRIGGER messages_lower_claim_floor_on_update
-    BEFORE UPDATE OF available_at ON outbox.messages
+CREATE CONSTRAINT TRIGGER messages_lower_claim_floor_on_update
+    AFTER UPDATE OF available_at ON outbox.messages
+    DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW
     WHEN (NEW.available_at < OLD.available_at)
     EXECUTE FUNCTION outbox.lower_claim_floor();
@@ -673,7 +673,7 @@ BEGIN
                                  available_at, max_attempts)
     VALUES (v_id, p_topic, p_message_key, p_payload,
             coalesce(p_content_type, 'application/octet-stream'),
-            coalesce(p_headers, '{}'), greatest(p_available_at, clock_timestamp()),
+            coalesce(p_headers, '{}'), coalesce(p_available_at, clock_timestamp()),
             coalesce(p_max_attempts, 10));
 
     -- Wake the relayers at commit (NOTIFY outbox_new), unless this transaction already
