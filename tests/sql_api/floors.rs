@@ -254,3 +254,79 @@ async fn the_owners_own_old_writes_lower_the_floor_and_repair_catches_what_a_rac
     assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [stranded]);
     db.finish().await;
 }
+
+/// Everything written through the API while claims raise the floors is claimed without a
+/// repair pass: producers holding their transactions open for a while (some keyed, so
+/// completions promote heads, some delayed), and a third of first attempts failing with a
+/// retry at once, on separate connections at the same time.
+#[tokio::test]
+async fn no_message_written_through_the_api_is_left_below_a_floor() {
+    let db = TestDb::new().await;
+    let producers = 6;
+    let per_producer = 30;
+    let mut tasks = Vec::new();
+    for p in 0..producers {
+        let mut c = db.client().await;
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per_producer {
+                let key = (i % 3 == 0).then(|| format!("k{}", i % 7));
+                let delay = if i % 10 == 0 { 0.3 } else { 0.0 };
+                let tx = c.transaction().await.unwrap();
+                tx.execute(
+                    "SELECT outbox.enqueue('t', '{}'::jsonb, $1, \
+                            p_available_at => CASE WHEN $2::float8 > 0 \
+                                              THEN clock_timestamp() + make_interval(secs => $2) END)",
+                    &[&key, &delay],
+                )
+                .await
+                .unwrap();
+                // A transaction that holds its id while claims go on, for up to twice the
+                // bound's margin.
+                tokio::time::sleep(Duration::from_millis(((p * 7 + i * 13) % 400) as u64)).await;
+                tx.commit().await.unwrap();
+            }
+        }));
+    }
+    let total = i64::from(producers * per_producer);
+    let claimer = db.client().await;
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut delivered = 0_i64;
+    let mut round = 0_u64;
+    while delivered < total {
+        assert!(
+            Instant::now() < until,
+            "{delivered} of {total} delivered in 60 s without a repair pass: a message is below its floor"
+        );
+        let batch = claim(&claimer, 50, "w", 30).await;
+        for m in &batch {
+            round += 1;
+            if m.attempt_no == 1 && round % 3 == 0 {
+                complete_retry_now(&claimer, m).await;
+            } else {
+                complete(&claimer, m, "w", "DISPATCHED", None)
+                    .await
+                    .unwrap();
+                delivered += 1;
+            }
+        }
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(pending(&claimer).await, 0);
+    assert!(bound(&claimer).await > 0, "the floors moved during the run");
+    db.finish().await;
+}
+
+/// A RETRYABLE outcome for `m` due at once.
+async fn complete_retry_now(c: &Client, m: &Claimed) {
+    c.query_one(
+        "SELECT outbox.complete_outbox_attempt($1, $2, 'w', 'RETRYABLE', 'again', NULL)",
+        &[&m.id, &m.token],
+    )
+    .await
+    .unwrap();
+}
