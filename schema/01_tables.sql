@@ -260,8 +260,9 @@ REVOKE ALL ON FUNCTION outbox.mark_behind() FROM PUBLIC;
 --   transaction) is passed over for the next earlier one. The producer never waits here.
 --   Under REPEATABLE READ or SERIALIZABLE, where that lock could fail the commit with a
 --   serialization error, it locks nothing and clears the new message's own mark. Its
---   entry in messages_shard_heads_idx is then where this transaction's INSERT put it, at
---   or after the clock of the insert: never below its shard's claim floor (04_claim.sql).
+--   entry in messages_shard_heads_idx is then where this transaction's INSERT put it: at
+--   or after the clock of the insert, or, for a message dated in the past, where this same
+--   commit lowers its shard's claim floor to (lower_claim_floor, 04_claim.sql).
 -- Raises: nothing.
 -- Crash: nothing; it runs inside the producer's transaction, and a crash before the commit
 --   completes loses the message with the rest of that transaction.

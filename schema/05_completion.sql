@@ -201,10 +201,10 @@ BEGIN
                    AND m.claimed_by = p_worker_id
                    AND m.lease_expires_at > now()
                 RETURNING m.outbox_id, m.attempt_count + 1 AS attempt_no, m.lease_token,
-                          m.message_key, m.available_at, m.seq
+                          m.message_key, m.available_at, m.seq, m.behind
             ), done AS (
                 SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.message_key,
-                       g.available_at, g.seq, u.error,
+                       g.available_at, g.seq, g.behind, u.error,
                        g.lease_token <> u.token AS mixed
                   FROM gone AS g
                   JOIN unnest(p_outbox_ids, p_lease_tokens, p_errors)
@@ -217,9 +217,9 @@ BEGIN
                  ORDER BY d.ord
             )
             SELECT array_agg(d.ord), array_agg(d.attempt_no),
-                   array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL),
-                   array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL),
-                   array_agg(d.seq) FILTER (WHERE d.message_key IS NOT NULL),
+                   array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.seq) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
                    coalesce(bool_or(d.mixed), false)
               INTO v_ords, v_nos, v_keys, v_after, v_seqs, v_mixed
               FROM done AS d;
@@ -569,11 +569,11 @@ BEGIN
     IF cardinality(v_done) > 0 THEN
         WITH gone AS (
             DELETE FROM outbox.messages WHERE outbox_id = ANY (v_done)
-            RETURNING message_key, available_at, seq
+            RETURNING message_key, available_at, seq, behind
         )
-        SELECT coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL), '{}')
+        SELECT coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
+               coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
+               coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}')
           INTO v_keys, v_after, v_seqs
           FROM gone AS g;
     END IF;
@@ -608,9 +608,9 @@ BEGIN
               JOIN unnest(p_outbox_ids, p_attempt_nos, p_errors) AS u(id, attempt_no, error)
                 ON u.id = g.outbox_id
         )
-        SELECT v_keys || coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               v_seqs || coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL), '{}')
+        SELECT v_keys || coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
+               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
+               v_seqs || coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}')
           INTO v_keys, v_after, v_seqs
           FROM gone AS g;
     END IF;
@@ -767,6 +767,10 @@ REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
 -- snapshot sees a producer's message whose commit the deletion waited for; no role may
 -- execute it.
 --
+-- Inputs:     parallel arrays, one element per head the caller deleted (a keyed message
+--             not behind: it had an entry in messages_shard_heads_idx): its key, its
+--             available_at and its seq. A key whose deletions held no head is not listed:
+--             its head is still pending and nothing behind it is due.
 -- Raises:     nothing of its own.
 -- Locks:      each key's first pending message while it is marked behind (FOR NO KEY
 --             UPDATE, through the UPDATE), waiting for a transaction that holds it.
@@ -780,12 +784,15 @@ REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
 --             pending message is found already a head, is updated, or the key has none.
 --             The other completion, which saw this one's message still there and a head,
 --             changed nothing. Each round ends with a message of the key gone or promoted,
---             so the loop ends. A promoted message's available_at moves up to the latest
---             available_at the caller deleted under its key, if it was earlier: its entry
---             enters messages_shard_heads_idx at or after that of the head the caller
---             deleted, which held its shard's claim floor (04_claim.sql) until this
---             transaction commits, so the new entry is never below the floor. It keeps its
---             place among the messages enqueued after it.
+--             so the loop ends. The key's first pending message is looked for after the
+--             lowest seq deleted under it (the head: nothing earlier is pending but a
+--             message whose late commit cleared its own mark, settle_behind), so the walk
+--             skips the key's delivered entries. A promoted message's available_at moves
+--             up to the latest available_at of the heads deleted under its key, if it was
+--             earlier: its entry enters messages_shard_heads_idx at or after that of a head
+--             that held its shard's claim floor (04_claim.sql) until this transaction
+--             commits, so the new entry is never below the floor. It keeps its place among
+--             the messages enqueued after it.
 -- Shape:      the heads are found first (one probe of messages_key_seq_idx per distinct
 --             key) and then updated by primary key: joined in one statement, the planner
 --             could walk all of outbox.messages per call (11.7 s at a 480,000 backlog).

@@ -71,7 +71,8 @@
 --             = the clock, with a WARNING giving how many: a message dated in the past
 --             whose commit raced a claim raising the floor, or a server clock stepped
 --             back, can leave one there. Claims find it again at once; it is not counted
---             in the result. When it
+--             in the result. Rows another transaction holds are skipped (the next pass
+--             sees them). When it
 --             handled any message, the relayers are woken (NOTIFY outbox_new, payload
 --             'repaired') at commit.
 -- Raises:     P7001 (p_limit) when p_limit is NULL or below 1. Nothing else (a reused id
@@ -114,13 +115,19 @@ BEGIN
     v_floors := outbox.claim_floors();
     UPDATE outbox.messages AS m
        SET available_at = clock_timestamp()
-     WHERE m.lease_token IS NULL
-       AND NOT m.behind
-       AND m.available_at < v_floors[(hashtext(coalesce(m.message_key, m.outbox_id::text)) & 15) + 1];
+     WHERE m.ctid = ANY (ARRAY(
+               SELECT b.ctid
+                 FROM outbox.messages AS b
+                WHERE b.lease_token IS NULL
+                  AND NOT b.behind
+                  AND b.available_at < v_floors[(hashtext(coalesce(b.message_key, b.outbox_id::text)) & 15) + 1]
+                  FOR UPDATE SKIP LOCKED))
+       AND m.lease_token IS NULL
+       AND NOT m.behind;
     GET DIAGNOSTICS v_lifted = ROW_COUNT;
     IF v_lifted > 0 THEN
         RAISE WARNING 'outbox: % message(s) were below their shard''s claim floor and were moved up to now', v_lifted
-            USING HINT = 'available_at was set in the past by a direct write, or the server clock went back';
+            USING HINT = 'a message dated in the past committed while a claim raised its floor, or the server clock went back';
         PERFORM pg_notify('outbox_new', 'repaired');
     END IF;
 

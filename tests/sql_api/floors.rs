@@ -15,12 +15,17 @@ async fn bound(c: &Client) -> i64 {
     count(c, "SELECT last_value FROM outbox.claim_floor_bound").await
 }
 
-/// Claims (and gives back) nothing for `for_`, one empty claim every 50 ms: what moves the
-/// bound and the floors of an idle outbox.
+/// Claims of a topic no message has, one every 50 ms for `for_`: they lease nothing, and
+/// move the bound and raise the floors as every claim does.
 async fn idle_claims(c: &Client, for_: Duration) {
     let until = Instant::now() + for_;
     while Instant::now() < until {
-        assert!(claim(c, 10, "idle", 30).await.is_empty());
+        let leased = count(
+            c,
+            "SELECT count(*) FROM outbox.claim_outbox_batch_seq(10, 'idle', 30, ARRAY['no such topic'])",
+        )
+        .await;
+        assert_eq!(leased, 0);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -329,4 +334,107 @@ async fn complete_retry_now(c: &Client, m: &Claimed) {
     )
     .await
     .unwrap();
+}
+
+/// A key's head retried while a message of its run is dead-lettered in the same call, after
+/// the floors rose past the messages waiting behind the head: the message after them is
+/// not made a head at the dead-lettered message's old time (below the floor), and is
+/// claimed after the head without a repair pass.
+#[tokio::test]
+async fn a_run_message_dead_lettered_beside_its_retried_head_promotes_nothing_below_a_floor() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut ids = Vec::new();
+    for max_attempts in [10, 1, 10] {
+        ids.push(enqueue_with(&c, Some("k"), max_attempts).await);
+    }
+    // The head alone, retried a second later: the floors rise to it (the two behind it
+    // have no entry for them to stop at).
+    let head = claim(&c, 1, "w", 30).await;
+    assert_eq!(head[0].id, ids[0]);
+    retry_at(&c, &head[0], "w", 1.0).await;
+    let now = clock(&c).await;
+    bound_passes(&c, now + 1_000_000).await;
+
+    // The head and its run again; the head retried, the run's message out of attempts.
+    let batch = claim_when(&c, 2, 2).await;
+    assert_eq!(batch.iter().map(|m| m.id).collect::<Vec<_>>(), ids[..2]);
+    c.query(
+        "SELECT * FROM outbox.complete_outbox_batch('w', $1, $2, \
+                ARRAY['RETRYABLE', 'FAILED']::outbox.attempt_state[], ARRAY['again', 'refused'], \
+                ARRAY[clock_timestamp() + interval '1 second', NULL])",
+        &[
+            &batch.iter().map(|m| m.id).collect::<Vec<_>>(),
+            &batch.iter().map(|m| m.token).collect::<Vec<_>>(),
+        ],
+    )
+    .await
+    .unwrap();
+    let now = clock(&c).await;
+    bound_passes(&c, now + 1_000_000).await;
+
+    let head = claim_when(&c, 1, 1).await;
+    assert_eq!(head[0].id, ids[0]);
+    complete(&c, &head[0], "w", "DISPATCHED", None)
+        .await
+        .unwrap();
+    let next = claim(&c, 1, "w", 30).await;
+    assert_eq!(next.iter().map(|m| m.id).collect::<Vec<_>>(), [ids[2]]);
+    db.finish().await;
+}
+
+/// Claims `n` until it gets `at_least` messages, at most 10 s.
+async fn claim_when(c: &Client, n: i32, at_least: usize) -> Vec<Claimed> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = claim(c, n, "w", 30).await;
+        if got.len() >= at_least {
+            return got;
+        }
+        assert!(got.is_empty(), "a claim took {} of {at_least}", got.len());
+        assert!(Instant::now() < until, "nothing due in 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A message dated before the Unix epoch (a zero time from a producer's language) keeps its
+/// shard walked from its start, and claims of that shard go on.
+#[tokio::test]
+async fn a_message_dated_before_the_epoch_is_claimed_and_breaks_no_claim() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let start = clock(&c).await;
+    bound_passes(&c, start).await;
+    let id: Uuid = c
+        .query_one(
+            "SELECT outbox.enqueue('t', '{}'::jsonb, p_available_at => '0001-01-01')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let got = claim(&c, 10, "w", 30).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), [id]);
+    complete(&c, &got[0], "w", "DISPATCHED", None)
+        .await
+        .unwrap();
+    let later = enqueue(&c, "t", None).await;
+    idle_claims_until(&c, later).await;
+    db.finish().await;
+}
+
+/// Claims until `id` is claimed (and delivered), at most 10 s.
+async fn idle_claims_until(c: &Client, id: Uuid) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < until, "{id} not claimed in 10 s");
+        let got = claim(c, 10, "w", 30).await;
+        for m in &got {
+            complete(c, m, "w", "DISPATCHED", None).await.unwrap();
+        }
+        if got.iter().any(|m| m.id == id) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
