@@ -267,15 +267,15 @@ async fn the_owners_own_old_writes_lower_the_floor_and_repair_catches_what_a_rac
 #[tokio::test]
 async fn no_message_written_through_the_api_is_left_below_a_floor() {
     let db = TestDb::new().await;
-    let producers = 6;
-    let per_producer = 30;
+    let producers: u32 = 6;
+    let per_producer: u32 = 30;
     let mut tasks = Vec::new();
     for p in 0..producers {
         let mut c = db.client().await;
         tasks.push(tokio::spawn(async move {
             for i in 0..per_producer {
-                let key = (i % 3 == 0).then(|| format!("k{}", i % 7));
-                let delay = if i % 10 == 0 { 0.3 } else { 0.0 };
+                let key = i.is_multiple_of(3).then(|| format!("k{}", i % 7));
+                let delay = if i.is_multiple_of(10) { 0.3 } else { 0.0 };
                 let tx = c.transaction().await.unwrap();
                 tx.execute(
                     "SELECT outbox.enqueue('t', '{}'::jsonb, $1, \
@@ -287,7 +287,7 @@ async fn no_message_written_through_the_api_is_left_below_a_floor() {
                 .unwrap();
                 // A transaction that holds its id while claims go on, for up to twice the
                 // bound's margin.
-                tokio::time::sleep(Duration::from_millis(((p * 7 + i * 13) % 400) as u64)).await;
+                tokio::time::sleep(Duration::from_millis(u64::from((p * 7 + i * 13) % 400))).await;
                 tx.commit().await.unwrap();
             }
         }));
@@ -305,7 +305,7 @@ async fn no_message_written_through_the_api_is_left_below_a_floor() {
         let batch = claim(&claimer, 50, "w", 30).await;
         for m in &batch {
             round += 1;
-            if m.attempt_no == 1 && round % 3 == 0 {
+            if m.attempt_no == 1 && round.is_multiple_of(3) {
                 complete_retry_now(&claimer, m).await;
             } else {
                 complete(&claimer, m, "w", "DISPATCHED", None)
