@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use super::*;
-use crate::common::{fill, pending};
+use crate::common::{eventually, fill, pending};
 
 /// The bound every floor is capped by, as a timestamp (microseconds since the epoch).
 async fn bound(c: &Client) -> i64 {
@@ -33,14 +33,15 @@ async fn idle_claims(c: &Client, for_: Duration) {
 /// Empty claims until the bound passes `micros` (since the epoch). It waits for every
 /// transaction of the server that holds an id, those of other tests' databases too.
 async fn bound_passes(c: &Client, micros: i64) {
-    let until = Instant::now() + Duration::from_secs(60);
-    while bound(c).await <= micros {
-        assert!(
-            Instant::now() < until,
-            "the bound did not pass {micros} in 60 s"
-        );
+    let what = format!("the bound to pass {micros}");
+    eventually(Duration::from_secs(60), &what, || async move {
+        if bound(c).await > micros {
+            return true;
+        }
         idle_claims(c, Duration::from_millis(200)).await;
-    }
+        false
+    })
+    .await;
 }
 
 /// The clock, in microseconds since the epoch.
@@ -306,7 +307,7 @@ async fn no_message_written_through_the_api_is_left_below_a_floor() {
         for m in &batch {
             round += 1;
             if m.attempt_no == 1 && round.is_multiple_of(3) {
-                complete_retry_now(&claimer, m).await;
+                retry_at(&claimer, m, "w", 0.0).await;
             } else {
                 complete(&claimer, m, "w", "DISPATCHED", None)
                     .await
@@ -324,16 +325,6 @@ async fn no_message_written_through_the_api_is_left_below_a_floor() {
     assert_eq!(pending(&claimer).await, 0);
     assert!(bound(&claimer).await > 0, "the floors moved during the run");
     db.finish().await;
-}
-
-/// A RETRYABLE outcome for `m` due at once.
-async fn complete_retry_now(c: &Client, m: &Claimed) {
-    c.query_one(
-        "SELECT outbox.complete_outbox_attempt($1, $2, 'w', 'RETRYABLE', 'again', NULL)",
-        &[&m.id, &m.token],
-    )
-    .await
-    .unwrap();
 }
 
 /// A key's head retried while a message of its run is dead-lettered in the same call, after
@@ -425,16 +416,13 @@ async fn a_message_dated_before_the_epoch_is_claimed_and_breaks_no_claim() {
 
 /// Claims until `id` is claimed (and delivered), at most 10 s.
 async fn idle_claims_until(c: &Client, id: Uuid) {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert!(Instant::now() < until, "{id} not claimed in 10 s");
+    let what = format!("{id} to be claimed");
+    eventually(Duration::from_secs(10), &what, || async move {
         let got = claim(c, 10, "w", 30).await;
         for m in &got {
             complete(c, m, "w", "DISPATCHED", None).await.unwrap();
         }
-        if got.iter().any(|m| m.id == id) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        got.iter().any(|m| m.id == id)
+    })
+    .await;
 }
