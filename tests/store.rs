@@ -243,7 +243,7 @@ async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
             .get::<_, i64>(0)
     };
     for turns in [Some(1), None] {
-        let shared = Arc::new(tokio::sync::Semaphore::new(1));
+        let shared = Arc::new(outbox_relay::store::Turns::new(1, 1));
         let stores: Vec<_> = (0..2)
             .map(|_| match turns {
                 Some(_) => db.store().with_turns(shared.clone()),
@@ -287,7 +287,7 @@ async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
         }
         if turns.is_some() {
             // While the only turn is taken, a claim waits and an extension does not.
-            let taken = shared.acquire().await.unwrap();
+            let taken = shared.take(false).await;
             let claim = stores[0].claim(10, &worker, 30, None, None, Default::default());
             assert!(
                 tokio::time::timeout(Duration::from_millis(300), claim)
@@ -310,4 +310,92 @@ async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
         }
     }
     db.finish().await;
+}
+
+/// A store whose latest claim came back full (a backlog) waits for one of the backlogged
+/// turns: with 2 turns of which 1 for backlogged sources, two claims of the backlogged
+/// store leave one session waiting in the database, and a claim of a store that is not
+/// backlogged still gets the other turn. A claim that comes back short ends the backlog.
+#[tokio::test]
+async fn a_backlogged_store_leaves_turns_to_the_others() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let db = TestDb::new().await;
+    let worker = WorkerId::new("w1");
+    let blocker = db.client().await;
+    let watcher = db.client().await;
+    common::fill(&blocker, "t", 30, None).await;
+    let waiting = || async {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock' AND query LIKE '%claim_outbox_batch_seq%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let turns = Arc::new(outbox_relay::store::Turns::new(2, 1));
+    let backlogged = db.store().with_turns(turns.clone());
+    let quiet = db.store().with_turns(turns.clone());
+    let claimed = backlogged
+        .claim(10, &worker, 30, None, None, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 10, "the first claim comes back full");
+    // Runs `store`'s claims against the locked table; returns the sessions that reached it.
+    let blocked = |stores: Vec<outbox_relay::store::Store>| {
+        let (blocker, worker, waiting) = (&blocker, worker.clone(), &waiting);
+        async move {
+            blocker
+                .batch_execute("BEGIN; LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")
+                .await
+                .unwrap();
+            let claims: Vec<_> = stores
+                .into_iter()
+                .map(|store| {
+                    let worker = worker.clone();
+                    tokio::spawn(async move {
+                        store
+                            .claim(10, &worker, 30, None, None, Default::default())
+                            .await
+                    })
+                })
+                .collect();
+            // Long enough for every call that may run to reach the database.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let seen = waiting().await;
+            blocker.batch_execute("COMMIT").await.unwrap();
+            let got: Vec<usize> = futures_join(claims).await;
+            (seen, got)
+        }
+    };
+    let (seen, got) = blocked(vec![backlogged.clone(), backlogged.clone()]).await;
+    assert_eq!(seen, 1, "two backlogged claims both ran at once");
+    assert_eq!(got, [10, 10]);
+    let (seen, _) = blocked(vec![backlogged.clone(), backlogged.clone(), quiet.clone()]).await;
+    assert_eq!(seen, 2, "a quiet store's claim waited behind a backlog's");
+    // All 30 are leased: the claims of the round above came back empty, so the store is no
+    // longer backlogged and two of its claims run at once.
+    let (seen, got) = blocked(vec![backlogged.clone(), backlogged.clone()]).await;
+    assert_eq!(got, [0, 0]);
+    assert_eq!(
+        seen, 2,
+        "a store whose claim came back short stayed backlogged"
+    );
+    db.finish().await;
+}
+
+async fn futures_join(
+    claims: Vec<
+        tokio::task::JoinHandle<Result<Vec<outbox_relay::message::ClaimedMessage>, StoreError>>,
+    >,
+) -> Vec<usize> {
+    let mut got = Vec::new();
+    for claim in claims {
+        got.push(claim.await.unwrap().unwrap().len());
+    }
+    got
 }

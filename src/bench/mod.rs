@@ -139,6 +139,10 @@ pub struct Options {
     /// (`source_calls_per_server`; 0: no cap).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub calls_per_server: u32,
+    /// With --sources and --quiet-sources: of those, the calls of backlogged sources
+    /// (`source_backlogged_calls_per_server`; 0: the default, half of them).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub backlogged_calls_per_server: u32,
     /// Instead of the other measurements: this many quiet outbox databases and one heavy
     /// one, served by `--workers` fleets; the quiet sources' commit-to-ack latency at
     /// `--rate` (in all) for `--latency-secs`, with the heavy source empty and then while it

@@ -155,6 +155,8 @@ pub(super) fn start_fleets(
             pool_size: 3,
             calls_per_server: (o.calls_per_server > 0)
                 .then(|| usize::try_from(o.calls_per_server).expect("at most 1024")),
+            backlogged_calls_per_server: (o.backlogged_calls_per_server > 0)
+                .then(|| usize::try_from(o.backlogged_calls_per_server).expect("at most 1024")),
             ..SourcesSettings::default()
         };
         let dispatcher = Dispatcher::single(

@@ -387,6 +387,10 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
             0 => None,
             n => Some(n),
         },
+        backlogged_calls_per_server: raw
+            .source_backlogged_calls_per_server
+            .map(|n| ranged("source_backlogged_calls_per_server", n, 1, 1024))
+            .transpose()?,
         label_limit: ranged(
             "source_label_limit",
             raw.source_label_limit.unwrap_or(50),
@@ -394,6 +398,16 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
             10_000,
         )?,
     };
+    if let (Some(backlogged), Some(calls)) = (
+        settings.backlogged_calls_per_server,
+        settings.calls_per_server,
+    ) && backlogged > calls
+    {
+        return Err(invalid(
+            "source_backlogged_calls_per_server",
+            format!("{backlogged} is more than source_calls_per_server ({calls})"),
+        ));
+    }
     if let Some(budget) = settings.max_connections_per_server
         && budget < settings.connections_per_source()
     {
@@ -627,6 +641,27 @@ mod tests {
             .unwrap_err();
             assert_eq!(err.setting, "source_calls_per_server", "{err}");
             assert!(err.to_string().contains(&bad.to_string()), "{err}");
+        }
+    }
+
+    #[test]
+    fn backlogged_turns_default_to_half_and_more_than_the_turns_is_named() {
+        let s = settings(RawConfig::default()).unwrap();
+        assert_eq!(s.sources.backlogged_calls_per_server, None);
+        let s = settings(RawConfig {
+            source_backlogged_calls_per_server: Some(3),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.sources.backlogged_calls_per_server, Some(3));
+        for (bad, says) in [(0, "0"), (5, "more than source_calls_per_server (4)")] {
+            let err = settings(RawConfig {
+                source_backlogged_calls_per_server: Some(bad),
+                ..Default::default()
+            })
+            .unwrap_err();
+            assert_eq!(err.setting, "source_backlogged_calls_per_server", "{err}");
+            assert!(err.to_string().contains(says), "{err}");
         }
     }
 

@@ -197,6 +197,16 @@ pub struct RawConfig {
         allow_negative_numbers = true
     )]
     pub source_calls_per_server: Option<i64>,
+    /// Of those calls, how many may come from backlogged sources (whose latest claim came
+    /// back full) at once; the other turns are kept for the sources that are not
+    /// backlogged. 1..=1024, at most `source_calls_per_server` [default: half of
+    /// `source_calls_per_server`, rounded up].
+    #[arg(
+        long,
+        env = "OUTBOX_SOURCE_BACKLOGGED_CALLS_PER_SERVER",
+        allow_negative_numbers = true
+    )]
+    pub source_backlogged_calls_per_server: Option<i64>,
     /// Sources named in the `source` label of this process's metrics: the first ones it
     /// serves; the others are labelled `other`, 1..=10000 [default: 50].
     #[arg(long, env = "OUTBOX_SOURCE_LABEL_LIMIT", allow_negative_numbers = true)]
@@ -288,6 +298,9 @@ impl RawConfig {
             source_calls_per_server: self
                 .source_calls_per_server
                 .or(fallback.source_calls_per_server),
+            source_backlogged_calls_per_server: self
+                .source_backlogged_calls_per_server
+                .or(fallback.source_backlogged_calls_per_server),
             max_connections_per_server: self
                 .max_connections_per_server
                 .or(fallback.max_connections_per_server),

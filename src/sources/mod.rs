@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dispatch::Dispatcher;
 use crate::observe::ObserveSettings;
 use crate::relay::RelaySettings;
-use crate::store::Statements;
+use crate::store::{Statements, Turns};
 use crate::telemetry::SourceLabels;
 
 /// What every source's task shares: the settings, the destinations and the fair share.
@@ -53,7 +53,7 @@ pub struct Fleet {
     share: share::Share,
     /// Each server's turns for the leasing calls of the sources served on it
     /// ([`Store::with_turns`](crate::store::Store::with_turns)), by server.
-    turns: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    turns: std::sync::Mutex<std::collections::HashMap<String, Arc<Turns>>>,
     /// When this process started: during its first discovery interval, and until it has
     /// polled every source once, it only joins (says it is alive in every source) and takes
     /// nothing, so that it learns the fleet's size before taking its share, instead of
@@ -92,13 +92,17 @@ impl Fleet {
 
 impl Fleet {
     /// The turns of `server`'s leasing calls, when they are capped.
-    fn turns(&self, server: &str) -> Option<Arc<tokio::sync::Semaphore>> {
+    fn turns(&self, server: &str) -> Option<Arc<Turns>> {
         let n = self.settings.calls_per_server?;
+        let backlogged = self
+            .settings
+            .backlogged_calls_per_server
+            .unwrap_or(n.div_ceil(2));
         let mut turns = self.turns.lock().expect("turns lock");
         Some(
             turns
                 .entry(server.to_owned())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(n)))
+                .or_insert_with(|| Arc::new(Turns::new(n, backlogged)))
                 .clone(),
         )
     }

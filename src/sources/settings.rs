@@ -39,6 +39,10 @@ pub struct SourcesSettings {
     /// once on one Postgres server, over all the sources it serves there; None: no cap but
     /// each source's pool.
     pub calls_per_server: Option<usize>,
+    /// Of those, the calls of backlogged sources (whose latest claim came back full) at
+    /// once; the other turns are kept for the sources that are not backlogged. None: half
+    /// of `calls_per_server`, rounded up.
+    pub backlogged_calls_per_server: Option<usize>,
     /// Sources named in the `source` label of this process's metrics (the first ones it
     /// serves); the others are `other`.
     pub label_limit: usize,
@@ -59,6 +63,7 @@ impl Default for SourcesSettings {
             pool_size: 0,
             max_connections_per_server: None,
             calls_per_server: Some(4),
+            backlogged_calls_per_server: None,
             label_limit: 50,
         }
     }

@@ -57,6 +57,7 @@ impl Store {
                 ],
             )
             .await?;
+        self.claimed(batch_size, rows.len());
         Ok(rows.iter().map(claimed_from_row).collect())
     }
 

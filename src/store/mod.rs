@@ -18,6 +18,8 @@
 //! - `pooler.rs`: what sits between the relayer and Postgres (a transaction or statement
 //!   pooler), found out at start;
 //! - `sources.rs`: the slots through which a fleet shares many outboxes, and finding them;
+//! - `turns.rs`: the turns of the leasing calls of one server's sources in a many-source
+//!   process;
 //! - `fill.rs`: synthetic messages in bulk, for the bench and the tests.
 //!
 //! Every statement names its schema (`outbox.…`, or the source's own schema: `naming.rs`)
@@ -45,6 +47,7 @@ mod observation;
 mod pooler;
 mod sources;
 mod statements;
+mod turns;
 
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
 pub use enqueue::{enqueue, enqueue_in};
@@ -58,6 +61,7 @@ pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, Status};
 pub use pooler::{Pooling, STATEMENT_POOLING};
 pub use sources::SourceTurn;
 pub use statements::Statements;
+pub use turns::{Turn, Turns};
 
 /// Errors of the storage layer, split by what the caller should do about them.
 #[derive(Debug, thiserror::Error)]
@@ -167,7 +171,10 @@ pub struct Store {
     listener: Arc<listen::State>,
     /// Turns for the leasing calls, shared by the stores of one server's sources in a
     /// many-source process (see [`Store::with_turns`]); None: no cap but the pool's.
-    turns: Option<Arc<tokio::sync::Semaphore>>,
+    turns: Option<Arc<Turns>>,
+    /// Whether the latest claim came back full (a backlog), which decides the kind of turn
+    /// the leasing calls wait for.
+    backlogged: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Store {
@@ -211,18 +218,17 @@ impl Store {
             statements: Arc::new(statements::Mode::new(Statements::Auto)),
             listener: Arc::new(listen::State::default()),
             turns: None,
+            backlogged: Arc::default(),
         })
     }
 
     /// The same store, its leasing calls (claims, completions, releases and lease repairs;
     /// not lease extensions) each waiting for one of `turns` and holding it while the
-    /// database runs them. Shared by the
-    /// stores of every source one process serves on a server, it caps how many of those
-    /// calls that server runs for the process at once, however many sources it serves: a
-    /// server with tens of outbox databases otherwise runs a claim loop's calls for each of
-    /// them at once and spends its cores switching between them. The semaphore is fair
-    /// (first come, first served), so the sources take turns.
-    pub fn with_turns(mut self, turns: Arc<tokio::sync::Semaphore>) -> Self {
+    /// database runs them. Shared by the stores of every source one process serves on a
+    /// server, it caps how many of those calls that server runs for the process at once,
+    /// however many sources it serves, and how many of them come from backlogged sources
+    /// ([`Turns`]).
+    pub fn with_turns(mut self, turns: Arc<Turns>) -> Self {
         self.turns = Some(turns);
         self
     }
@@ -250,11 +256,22 @@ impl Store {
     }
 
     /// One of the store's turns, waited for (see [`Store::with_turns`]); None without turns.
-    pub(super) async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    pub(super) async fn turn(&self) -> Option<turns::Turn<'_>> {
         match &self.turns {
-            Some(turns) => Some(turns.acquire().await.expect("the turns are never closed")),
+            Some(turns) => Some(
+                turns
+                    .take(self.backlogged.load(std::sync::atomic::Ordering::Relaxed))
+                    .await,
+            ),
             None => None,
         }
+    }
+
+    /// Records whether a claim of `limit` came back full.
+    pub(super) fn claimed(&self, limit: i32, got: usize) {
+        let full = usize::try_from(limit).is_ok_and(|limit| got >= limit);
+        self.backlogged
+            .store(full, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Where and how this store connects.
