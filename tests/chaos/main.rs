@@ -859,7 +859,10 @@ async fn horizon(sizes: &Sizes) -> Outcome {
                 .map_err(|e| e.to_string())?;
             sent.extend(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))));
             // Dated 5 s in the past, keyed every other time: it lowers its shard's floor.
-            let key = sent.len().is_multiple_of(2).then(|| format!("k{}", sent.len() % 50));
+            let key = sent
+                .len()
+                .is_multiple_of(2)
+                .then(|| format!("k{}", sent.len() % 50));
             // Read back in its own transaction: once committed it may be delivered at once.
             c.batch_execute("BEGIN").await.map_err(|e| e.to_string())?;
             let row = async {
