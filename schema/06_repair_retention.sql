@@ -45,11 +45,12 @@
 --                caller that does not get it returns (0, 0) at once (another pass runs).
 --                Held until the caller's transaction ends, so one pass runs at a time
 --                across the fleet.
---             2. up to p_limit rows of outbox.messages with lease_expires_at <= now(), FOR
---                UPDATE SKIP LOCKED, in scan order: a row that a completion, heartbeat or
---                release holds is skipped, never waited for, and the expiry is re-checked
---                on the newest committed version of a row, so a lease completed or extended
---                concurrently is never touched.
+--             2. the first p_limit rows of outbox.messages with lease_expires_at <= now()
+--                in scan order, each FOR UPDATE SKIP LOCKED by its tuple address: a row
+--                that a completion, heartbeat or release holds is skipped, never waited
+--                for, and the expiry is re-checked on the newest committed version of a
+--                row, so a lease completed or extended concurrently is never touched (it is
+--                left for the next pass).
 --             3. through apply_outcomes: writes those rows (update, or delete and dead
 --                letter), inserts their attempts, and clears `behind` on the next message
 --                of each key whose head it dead-lettered (promote_heads), which may wait for
@@ -80,10 +81,12 @@
 -- Crash:      nothing: one transaction. If it never commits, the leases stay expired, the
 --             turn is released, and the next pass (of any process) handles them.
 -- Shape:      the lease columns are kept out of every index, so that a claim, a heartbeat
---             and a release stay HOT updates; the price is this sequential scan of
---             outbox.messages, and the safety net's second one, paid by one process per
---             repair interval. JIT is off, so the
---             scan's estimated cost at a large backlog never makes a pass compile its plan.
+--             and a release stay HOT updates; the price is one sequential scan of
+--             outbox.messages per pass, paid by one process per repair interval, which
+--             finds the expired leases and the safety net's messages together and locks
+--             nothing: what it found is locked afterwards by tuple address. JIT is off, so
+--             the scan's estimated cost at a large backlog never makes a pass compile its
+--             plan.
 CREATE OR REPLACE FUNCTION outbox.repair_expired_leases(p_limit integer DEFAULT 1000)
 RETURNS TABLE (requeued integer, dead_lettered integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -100,6 +103,8 @@ DECLARE
     v_dead integer;
     v_lifted integer;
     v_floors timestamptz[];
+    v_low tid[];
+    v_expired tid[];
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM outbox.invalid_argument('p_limit', format('must be at least 1, got %s', p_limit));
@@ -110,27 +115,52 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The claim floors' safety net (04_claim.sql): a message ready to claim below its
-    -- shard's floor moves up to the clock, where the claims' walks find it.
+    -- One sequential scan finds both kinds of work, without locking: the messages ready to
+    -- claim below their shard's claim floor (the floors' safety net, 04_claim.sql) and the
+    -- first p_limit expired leases in scan order. Each kind is then locked by tuple address
+    -- and its conditions checked again on the newest version of the row: a row updated
+    -- since the scan (its version moved) or held by another transaction is left for the
+    -- next pass.
     v_floors := outbox.claim_floors();
-    UPDATE outbox.messages AS m
-       SET available_at = clock_timestamp()
-     WHERE m.ctid = ANY (ARRAY(
-               SELECT b.ctid
-                 FROM outbox.messages AS b
-                WHERE b.lease_token IS NULL
-                  AND NOT b.behind
-                  AND b.available_at < v_floors[(hashtext(coalesce(b.message_key, b.outbox_id::text)) & 15) + 1]
-                  FOR UPDATE SKIP LOCKED))
-       AND m.lease_token IS NULL
-       AND NOT m.behind;
-    GET DIAGNOSTICS v_lifted = ROW_COUNT;
-    IF v_lifted > 0 THEN
-        RAISE WARNING 'outbox: % message(s) were below their shard''s claim floor and were moved up to now', v_lifted
-            USING HINT = 'a message dated in the past committed while a claim raised its floor, or the server clock went back';
-        PERFORM pg_notify('outbox_new', 'repaired');
+    SELECT coalesce(array_agg(f.ctid) FILTER (WHERE NOT f.expired), '{}'),
+           coalesce(array_agg(f.ctid) FILTER (WHERE f.expired AND f.nth <= p_limit), '{}')
+      INTO v_low, v_expired
+      FROM (SELECT b.ctid, b.expired,
+                   count(*) FILTER (WHERE b.expired) OVER (ROWS UNBOUNDED PRECEDING) AS nth
+              FROM (SELECT c.ctid, coalesce(c.lease_expires_at <= now(), false) AS expired
+                      FROM outbox.messages AS c
+                     WHERE c.lease_expires_at <= now()
+                        OR (c.lease_token IS NULL
+                            AND NOT c.behind
+                            AND c.available_at < v_floors[(hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) + 1])) AS b) AS f;
+
+    -- The safety net: a message below its floor moves up to the clock, where the claims'
+    -- walks find it.
+    IF cardinality(v_low) > 0 THEN
+        UPDATE outbox.messages AS m
+           SET available_at = clock_timestamp()
+         WHERE m.ctid = ANY (ARRAY(
+                   SELECT b.ctid
+                     FROM outbox.messages AS b
+                    WHERE b.ctid = ANY (v_low)
+                      AND b.lease_token IS NULL
+                      AND NOT b.behind
+                      AND b.available_at < v_floors[(hashtext(coalesce(b.message_key, b.outbox_id::text)) & 15) + 1]
+                      FOR UPDATE SKIP LOCKED))
+           AND m.lease_token IS NULL
+           AND NOT m.behind;
+        GET DIAGNOSTICS v_lifted = ROW_COUNT;
+        IF v_lifted > 0 THEN
+            RAISE WARNING 'outbox: % message(s) were below their shard''s claim floor and were moved up to now', v_lifted
+                USING HINT = 'a message dated in the past committed while a claim raised its floor, or the server clock went back';
+            PERFORM pg_notify('outbox_new', 'repaired');
+        END IF;
     END IF;
 
+    IF cardinality(v_expired) = 0 THEN
+        RETURN QUERY SELECT 0, 0;
+        RETURN;
+    END IF;
     SELECT array_agg(z.outbox_id), array_agg(z.attempt_no), array_agg(z.claimed_by),
            array_agg(z.lease_token), array_agg(z.error), array_agg(z.exhausted)
       INTO v_ids, v_nos, v_workers, v_tokens, v_errors, v_exhausted
@@ -142,8 +172,8 @@ BEGIN
                           m.lease_expires_at, m.claimed_by) AS error,
                    m.attempt_count + 1 >= m.attempt_base + m.max_attempts AS exhausted
               FROM outbox.messages AS m
-             WHERE m.lease_expires_at <= now()
-             LIMIT p_limit
+             WHERE m.ctid = ANY (v_expired)
+               AND m.lease_expires_at <= now()
                FOR UPDATE SKIP LOCKED) AS z;
 
     IF v_ids IS NULL THEN

@@ -170,3 +170,78 @@ async fn a_completion_waiting_on_repair_is_refused_after_repair_commits() {
     assert_eq!(history(&c, id).await, ["1:ZOMBIE_REQUEUE"]);
     db.finish().await;
 }
+
+/// One pass handles at most its limit of expired leases, the rest in the next pass, and in
+/// the same pass moves up a message left below its shard's claim floor; a live lease is
+/// left alone.
+#[tokio::test]
+async fn one_pass_requeues_up_to_its_limit_and_lifts_what_lies_below_a_floor() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for _ in 0..5 {
+        enqueue(&c, "t", None).await;
+    }
+    let claimed = claim(&c, 5, "w1", 30).await;
+    assert_eq!(claimed.len(), 5);
+    expire_leases(&c).await;
+    // One of them is live again (as if extended before it ran out).
+    let renewed = &claimed[0];
+    c.execute(
+        "UPDATE outbox.messages SET lease_expires_at = now() + interval '30 seconds' \
+         WHERE outbox_id = $1",
+        &[&renewed.id],
+    )
+    .await
+    .unwrap();
+    // A message stranded below its floor (the floors raised past it by hand).
+    let stranded: Uuid = c
+        .query_one(
+            "INSERT INTO outbox.messages (topic, payload, available_at) \
+             VALUES ('t', '\\x00', now() - interval '1 hour') RETURNING outbox_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    c.batch_execute(
+        "SELECT setval(format('outbox.claim_floor_%s', s)::regclass, \
+                       (extract(epoch FROM now() - interval '1 minute') * 1000000)::bigint) \
+           FROM generate_series(0, 15) AS s",
+    )
+    .await
+    .unwrap();
+    let pass = |limit: i32| {
+        let c = &c;
+        async move {
+            let r = c
+                .query_one("SELECT * FROM outbox.repair_expired_leases($1)", &[&limit])
+                .await
+                .unwrap();
+            (r.get::<_, i32>(0), r.get::<_, i32>(1))
+        }
+    };
+    assert_eq!(pass(3).await, (3, 0), "the first pass stops at its limit");
+    let below: bool = c
+        .query_one(
+            "SELECT available_at < now() - interval '30 minutes' FROM outbox.messages \
+             WHERE outbox_id = $1",
+            &[&stranded],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !below,
+        "the stranded message was not moved up in the same pass"
+    );
+    assert_eq!(pass(3).await, (1, 0), "the second pass takes the one left");
+    assert_eq!(pass(3).await, (0, 0));
+    for m in &claimed[1..] {
+        assert_eq!(history(&c, m.id).await, ["1:ZOMBIE_REQUEUE"]);
+    }
+    assert!(
+        history(&c, renewed.id).await.is_empty(),
+        "a renewed lease was requeued"
+    );
+    db.finish().await;
+}
