@@ -143,6 +143,11 @@ pub struct Options {
     /// (`source_backlogged_calls_per_server`; 0: the default, half of them).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub backlogged_calls_per_server: u32,
+    /// With --sources and --quiet-sources: each fleet's discovery interval
+    /// (`sources_discover_interval_secs`), which is also how often it polls each source it
+    /// does not serve, on a new session each time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub discover_interval_secs: u32,
     /// Instead of the other measurements: this many quiet outbox databases and one heavy
     /// one, served by `--workers` fleets; the quiet sources' commit-to-ack latency at
     /// `--rate` (in all) for `--latency-secs`, with the heavy source empty and then while it

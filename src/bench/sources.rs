@@ -90,6 +90,20 @@ async fn measure(
         o.workers,
     );
     let acks = std::mem::take(&mut *lock(&recorder.acks));
+    // The same drain without the fleets' start (joining, the first polls, the first
+    // claims): from the first delivery to the last.
+    if let (Some(first), Some(last)) = (
+        acks.iter().map(|(_, at)| *at).min(),
+        acks.iter().map(|(_, at)| *at).max(),
+    ) {
+        let span = last.duration_since(first).as_secs_f64();
+        outln!(
+            "  from its first delivery to its last: {span:.2} s = {:.0} msg/s (the first \
+             delivery {:.2} s after the fleets started)",
+            total as f64 / span,
+            first.duration_since(started).as_secs_f64()
+        );
+    }
     let fairness = jain_per_window(&acks, &source_of, n as usize, started, FAIRNESS_WINDOW);
     match median(fairness.iter().copied().map(Some)) {
         Some(mid) => outln!(
@@ -150,7 +164,7 @@ pub(super) fn start_fleets(
         })?;
         let sources = SourcesSettings {
             listed: listed.clone(),
-            discover_interval: Duration::from_secs(1),
+            discover_interval: Duration::from_secs(u64::from(o.discover_interval_secs)),
             lease: Duration::from_secs(15),
             pool_size: 3,
             calls_per_server: (o.calls_per_server > 0)
