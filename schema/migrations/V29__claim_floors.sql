@@ -90,23 +90,51 @@ COMMENT ON FUNCTION outbox.claim_floors() IS
 REVOKE ALL ON FUNCTION outbox.claim_floors() FROM PUBLIC;
 
 
--- outbox.raise_claim_floor (internal): sets the floor of shard p_shard to p_to, which the
--- caller computed as the invariant above requires, and returns p_to. Called by the claims;
--- no role may execute it. Not transactional (setval): a claim rolled back keeps the floor
--- it raised, which stays valid. Raises nothing for a shard of 0 to 15.
-CREATE OR REPLACE FUNCTION outbox.raise_claim_floor(p_shard integer, p_to timestamptz) RETURNS timestamptz
-LANGUAGE sql VOLATILE
+-- outbox.raise_claim_floor (internal): sets the floor of shard p_shard from p_from (as the
+-- claim read it at its start) to p_to, which the caller computed as the invariant above
+-- requires, and returns the floor the shard has then. Called by the claims under READ
+-- COMMITTED; no role may execute it.
+--
+-- Locks:      the shard's floor lock (a transaction-scoped advisory lock, 'outbox.floor'
+--             and the shard number plus 1), tried without waiting and held until the
+--             claim's transaction ends. lower_claim_floor takes it, waiting, and keeps it
+--             until its own commit.
+-- Guarantees: the floor is left as it is when the lock is held elsewhere (a message
+--             dated in the past is committing or prepared), when the floor is no longer
+--             p_from (lowered or raised since the claim read it), or when p_to is not
+--             after the epoch (such a floor would be stored as none). So a floor is never
+--             raised over a lowering whose message the claim's snapshot could not see.
+-- Raises:     nothing for a shard of 0 to 15.
+-- Crash:      not transactional (setval): a claim rolled back keeps the floor it raised,
+--             which stays valid.
+CREATE OR REPLACE FUNCTION outbox.raise_claim_floor(p_shard integer, p_from timestamptz, p_to timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT setval(('outbox.claim_floor_' || p_shard)::regclass,
-                  (extract(epoch FROM p_to) * 1000000)::bigint);
-    SELECT p_to;
+DECLARE
+    v_floor regclass := ('outbox.claim_floor_' || p_shard)::regclass;
+    v_now bigint;
+BEGIN
+    IF p_to <= timestamptz 'epoch'
+       OR NOT pg_try_advisory_xact_lock(hashtext('outbox.floor'), p_shard + 1) THEN
+        RETURN p_from;
+    END IF;
+    v_now := coalesce(pg_sequence_last_value(v_floor), 0);
+    IF v_now <> (CASE WHEN p_from = '-infinity' THEN 0
+                      ELSE (extract(epoch FROM p_from) * 1000000)::bigint END) THEN
+        RETURN (CASE WHEN v_now = 0 THEN timestamptz '-infinity'
+                     ELSE timestamptz 'epoch' + v_now * interval '1 microsecond' END);
+    END IF;
+    PERFORM setval(v_floor, (extract(epoch FROM p_to) * 1000000)::bigint);
+    RETURN p_to;
+END;
 $$;
 
-COMMENT ON FUNCTION outbox.raise_claim_floor(integer, timestamptz) IS
-    'Internal (claims): sets the claim floor of one shard; not transactional. Not granted.';
+COMMENT ON FUNCTION outbox.raise_claim_floor(integer, timestamptz, timestamptz) IS
+    'Internal (claims): raises the claim floor of one shard from the value the claim read, under the shard''s floor lock tried without waiting; not transactional. Not granted.';
 
-REVOKE ALL ON FUNCTION outbox.raise_claim_floor(integer, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.raise_claim_floor(integer, timestamptz, timestamptz) FROM PUBLIC;
 
 
 -- outbox.claim_floor_bound (internal): returns the bound every floor is capped by, after
@@ -127,7 +155,9 @@ REVOKE ALL ON FUNCTION outbox.raise_claim_floor(integer, timestamptz) FROM PUBLI
 -- Raises:     nothing.
 -- Crash:      the mark's id is written before its time, so a mark half written pairs an
 --             older time with a newer id, which only delays the bound.
--- Shape:      assigns the claim's transaction id at most 20 times a second; sequences as
+-- Shape:      assigns the claim's transaction id at most 20 times a second (raising a
+--             floor, a setval, gives its claim one too and writes a WAL record, only when
+--             the floor moves); sequences as
 --             the floors, for the same reason. The margin covers a write that reads the
 --             clock moments before its transaction gets its id, within one statement (a
 --             multi-row INSERT reads its first row's default, then runs its BEFORE
@@ -160,11 +190,12 @@ BEGIN
         -- only then: a transaction that holds an id for long keeps the bound where it was.
         IF v_now - v_at >= 50000
            AND (v_at = 0 OR pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_xid) THEN
+            -- The new mark's time first: the first setval gives this transaction its id.
+            v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
             IF v_at > 0 THEN
                 v_bound := greatest(v_bound, v_at - 200000);
                 PERFORM setval('outbox.claim_floor_bound', v_bound);
             END IF;
-            v_now := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
             PERFORM setval('outbox.claim_floor_mark_xid', pg_current_xact_id()::text::bigint);
             PERFORM setval('outbox.claim_floor_mark_at', v_now);
         END IF;
@@ -180,17 +211,21 @@ REVOKE ALL ON FUNCTION outbox.claim_floor_bound() FROM PUBLIC;
 
 
 -- outbox.lower_claim_floor (internal): the function of the deferred constraint triggers
--- messages_lower_claim_floor_on_insert (a message dated before its transaction's start:
--- enqueue with a past p_available_at, or the schema owner's own INSERT) and
+-- messages_lower_claim_floor_on_insert (a message dated more than the bound's margin before
+-- its insert: enqueue with a past p_available_at, now() of a transaction that began long
+-- before, or the schema owner's own INSERT) and
 -- messages_lower_claim_floor_on_update (an UPDATE that moves available_at earlier: the
 -- owner's own, the SQL API never does). Not granted.
 --
--- Such a message may be below its shard's floor. At the commit of its transaction this
--- lowers the floor to the message's available_at (one before the epoch removes the floor)
--- when it is below it, so that the claims after the commit find it. Not transactional. A
--- claim that read the shard before the commit and raises the floor just after the
--- lowering can leave the message below its floor: repair_expired_leases moves it up on
--- its next pass. Raises nothing.
+-- Such a message may be below its shard's floor. At the commit of its transaction (or at
+-- PREPARE TRANSACTION, or at SET CONSTRAINTS … IMMEDIATE) this takes the floor locks of all
+-- 16 shards in shard order (raise_claim_floor), waiting for claims that hold them, and
+-- keeps them until the transaction ends; then it lowers the floor to the message's available_at (one before
+-- the epoch removes the floor) when it is below it. No claim raises that floor again until
+-- the message is committed and visible to its next statement: a claim that read the floor
+-- before the lowering finds it changed, one that tries while the lock is held passes.
+-- Not transactional: a transaction rolled back after it leaves the floor lower, which only
+-- costs a longer walk. Raises nothing.
 CREATE OR REPLACE FUNCTION outbox.lower_claim_floor() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -198,6 +233,11 @@ AS $$
 DECLARE
     v_shard integer := hashtext(coalesce(NEW.message_key, NEW.outbox_id::text)) & 15;
 BEGIN
+    -- Every shard's floor lock, in shard order, so that two transactions lowering floors of
+    -- several shards never wait for each other in a cycle.
+    FOR v_lock IN 1 .. 16 LOOP
+        PERFORM pg_advisory_xact_lock(hashtext('outbox.floor'), v_lock);
+    END LOOP;
     IF NEW.available_at < (outbox.claim_floors())[v_shard + 1] THEN
         PERFORM setval(('outbox.claim_floor_' || v_shard)::regclass,
                        (extract(epoch FROM greatest(NEW.available_at, timestamptz 'epoch')) * 1000000)::bigint);
@@ -215,7 +255,7 @@ CREATE CONSTRAINT TRIGGER messages_lower_claim_floor_on_insert
     AFTER INSERT ON outbox.messages
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW
-    WHEN (NEW.available_at < now())
+    WHEN (NEW.available_at < clock_timestamp() - interval '200 milliseconds')
     EXECUTE FUNCTION outbox.lower_claim_floor();
 
 CREATE CONSTRAINT TRIGGER messages_lower_claim_floor_on_update
@@ -377,6 +417,8 @@ DECLARE
     v_bound timestamptz;
     v_first timestamptz;
     v_raised timestamptz;
+    -- each statement reads a snapshot newer than the bound: floors may be raised
+    v_fresh boolean := current_setting('transaction_isolation') = 'read committed';
 BEGIN
     IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
         PERFORM outbox.invalid_argument('p_batch_size', format('must be between 1 and 10000, got %s', p_batch_size));
@@ -419,8 +461,8 @@ BEGIN
                              ORDER BY c.available_at, c.seq
                              LIMIT 1);
                 v_raised := least(coalesce(v_first, 'infinity'), v_bound);
-                IF v_raised > v_floors[v_shard + 1] THEN
-                    v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_raised);
+                IF v_raised > v_floors[v_shard + 1] AND v_fresh THEN
+                    v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_floors[v_shard + 1], v_raised);
                 END IF;
                 CONTINUE WHEN v_first IS NULL OR v_first > v_now;
                 CONTINUE WHEN (p_topics IS NOT NULL OR p_exclude_topics IS NOT NULL) AND NOT EXISTS (
@@ -520,6 +562,8 @@ DECLARE
     v_bound timestamptz;
     v_first timestamptz;
     v_raised timestamptz;
+    -- each statement reads a snapshot newer than the bound: floors may be raised
+    v_fresh boolean := current_setting('transaction_isolation') = 'read committed';
 BEGIN
     IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
         PERFORM outbox.invalid_argument('p_batch_size', format('must be between 1 and 10000, got %s', p_batch_size));
@@ -562,8 +606,8 @@ BEGIN
                              ORDER BY c.available_at, c.seq
                              LIMIT 1);
                 v_raised := least(coalesce(v_first, 'infinity'), v_bound);
-                IF v_raised > v_floors[v_shard + 1] THEN
-                    v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_raised);
+                IF v_raised > v_floors[v_shard + 1] AND v_fresh THEN
+                    v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_floors[v_shard + 1], v_raised);
                 END IF;
                 CONTINUE WHEN v_first IS NULL OR v_first > v_now;
                 CONTINUE WHEN (p_topics IS NOT NULL OR p_exclude_topics IS NOT NULL) AND NOT EXISTS (
@@ -859,10 +903,10 @@ BEGIN
                    AND m.claimed_by = p_worker_id
                    AND m.lease_expires_at > now()
                 RETURNING m.outbox_id, m.attempt_count + 1 AS attempt_no, m.lease_token,
-                          m.message_key, m.available_at, m.seq
+                          m.message_key, m.available_at, m.seq, m.behind
             ), done AS (
                 SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.message_key,
-                       g.available_at, g.seq, u.error,
+                       g.available_at, g.seq, g.behind, u.error,
                        g.lease_token <> u.token AS mixed
                   FROM gone AS g
                   JOIN unnest(p_outbox_ids, p_lease_tokens, p_errors)
@@ -875,9 +919,9 @@ BEGIN
                  ORDER BY d.ord
             )
             SELECT array_agg(d.ord), array_agg(d.attempt_no),
-                   array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL),
-                   array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL),
-                   array_agg(d.seq) FILTER (WHERE d.message_key IS NOT NULL),
+                   array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.seq) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
                    coalesce(bool_or(d.mixed), false)
               INTO v_ords, v_nos, v_keys, v_after, v_seqs, v_mixed
               FROM done AS d;
@@ -1001,11 +1045,11 @@ BEGIN
     IF cardinality(v_done) > 0 THEN
         WITH gone AS (
             DELETE FROM outbox.messages WHERE outbox_id = ANY (v_done)
-            RETURNING message_key, available_at, seq
+            RETURNING message_key, available_at, seq, behind
         )
-        SELECT coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL), '{}')
+        SELECT coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
+               coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
+               coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}')
           INTO v_keys, v_after, v_seqs
           FROM gone AS g;
     END IF;
@@ -1040,9 +1084,9 @@ BEGIN
               JOIN unnest(p_outbox_ids, p_attempt_nos, p_errors) AS u(id, attempt_no, error)
                 ON u.id = g.outbox_id
         )
-        SELECT v_keys || coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL), '{}'),
-               v_seqs || coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL), '{}')
+        SELECT v_keys || coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
+               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
+               v_seqs || coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}')
           INTO v_keys, v_after, v_seqs
           FROM gone AS g;
     END IF;
@@ -1105,13 +1149,19 @@ BEGIN
     v_floors := outbox.claim_floors();
     UPDATE outbox.messages AS m
        SET available_at = clock_timestamp()
-     WHERE m.lease_token IS NULL
-       AND NOT m.behind
-       AND m.available_at < v_floors[(hashtext(coalesce(m.message_key, m.outbox_id::text)) & 15) + 1];
+     WHERE m.ctid = ANY (ARRAY(
+               SELECT b.ctid
+                 FROM outbox.messages AS b
+                WHERE b.lease_token IS NULL
+                  AND NOT b.behind
+                  AND b.available_at < v_floors[(hashtext(coalesce(b.message_key, b.outbox_id::text)) & 15) + 1]
+                  FOR UPDATE SKIP LOCKED))
+       AND m.lease_token IS NULL
+       AND NOT m.behind;
     GET DIAGNOSTICS v_lifted = ROW_COUNT;
     IF v_lifted > 0 THEN
         RAISE WARNING 'outbox: % message(s) were below their shard''s claim floor and were moved up to now', v_lifted
-            USING HINT = 'available_at was set in the past by a direct write, or the server clock went back';
+            USING HINT = 'a message dated in the past committed while a claim raised its floor, or the server clock went back';
         PERFORM pg_notify('outbox_new', 'repaired');
     END IF;
 
