@@ -388,6 +388,54 @@ async fn a_backlogged_store_leaves_turns_to_the_others() {
     db.finish().await;
 }
 
+/// A served source's leasing calls that queue for the server's turns hold at most all but
+/// one of its pool's connections, so that its slot renewal (`serve_source`) is not kept
+/// waiting for a connection behind them (and its slot does not lapse).
+#[tokio::test]
+async fn leasing_calls_waiting_for_turns_leave_a_connection_for_the_slot_renewal() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let db = TestDb::new().await;
+    let worker = WorkerId::new("w1");
+    common::fill(&db.client().await, "t", 30, None).await;
+    let turns = Arc::new(outbox_relay::store::Turns::new(1, 1));
+    let store = outbox_relay::store::Store::connect(&db.url, 2)
+        .unwrap()
+        .with_turns(turns.clone());
+    // Every turn of the server is taken: three claims of the source queue for one.
+    let taken = turns.take(false).await;
+    let claims: Vec<_> = (0..3)
+        .map(|_| {
+            let (store, worker) = (store.clone(), worker.clone());
+            tokio::spawn(async move {
+                store
+                    .claim(10, &worker, 30, None, None, Default::default())
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let renewed = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.serve_source(
+            &worker,
+            1,
+            true,
+            Duration::from_secs(15),
+            Duration::from_secs(30),
+        ),
+    )
+    .await;
+    let turn = renewed
+        .expect("the renewal waited for a connection behind the claims queued for a turn")
+        .expect("serve_source");
+    assert!(turn.held.is_some(), "the slot is taken");
+    drop(taken);
+    assert_eq!(futures_join(claims).await, [10, 10, 10]);
+    db.finish().await;
+}
+
 async fn futures_join(
     claims: Vec<
         tokio::task::JoinHandle<Result<Vec<outbox_relay::message::ClaimedMessage>, StoreError>>,

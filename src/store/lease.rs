@@ -146,7 +146,7 @@ impl Store {
 
     /// `outbox.repair_expired_leases`: one pass over expired leases.
     pub async fn repair(&self, limit: i32) -> Result<Repair> {
-        let client = self.client().await?;
+        let (_connection, client) = self.leasing_client().await?;
         let _turn = self.turn().await;
         let row = client
             .query_typed_one(

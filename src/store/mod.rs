@@ -172,6 +172,10 @@ pub struct Store {
     /// Turns for the leasing calls, shared by the stores of one server's sources in a
     /// many-source process (see [`Store::with_turns`]); None: no cap but the pool's.
     turns: Option<Arc<Turns>>,
+    /// With turns: how many of the pool's connections the leasing calls may hold at once
+    /// (all but one, at least one), so that a call waiting for a turn never keeps the
+    /// slot's renewal and the lease extensions waiting for a connection.
+    leasing_connections: Option<Arc<tokio::sync::Semaphore>>,
     /// Whether the latest claim came back full (a backlog), which decides the kind of turn
     /// the leasing calls wait for.
     backlogged: Arc<std::sync::atomic::AtomicBool>,
@@ -218,6 +222,7 @@ impl Store {
             statements: Arc::new(statements::Mode::new(Statements::Auto)),
             listener: Arc::new(listen::State::default()),
             turns: None,
+            leasing_connections: None,
             backlogged: Arc::default(),
         })
     }
@@ -227,10 +232,30 @@ impl Store {
     /// database runs them. Shared by the stores of every source one process serves on a
     /// server, it caps how many of those calls that server runs for the process at once,
     /// however many sources it serves, and how many of them come from backlogged sources
-    /// ([`Turns`]).
+    /// ([`Turns`]). The leasing calls then hold at most all but one of the pool's
+    /// connections at once (each from before it waits for its turn until its call ends), so
+    /// that a call queued for the server's turns never keeps the source's slot renewal
+    /// (`serve_source`) or a lease extension waiting for a connection.
     pub fn with_turns(mut self, turns: Arc<Turns>) -> Self {
         self.turns = Some(turns);
+        let connections = self.pool.status().max_size.saturating_sub(1).max(1);
+        self.leasing_connections = Some(Arc::new(tokio::sync::Semaphore::new(connections)));
         self
+    }
+
+    /// A connection for a leasing call, and with turns the permit that counts it among the
+    /// leasing calls' connections (see [`Store::with_turns`]); hold both for the call.
+    pub(super) async fn leasing_client(
+        &self,
+    ) -> Result<(
+        Option<tokio::sync::SemaphorePermit<'_>>,
+        deadpool_postgres::Object,
+    )> {
+        let permit = match &self.leasing_connections {
+            Some(connections) => Some(connections.acquire().await.expect("never closed")),
+            None => None,
+        };
+        Ok((permit, self.client().await?))
     }
 
     /// The same store, sending its leasing statements as `statements` says.

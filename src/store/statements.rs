@@ -118,7 +118,7 @@ impl Store {
     ) -> Result<Vec<Row>> {
         // The connection first, then the turn: a turn is held only while the database runs
         // the call, never while waiting for this source's pool.
-        let client = self.client().await?;
+        let (_connection, client) = self.leasing_client().await?;
         let _turn = self.turn().await;
         self.leasing_query_on(&client, sql, params).await
     }
