@@ -254,17 +254,7 @@ async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
             .batch_execute("BEGIN; LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")
             .await
             .unwrap();
-        let claims: Vec<_> = stores
-            .iter()
-            .map(|store| {
-                let (store, worker) = (store.clone(), worker.clone());
-                tokio::spawn(async move {
-                    store
-                        .claim(10, &worker, 30, None, None, Default::default())
-                        .await
-                })
-            })
-            .collect();
+        let claims: Vec<_> = stores.iter().map(|s| spawn_claim(s, &worker)).collect();
         let expected = if turns.is_some() { 1 } else { 2 };
         let mut seen = 0;
         for _ in 0..100 {
@@ -353,17 +343,7 @@ async fn a_backlogged_store_leaves_turns_to_the_others() {
                 .batch_execute("BEGIN; LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")
                 .await
                 .unwrap();
-            let claims: Vec<_> = stores
-                .into_iter()
-                .map(|store| {
-                    let worker = worker.clone();
-                    tokio::spawn(async move {
-                        store
-                            .claim(10, &worker, 30, None, None, Default::default())
-                            .await
-                    })
-                })
-                .collect();
+            let claims: Vec<_> = stores.iter().map(|s| spawn_claim(s, &worker)).collect();
             // Long enough for every call that may run to reach the database.
             tokio::time::sleep(Duration::from_millis(500)).await;
             let seen = waiting().await;
@@ -405,16 +385,7 @@ async fn leasing_calls_waiting_for_turns_leave_a_connection_for_the_slot_renewal
         .with_turns(turns.clone());
     // Every turn of the server is taken: three claims of the source queue for one.
     let taken = turns.take(false).await;
-    let claims: Vec<_> = (0..3)
-        .map(|_| {
-            let (store, worker) = (store.clone(), worker.clone());
-            tokio::spawn(async move {
-                store
-                    .claim(10, &worker, 30, None, None, Default::default())
-                    .await
-            })
-        })
-        .collect();
+    let claims: Vec<_> = (0..3).map(|_| spawn_claim(&store, &worker)).collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let renewed = tokio::time::timeout(
         Duration::from_secs(5),
@@ -434,6 +405,19 @@ async fn leasing_calls_waiting_for_turns_leave_a_connection_for_the_slot_renewal
     drop(taken);
     assert_eq!(futures_join(claims).await, [10, 10, 10]);
     db.finish().await;
+}
+
+/// A claim of up to 10 by `store` for `worker`, run as a task of its own.
+fn spawn_claim(
+    store: &outbox_relay::store::Store,
+    worker: &WorkerId,
+) -> tokio::task::JoinHandle<Result<Vec<outbox_relay::message::ClaimedMessage>, StoreError>> {
+    let (store, worker) = (store.clone(), worker.clone());
+    tokio::spawn(async move {
+        store
+            .claim(10, &worker, 30, None, None, Default::default())
+            .await
+    })
 }
 
 async fn futures_join(
