@@ -146,9 +146,9 @@ impl Store {
 
     /// `outbox.repair_expired_leases`: one pass over expired leases.
     pub async fn repair(&self, limit: i32) -> Result<Repair> {
-        let (_connection, client) = self.leasing_client().await?;
-        let _turn = self.turn().await;
-        let row = client
+        let row = self
+            .leasing_call()
+            .await?
             .query_typed_one(
                 &self.sql("SELECT * FROM outbox.repair_expired_leases($1)"),
                 &[(&limit, Type::INT4)],

@@ -170,15 +170,39 @@ pub struct Store {
     statements: Arc<statements::Mode>,
     listener: Arc<listen::State>,
     /// Turns for the leasing calls, shared by the stores of one server's sources in a
-    /// many-source process (see [`Store::with_turns`]); None: no cap but the pool's.
-    turns: Option<Arc<Turns>>,
-    /// With turns: how many of the pool's connections the leasing calls may hold at once
-    /// (all but one, at least one), so that a call waiting for a turn never keeps the
-    /// slot's renewal and the lease extensions waiting for a connection.
-    leasing_connections: Option<Arc<tokio::sync::Semaphore>>,
+    /// many-source process, and this store's part of them (see [`Store::with_turns`]);
+    /// None: no cap but the pool's.
+    turns: Option<Arc<TurnsHere>>,
     /// Whether the latest claim came back full (a backlog), which decides the kind of turn
     /// the leasing calls wait for.
     backlogged: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A store's part of its server's turns: the turns, and how many of the store's pool's
+/// connections its leasing calls may hold at once (all but one, at least one), so that a
+/// call waiting for a turn never keeps the slot's renewal and the lease extensions waiting
+/// for a connection.
+#[derive(Debug)]
+struct TurnsHere {
+    turns: Arc<Turns>,
+    connections: tokio::sync::Semaphore,
+}
+
+/// A leasing call's connection (it derefs to it), with its turn and its place among the
+/// leasing calls' connections when the store has turns; all are given back when it drops,
+/// the turn first.
+pub(super) struct LeasingCall<'a> {
+    _turn: Option<turns::Turn<'a>>,
+    client: deadpool_postgres::Object,
+    _connection: Option<tokio::sync::SemaphorePermit<'a>>,
+}
+
+impl std::ops::Deref for LeasingCall<'_> {
+    type Target = deadpool_postgres::Object;
+
+    fn deref(&self) -> &Self::Target {
+        &self.client
+    }
 }
 
 impl Store {
@@ -222,7 +246,6 @@ impl Store {
             statements: Arc::new(statements::Mode::new(Statements::Auto)),
             listener: Arc::new(listen::State::default()),
             turns: None,
-            leasing_connections: None,
             backlogged: Arc::default(),
         })
     }
@@ -237,25 +260,12 @@ impl Store {
     /// that a call queued for the server's turns never keeps the source's slot renewal
     /// (`serve_source`) or a lease extension waiting for a connection.
     pub fn with_turns(mut self, turns: Arc<Turns>) -> Self {
-        self.turns = Some(turns);
         let connections = self.pool.status().max_size.saturating_sub(1).max(1);
-        self.leasing_connections = Some(Arc::new(tokio::sync::Semaphore::new(connections)));
+        self.turns = Some(Arc::new(TurnsHere {
+            turns,
+            connections: tokio::sync::Semaphore::new(connections),
+        }));
         self
-    }
-
-    /// A connection for a leasing call, and with turns the permit that counts it among the
-    /// leasing calls' connections (see [`Store::with_turns`]); hold both for the call.
-    pub(super) async fn leasing_client(
-        &self,
-    ) -> Result<(
-        Option<tokio::sync::SemaphorePermit<'_>>,
-        deadpool_postgres::Object,
-    )> {
-        let permit = match &self.leasing_connections {
-            Some(connections) => Some(connections.acquire().await.expect("never closed")),
-            None => None,
-        };
-        Ok((permit, self.client().await?))
     }
 
     /// The same store, sending its leasing statements as `statements` says.
@@ -280,16 +290,27 @@ impl Store {
         Ok(self)
     }
 
-    /// One of the store's turns, waited for (see [`Store::with_turns`]); None without turns.
-    pub(super) async fn turn(&self) -> Option<turns::Turn<'_>> {
-        match &self.turns {
-            Some(turns) => Some(
-                turns
-                    .take(self.backlogged.load(std::sync::atomic::Ordering::Relaxed))
-                    .await,
-            ),
-            None => None,
-        }
+    /// What a leasing call holds while it runs: with turns, its place among the leasing
+    /// calls' connections, then a connection, then one of the server's turns (see
+    /// [`Store::with_turns`]); without, a connection. The connection comes before the turn,
+    /// so that a turn is held only while the database runs the call, never while waiting
+    /// for this source's pool.
+    pub(super) async fn leasing_call(&self) -> Result<LeasingCall<'_>> {
+        let Some(here) = &self.turns else {
+            return Ok(LeasingCall {
+                _turn: None,
+                client: self.client().await?,
+                _connection: None,
+            });
+        };
+        let connection = here.connections.acquire().await.expect("never closed");
+        let client = self.client().await?;
+        let backlogged = self.backlogged.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(LeasingCall {
+            _turn: Some(here.turns.take(backlogged).await),
+            client,
+            _connection: Some(connection),
+        })
     }
 
     /// Records whether a claim of `limit` came back full.

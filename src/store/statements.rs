@@ -116,11 +116,8 @@ impl Store {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>> {
-        // The connection first, then the turn: a turn is held only while the database runs
-        // the call, never while waiting for this source's pool.
-        let (_connection, client) = self.leasing_client().await?;
-        let _turn = self.turn().await;
-        self.leasing_query_on(&client, sql, params).await
+        let call = self.leasing_call().await?;
+        self.leasing_query_on(&call, sql, params).await
     }
 
     /// [`Store::leasing_query`] without a turn: a lease extension, which keeps the leases of
