@@ -34,10 +34,12 @@ const PER_SOURCE: i64 = 500;
 /// connections, and its part of the budget is the budget ÷ 2, so 204 = 2 × 102 is the least
 /// that lets the added sources be served. Before the kill each of the 3 processes has
 /// 204 ÷ 3 = 68 connections, room for 22 sources, above its fair share of
-/// ceil(57 / 3) = 19.
+/// ceil(57 / 3) = 19; the 11 connections its share leaves keep poll sessions of sources it
+/// does not serve open between polls, and after the kill none are left for them.
 const BUDGET: i64 = 204;
 /// The cluster's `max_connections`: the budget, plus the short poll sessions (each process
-/// polls every source it does not serve once a discovery interval), `status --all-sources`
+/// polls every source it does not serve once a discovery interval, on a new session unless
+/// its budget keeps one open), `status --all-sources`
 /// (8 at a time) and the test's own sessions. The relayers' sessions reached 204–212.
 const MAX_CONNECTIONS: &str = "400";
 /// The third column names a source's outbox schema (NULL: `outbox`).
@@ -317,8 +319,9 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     // relayers on the cluster (polls, discovery and the catalogue's database included).
     let most = Arc::new(AtomicI64::new(0));
     let most_all = Arc::new(AtomicI64::new(0));
+    let most_kept = Arc::new(AtomicI64::new(0));
     let sampler = {
-        let (most, most_all) = (most.clone(), most_all.clone());
+        let (most, most_all, most_kept) = (most.clone(), most_all.clone(), most_kept.clone());
         let pattern = format!("{}\\_%", db.name.replace('_', "\\_"));
         let admin = connect(&db.base).await.unwrap();
         tokio::spawn(async move {
@@ -326,9 +329,11 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
                 if let Ok(row) = admin
                     .query_one(
                         "SELECT count(*) FILTER (WHERE application_name IN \
-                                    ('outbox-relay', 'outbox-relay listener') \
+                                    ('outbox-relay', 'outbox-relay listener', \
+                                     'outbox-relay standby') \
                                   AND datname::text LIKE $1), \
-                                count(*) FILTER (WHERE application_name LIKE 'outbox-relay%') \
+                                count(*) FILTER (WHERE application_name LIKE 'outbox-relay%'), \
+                                count(*) FILTER (WHERE application_name = 'outbox-relay standby') \
                            FROM pg_stat_activity",
                         &[&pattern],
                     )
@@ -336,6 +341,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
                 {
                     most.fetch_max(row.get(0), Ordering::Relaxed);
                     most_all.fetch_max(row.get(1), Ordering::Relaxed);
+                    most_kept.fetch_max(row.get(2), Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -631,9 +637,15 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
 
     sampler.abort();
     let most = most.load(Ordering::Relaxed);
+    let most_kept = most_kept.load(Ordering::Relaxed);
+    assert!(
+        most_kept > 0,
+        "no poll session was kept open, though the budget left room for some before the kill"
+    );
     assert!(
         most <= BUDGET,
-        "the relayers' pools and LISTEN sessions reached {most} connections (budget {BUDGET})"
+        "the relayers' pools, LISTEN and kept poll sessions reached {most} connections \
+         (budget {BUDGET})"
     );
 
     // Stopping gives the sources back at once.
@@ -665,8 +677,8 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
         "{} sources ({SCHEMAS} of them schemas of one database, {ADDED} added, and 2 broken), {} messages ({} lines written), 3 \
          processes (1 killed): databases made in {made:.1?}, a third delivered after \
          {third:.1?}, all after {drained:.1?}; the first message of each added source \
-         {:.1}–{:.1} s after it was listed; at most {most} relayer pool and LISTEN \
-         connections (budget {BUDGET}), {} relayer sessions in all (max_connections \
+         {:.1}–{:.1} s after it was listed; at most {most} relayer pool, LISTEN and kept poll \
+         connections (budget {BUDGET}; at most {most_kept} kept poll sessions), {} relayer sessions in all (max_connections \
          {MAX_CONNECTIONS}); at most {most_handovers} handovers in a source's attempt log; {:.1?} in all",
         all.len(),
         expected.len(),

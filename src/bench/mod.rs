@@ -145,9 +145,15 @@ pub struct Options {
     pub backlogged_calls_per_server: u32,
     /// With --sources and --quiet-sources: each fleet's discovery interval
     /// (`sources_discover_interval_secs`), which is also how often it polls each source it
-    /// does not serve, on a new session each time.
+    /// does not serve.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=3600))]
     pub discover_interval_secs: u32,
+    /// With --sources and --quiet-sources: the fleets' cap on connections to the server
+    /// (`max_connections_per_server`; 0: no cap). Within it, each fleet keeps the poll
+    /// sessions of the sources it does not serve open between polls; without it, each poll
+    /// opens a new session.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub max_connections_per_server: u32,
     /// Instead of the other measurements: this many quiet outbox databases and one heavy
     /// one, served by `--workers` fleets; the quiet sources' commit-to-ack latency at
     /// `--rate` (in all) for `--latency-secs`, with the heavy source empty and then while it

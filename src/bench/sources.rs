@@ -167,6 +167,8 @@ pub(super) fn start_fleets(
             discover_interval: Duration::from_secs(u64::from(o.discover_interval_secs)),
             lease: Duration::from_secs(15),
             pool_size: 3,
+            max_connections_per_server: (o.max_connections_per_server > 0)
+                .then(|| usize::try_from(o.max_connections_per_server).expect("at most 100000")),
             calls_per_server: (o.calls_per_server > 0)
                 .then(|| usize::try_from(o.calls_per_server).expect("at most 1024")),
             backlogged_calls_per_server: (o.backlogged_calls_per_server > 0)

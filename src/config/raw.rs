@@ -181,7 +181,8 @@ pub struct RawConfig {
     #[arg(long, env = "OUTBOX_SOURCE_POOL_SIZE", allow_negative_numbers = true)]
     pub source_pool_size: Option<i64>,
     /// The fleet's cap on connections to one Postgres server from its served sources,
-    /// shared out evenly among the processes, 3..=100000 [default: no cap].
+    /// shared out evenly among the processes; what a process's fair share leaves of its
+    /// part keeps the polls of other sources on open sessions, 3..=100000 [default: no cap].
     #[arg(
         long,
         env = "OUTBOX_MAX_CONNECTIONS_PER_SERVER",

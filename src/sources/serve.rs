@@ -1,18 +1,23 @@
-//! One source's task. Not serving: every discovery interval it opens one short session,
-//! checks the schema, says this process is alive and asks for a slot when the process is
-//! under its share (`outbox.serve_source`), then closes the session: a source this process
-//! does not serve holds no connection between these polls. Serving: a relay of its own runs
-//! on a pool of its own, claiming only while the slot's lease holds by this process's
-//! monotonic clock (four fifths of the lease from the call that renewed it); the slot is
-//! renewed at a third of the lease, and the pool's connections idle for as long are closed
-//! (a served source with nothing to do holds two sessions: its LISTEN session and the one
-//! its polls use). While it serves the source, the task also observes it
-//! (`outbox.observe`, every observe interval) for the backlog gauges this process exports
-//! as the source's first holder, and stops exporting them as soon as it stops serving.
-//! The source is given up when the slot is lost (the relay
-//! stops claiming at once), given back when this process serves more than its share (after
-//! the relay drained), and left when the source is no longer discovered or the process
-//! stops (after the relay drained: its deliveries finish, or their leases are released).
+//! One source's task. Not serving: every discovery interval it polls the source on one
+//! session: checks the schema, says this process is alive and asks for a slot when the
+//! process is under its share (`outbox.serve_source`). The session is kept open for the
+//! next poll while the server's connection budget has room beside the sources this process
+//! may serve there ([`Share::try_keep`](super::share::Share::try_keep); `application_name`
+//! `outbox-relay standby`), and closed after the poll otherwise (`outbox-relay poll`): a new
+//! session every interval costs the server a backend, its authentication and its first
+//! catalogue reads, which many sources polled by several processes add up to.
+//!
+//! Serving: a relay of its own runs on a pool of its own, claiming only while the slot's
+//! lease holds by this process's monotonic clock (four fifths of the lease from the call
+//! that renewed it); the slot is renewed at a third of the lease, and the pool's
+//! connections idle for as long are closed (a served source with nothing to do holds two
+//! sessions: its LISTEN session and the one its polls use). While it serves the source, the
+//! task also observes it (`outbox.observe`, every observe interval) for the backlog gauges
+//! this process exports as the source's first holder, and stops exporting them as soon as
+//! it stops serving. The source is given up when the slot is lost (the relay stops claiming
+//! at once), given back when this process serves more than its share (after the relay
+//! drained), and left when the source is no longer discovered or the process stops (after
+//! the relay drained: its deliveries finish, or their leases are released).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +27,7 @@ use tracing::Instrument;
 
 use super::Fleet;
 use super::board::SourceState;
-use super::share::{Held, Refusal};
+use super::share::{Held, Kept, Refusal};
 use crate::observe;
 use crate::relay::{Gate, Relay};
 use crate::store::{SourceTurn, Store, StoreError};
@@ -40,35 +45,95 @@ enum End {
 /// How long a poll's leave takes at most when the task stops.
 const LEAVE_WITHIN: Duration = Duration::from_secs(2);
 
+/// How long a source taken here waits for the server's kept poll sessions to close before
+/// it opens its pool (they close as soon as they are told to).
+const KEPT_CLOSE_WITHIN: Duration = Duration::from_secs(1);
+
+/// The session a poll runs on: kept from the last poll, or opened for this one.
+struct PollSession<'a> {
+    store: Store,
+    /// Counted in the server's kept sessions: kept open after the poll.
+    kept: Option<Kept<'a>>,
+}
+
+impl<'a> PollSession<'a> {
+    /// The session kept from the last poll, or a new one: kept after this poll when there
+    /// is room for it now.
+    fn open(
+        fleet: &'a Fleet,
+        url: &str,
+        server: &str,
+        kept: Option<PollSession<'a>>,
+    ) -> Result<Self, StoreError> {
+        if let Some(session) = kept {
+            return Ok(session);
+        }
+        let kept = fleet.share.try_keep(server);
+        let name = if kept.is_some() {
+            "outbox-relay standby"
+        } else {
+            "outbox-relay poll"
+        };
+        Ok(Self {
+            store: Store::connect_as(url, 1, name)?,
+            kept,
+        })
+    }
+
+    /// This session, when it is to stay open for the next poll (it was counted, and its
+    /// room is still there).
+    fn keep(mut self) -> Option<Self> {
+        (self.kept.is_some() && !self.excess()).then_some(self)
+    }
+
+    /// Whether it must be closed now: the server's kept sessions exceed their room.
+    fn excess(&mut self) -> bool {
+        self.kept.as_mut().is_some_and(Kept::excess)
+    }
+}
+
 pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: CancellationToken) {
     let server = server_of(&url);
     let mut backoff = Duration::from_millis(500);
+    let mut kept: Option<PollSession> = None;
     loop {
-        let polled = poll(&fleet, &url, &server).await;
+        let reused = kept.is_some();
+        let mut polled = poll_on(&fleet, &url, &server, kept.take()).await;
+        if reused && polled.is_err() {
+            // A kept session may have been closed meanwhile (a server restart, an idle
+            // timeout): once more, on a new one.
+            polled = poll_on(&fleet, &url, &server, None).await;
+        }
         fleet.share.polled(&name);
         match polled {
+            // The session is closed: it may be what failed.
             Err(e) => {
                 fleet.share.forget(&name);
                 fleet.board.set(&name, SourceState::Down(e.to_string()));
                 let wait = backoff.min(fleet.settings.discover_interval);
                 backoff = (backoff * 2).min(fleet.settings.discover_interval);
                 tokio::select! {
-                    () = stop.cancelled() => return leave(&fleet, &url).await,
+                    () = stop.cancelled() => return leave(&fleet, &url, None).await,
                     () = tokio::time::sleep(jitter(wait)) => {}
                 }
                 continue;
             }
-            Ok(Polled {
-                asked,
-                refusal,
-                turn,
-                held,
-            }) => {
+            Ok((
+                Polled {
+                    asked,
+                    refusal,
+                    turn,
+                    held,
+                },
+                session,
+            )) => {
                 backoff = Duration::from_millis(500);
                 fleet.share.members(&name, turn.members);
                 fleet.board.holders(&name, turn.holders.clone());
                 match (turn.held, held) {
                     (Some((slot, token)), Some(held)) => {
+                        // Served, it polls on its own pool.
+                        drop(session);
                         let until = asked + fleet.settings.lease * 4 / 5;
                         serve(&fleet, &name, &url, held, slot, token, until, &stop).await;
                         if stop.is_cancelled() {
@@ -76,17 +141,33 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                         }
                     }
                     // A slot is returned only when asked for.
-                    (Some(_), None) => fleet.board.set(&name, SourceState::Standby),
+                    (Some(_), None) => {
+                        fleet.board.set(&name, SourceState::Standby);
+                        kept = session.keep();
+                    }
                     (None, _) if refusal == Some(Refusal::Budget) => {
                         fleet.board.set(&name, SourceState::OverBudget);
+                        kept = session.keep();
                     }
-                    (None, _) => fleet.board.set(&name, SourceState::Standby),
+                    (None, _) => {
+                        fleet.board.set(&name, SourceState::Standby);
+                        kept = session.keep();
+                    }
                 }
             }
         }
-        tokio::select! {
-            () = stop.cancelled() => return leave(&fleet, &url).await,
-            () = tokio::time::sleep(jitter(fleet.settings.discover_interval)) => {}
+        // Until the next poll; a kept session is closed as soon as its room is needed.
+        let due = tokio::time::Instant::now() + jitter(fleet.settings.discover_interval);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return leave(&fleet, &url, kept).await,
+                () = tokio::time::sleep_until(due) => break,
+                () = fleet.share.kept_over(), if kept.is_some() => {
+                    if kept.as_mut().is_some_and(PollSession::excess) {
+                        kept = None;
+                    }
+                }
+            }
         }
     }
 }
@@ -101,12 +182,23 @@ struct Polled<'a> {
     held: Option<Held<'a>>,
 }
 
-/// One poll on a short session: the schema is checked, then `serve_source` asks for a
+/// One poll on the session kept from the last poll, or on a new one; with that session.
+async fn poll_on<'a>(
+    fleet: &'a Fleet,
+    url: &str,
+    server: &str,
+    kept: Option<PollSession<'a>>,
+) -> Result<(Polled<'a>, PollSession<'a>), StoreError> {
+    let session = PollSession::open(fleet, url, server, kept)?;
+    let polled = poll(fleet, server, &session.store).await?;
+    Ok((polled, session))
+}
+
+/// One poll on `store`'s session: the schema is checked, then `serve_source` asks for a
 /// slot when this process is under its share (counted before asking, so that sources
 /// polled together cannot all pass the check). The membership holds until the next poll is
 /// due (two intervals and a lease: a late poll does not make the fleet look smaller).
-async fn poll<'a>(fleet: &'a Fleet, url: &str, server: &str) -> Result<Polled<'a>, StoreError> {
-    let store = Store::connect_as(url, 1, "outbox-relay poll")?;
+async fn poll<'a>(fleet: &'a Fleet, server: &str, store: &Store) -> Result<Polled<'a>, StoreError> {
     store.check_schema().await?;
     // Joining: the first discovery interval, and until every source was polled once, but
     // no longer than three intervals (a source whose poll hangs does not keep the process
@@ -139,13 +231,16 @@ async fn poll<'a>(fleet: &'a Fleet, url: &str, server: &str) -> Result<Polled<'a
     })
 }
 
-/// Leaves a source this process does not serve (its membership), on a short session and
-/// within [`LEAVE_WITHIN`], so that the others' share grows at once when it stops.
-async fn leave(fleet: &Fleet, url: &str) {
+/// Leaves a source this process does not serve (its membership), on the kept poll session
+/// or a short one and within [`LEAVE_WITHIN`], so that the others' share grows at once when
+/// it stops.
+async fn leave(fleet: &Fleet, url: &str, kept: Option<PollSession<'_>>) {
     let left = tokio::time::timeout(LEAVE_WITHIN, async {
-        Store::connect_as(url, 1, "outbox-relay poll")?
-            .leave_source(&fleet.relay.worker_id)
-            .await
+        let store = match kept {
+            Some(session) => session.store,
+            None => Store::connect_as(url, 1, "outbox-relay poll")?,
+        };
+        store.leave_source(&fleet.relay.worker_id).await
     })
     .await;
     if let Ok(Err(e)) = left {
@@ -166,6 +261,10 @@ async fn serve(
     until: Instant,
     stop: &CancellationToken,
 ) {
+    fleet
+        .share
+        .kept_within(&server_of(url), KEPT_CLOSE_WITHIN)
+        .await;
     let store = match Store::connect(url, fleet.settings.pool_size) {
         Ok(store) => {
             let store = store.with_statements(fleet.statements);

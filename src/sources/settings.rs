@@ -33,7 +33,9 @@ pub struct SourcesSettings {
     /// Connections of each served source's pool.
     pub pool_size: usize,
     /// The fleet's cap on connections to one Postgres server (host and port), shared out
-    /// evenly among the processes that serve its sources; None: no cap.
+    /// evenly among the processes that serve its sources (their pools, `LISTEN` sessions
+    /// and the poll sessions kept open between polls); None: no cap, and no poll session
+    /// kept.
     pub max_connections_per_server: Option<usize>,
     /// Leasing calls (claims, completions, releases, lease repairs) one process runs at
     /// once on one Postgres server, over all the sources it serves there; None: no cap but

@@ -2,7 +2,9 @@
 //! in the fleet (the largest membership any source reports), a process serves at most
 //! ceil(S·k / P) sources, so sources spread over the processes and move to a process that
 //! joins; and at most its part of each server's connection budget (the budget divided by P,
-//! in sources of `pool_size + 1` connections each).
+//! in sources of `pool_size + 1` connections each). What its fair share leaves of that part
+//! keeps the poll sessions of sources it does not serve open between polls ([`Kept`]), so
+//! that their polls do not open a new session every interval.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -14,6 +16,9 @@ use super::settings::SourcesSettings;
 pub struct Share {
     slots_setting: SourcesSettings,
     inner: Mutex<Inner>,
+    /// Woken when a server's kept poll sessions exceed the room left for them (a source was
+    /// taken there): the sources keeping them check [`Kept::excess`].
+    kept_over: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -27,6 +32,8 @@ struct Inner {
     /// Sources polled once since the process started, until it has polled them all.
     polled: HashSet<String>,
     joined: bool,
+    /// Poll sessions kept open between polls, per server.
+    kept_on: HashMap<String, usize>,
 }
 
 impl Share {
@@ -34,6 +41,7 @@ impl Share {
         Self {
             slots_setting: settings.clone(),
             inner: Mutex::default(),
+            kept_over: tokio::sync::Notify::new(),
         }
     }
 
@@ -47,13 +55,18 @@ impl Share {
         self.slots_setting.slots(sources)
     }
 
-    /// Records the membership `source` reported.
+    /// Records the membership `source` reported. A fleet of another size has other parts of
+    /// the budgets: the kept poll sessions check theirs.
     pub fn members(&self, source: &str, members: i32) {
-        self.inner
-            .lock()
-            .expect("share lock")
+        let mut inner = self.inner.lock().expect("share lock");
+        let before = self.processes(&inner);
+        inner
             .members
             .insert(source.to_owned(), (members, Instant::now()));
+        if self.processes(&inner) != before && !inner.kept_on.is_empty() {
+            drop(inner);
+            self.kept_over.notify_waiters();
+        }
     }
 
     /// Records that `source` was polled, whatever came of it (this process said it is alive
@@ -136,7 +149,71 @@ impl Share {
         if inner.held_on.get(server).copied().unwrap_or(0) >= self.server_room(&inner) {
             return Err(Refusal::Budget);
         }
-        Ok(Self::count(&mut inner, self, server))
+        let held = Self::count(&mut inner, self, server);
+        if inner.kept_on.get(server).copied().unwrap_or(0) > self.keep_room(&inner, server) {
+            self.kept_over.notify_waiters();
+        }
+        Ok(held)
+    }
+
+    /// Connections of `server` this process may keep for the poll sessions of sources it
+    /// does not serve: its part of the server's budget, less the pools and `LISTEN`
+    /// sessions of the sources it may serve there (its fair share, or what it serves now
+    /// if that is more, within the budget). None without a budget: the polls keep no
+    /// session, since nothing would bound processes × sources idle sessions.
+    fn keep_room(&self, inner: &Inner, server: &str) -> usize {
+        let Some(budget) = self.slots_setting.max_connections_per_server else {
+            return 0;
+        };
+        let part = budget / self.processes(inner);
+        let per_source = self.slots_setting.connections_per_source();
+        let serving = inner.held_on.get(server).copied().unwrap_or(0);
+        let reserved = self
+            .target(inner)
+            .min(part / per_source)
+            .max(serving)
+            .saturating_mul(per_source);
+        part.saturating_sub(reserved)
+    }
+
+    /// Counts one more kept poll session on `server` when there is room for it (see
+    /// [`Share::keep_room`]); the guard gives it back when dropped.
+    pub fn try_keep<'a>(&'a self, server: &str) -> Option<Kept<'a>> {
+        let mut inner = self.inner.lock().expect("share lock");
+        let kept = inner.kept_on.get(server).copied().unwrap_or(0);
+        if kept >= self.keep_room(&inner, server) {
+            return None;
+        }
+        inner.kept_on.insert(server.to_owned(), kept + 1);
+        Some(Kept {
+            share: self,
+            server: server.to_owned(),
+            released: false,
+        })
+    }
+
+    /// Resolves when some server's kept poll sessions exceed their room.
+    pub async fn kept_over(&self) {
+        self.kept_over.notified().await;
+    }
+
+    /// Waits (at most `within`) until the kept poll sessions of `server` fit their room
+    /// again, so that a source taken there opens its pool once they are closed.
+    pub async fn kept_within(&self, server: &str, within: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let notified = self.kept_over.notified();
+            {
+                let inner = self.inner.lock().expect("share lock");
+                if inner.kept_on.get(server).copied().unwrap_or(0) <= self.keep_room(&inner, server)
+                {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
     }
 
     fn count<'a>(inner: &mut Inner, share: &'a Share, server: &str) -> Held<'a> {
@@ -146,6 +223,42 @@ impl Share {
             share,
             server: server.to_owned(),
             released: false,
+        }
+    }
+}
+
+/// A poll session kept open between polls, counted on its server until dropped (or
+/// released by [`Kept::excess`]).
+pub struct Kept<'a> {
+    share: &'a Share,
+    server: String,
+    released: bool,
+}
+
+impl Kept<'_> {
+    /// Gives this session's room back when the server's kept sessions exceed their room now
+    /// (one at a time: only the excess goes). Once it returned true the session no longer
+    /// counts and must be closed.
+    pub fn excess(&mut self) -> bool {
+        let mut inner = self.share.inner.lock().expect("share lock");
+        let kept = inner.kept_on.get(&self.server).copied().unwrap_or(0);
+        let over = kept > self.share.keep_room(&inner, &self.server);
+        if over {
+            inner.kept_on.insert(self.server.clone(), kept - 1);
+            self.released = true;
+            self.share.kept_over.notify_waiters();
+        }
+        over
+    }
+}
+
+impl Drop for Kept<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            let mut inner = self.share.inner.lock().expect("share lock");
+            *inner.kept_on.get_mut(&self.server).expect("kept") -= 1;
+            drop(inner);
+            self.share.kept_over.notify_waiters();
         }
     }
 }
@@ -257,6 +370,64 @@ mod tests {
         assert!(share.try_hold("other server").is_ok());
         drop(held);
         assert!(share.try_hold("s").is_ok());
+    }
+
+    #[test]
+    fn poll_sessions_are_kept_only_in_the_budget_its_fair_share_leaves() {
+        assert!(
+            Share::new(&settings(None, None)).try_keep("s").is_none(),
+            "without a budget no poll session is kept"
+        );
+        // 40 connections, 2 processes: 20 each; 6 sources, a fair share of 3, 4 connections
+        // each (pool 3 + LISTEN): 12 reserved, 8 left for kept poll sessions.
+        let share = Share::new(&settings(None, Some(40)));
+        share.set_sources(6);
+        share.members("a", 2);
+        let mut kept: Vec<Kept> = (0..8)
+            .map(|_| share.try_keep("s").expect("within the room left"))
+            .collect();
+        assert!(share.try_keep("s").is_none());
+        assert!(kept.iter_mut().all(|k| !k.excess()));
+        // A third process: 13 each, a fair share of 2 (8 connections): 5 left, 3 must close.
+        share.members("a", 3);
+        assert_eq!(
+            kept.iter_mut()
+                .filter_map(|k| k.excess().then_some(()))
+                .count(),
+            3
+        );
+        assert!(share.try_keep("s").is_none());
+        drop(kept);
+        assert!(share.try_keep("s").is_some());
+    }
+
+    #[test]
+    fn sources_served_beyond_the_fair_share_keep_their_room_from_kept_poll_sessions() {
+        // 40 connections, one process, 4 sources (4 connections each): 16 reserved, 24 left.
+        let share = Share::new(&settings(None, Some(40)));
+        share.set_sources(4);
+        share.members("a", 1);
+        let mut kept: Vec<Kept> = (0..30).filter_map(|_| share.try_keep("s")).collect();
+        assert_eq!(kept.len(), 24);
+        let held: Vec<Held> = (0..4)
+            .map(|_| share.try_hold("s").expect("its fair share"))
+            .collect();
+        assert_eq!(
+            kept.iter_mut()
+                .filter_map(|k| k.excess().then_some(()))
+                .count(),
+            0
+        );
+        // A second process: 20 each and a fair share of 2, but the 4 sources served until
+        // two are given back keep their 16: 4 left, 20 must close.
+        share.members("a", 2);
+        assert_eq!(
+            kept.iter_mut()
+                .filter_map(|k| k.excess().then_some(()))
+                .count(),
+            20
+        );
+        drop(held);
     }
 
     #[test]
