@@ -35,7 +35,8 @@ const PER_SOURCE: i64 = 500;
 /// that lets the added sources be served. Before the kill each of the 3 processes has
 /// 204 ÷ 3 = 68 connections, room for 22 sources, above its fair share of
 /// ceil(57 / 3) = 19; the 11 connections its share leaves keep poll sessions of sources it
-/// does not serve open between polls, and after the kill none are left for them.
+/// does not serve open between polls (2 once the 10 added sources raise its share to 23),
+/// and after the kill none are left for them.
 const BUDGET: i64 = 204;
 /// The cluster's `max_connections`: the budget, plus the short poll sessions (each process
 /// polls every source it does not serve once a discovery interval, on a new session unless

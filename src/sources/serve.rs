@@ -109,7 +109,7 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
             // The session is closed: it may be what failed.
             Err(e) => {
                 fleet.share.forget(&name);
-                fleet.board.set(&name, SourceState::Down(e.to_string()));
+                fleet.board.set(&name, SourceState::Down(e));
                 let wait = backoff.min(fleet.settings.discover_interval);
                 backoff = (backoff * 2).min(fleet.settings.discover_interval);
                 tokio::select! {
@@ -159,14 +159,15 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
         // Until the next poll; a kept session is closed as soon as its room is needed.
         let due = tokio::time::Instant::now() + jitter(fleet.settings.discover_interval);
         loop {
+            // Woken from here on, so that no wake-up falls between the check and the wait.
+            let over = fleet.share.kept_over();
+            if kept.as_mut().is_some_and(PollSession::excess) {
+                kept = None;
+            }
             tokio::select! {
                 () = stop.cancelled() => return leave(&fleet, &url, kept).await,
                 () = tokio::time::sleep_until(due) => break,
-                () = fleet.share.kept_over(), if kept.is_some() => {
-                    if kept.as_mut().is_some_and(PollSession::excess) {
-                        kept = None;
-                    }
-                }
+                () = over, if kept.is_some() => {}
             }
         }
     }
@@ -182,16 +183,31 @@ struct Polled<'a> {
     held: Option<Held<'a>>,
 }
 
-/// One poll on the session kept from the last poll, or on a new one; with that session.
+/// One poll on the session kept from the last poll, or on a new one, within
+/// [`poll_within`]; with that session.
 async fn poll_on<'a>(
     fleet: &'a Fleet,
     url: &str,
     server: &str,
     kept: Option<PollSession<'a>>,
-) -> Result<(Polled<'a>, PollSession<'a>), StoreError> {
-    let session = PollSession::open(fleet, url, server, kept)?;
-    let polled = poll(fleet, server, &session.store).await?;
-    Ok((polled, session))
+) -> Result<(Polled<'a>, PollSession<'a>), String> {
+    let session = PollSession::open(fleet, url, server, kept).map_err(|e| e.to_string())?;
+    let within = poll_within(fleet);
+    match tokio::time::timeout(within, poll(fleet, server, &session.store)).await {
+        Ok(Ok(polled)) => Ok((polled, session)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "the source's poll did not answer within {} s",
+            within.as_secs()
+        )),
+    }
+}
+
+/// How long a poll may take: a slot lease, and at least 10 s (the connect timeout). A
+/// session kept idle between polls may have lost its server without a word (a host gone,
+/// a network partition), and its next query would wait for TCP to give up.
+fn poll_within(fleet: &Fleet) -> Duration {
+    fleet.settings.lease.max(Duration::from_secs(10))
 }
 
 /// One poll on `store`'s session: the schema is checked, then `serve_source` asks for a

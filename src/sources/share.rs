@@ -180,6 +180,11 @@ impl Share {
     /// [`Share::keep_room`]); the guard gives it back when dropped.
     pub fn try_keep<'a>(&'a self, server: &str) -> Option<Kept<'a>> {
         let mut inner = self.inner.lock().expect("share lock");
+        // Until it has joined, the process counts a fleet of one and would keep sessions in
+        // the whole budget.
+        if !inner.joined {
+            return None;
+        }
         let kept = inner.kept_on.get(server).copied().unwrap_or(0);
         if kept >= self.keep_room(&inner, server) {
             return None;
@@ -192,9 +197,10 @@ impl Share {
         })
     }
 
-    /// Resolves when some server's kept poll sessions exceed their room.
-    pub async fn kept_over(&self) {
-        self.kept_over.notified().await;
+    /// Resolves when some server's kept poll sessions may exceed their room (woken from
+    /// its creation on, polled or not: create it before checking [`Kept::excess`]).
+    pub fn kept_over(&self) -> tokio::sync::futures::Notified<'_> {
+        self.kept_over.notified()
     }
 
     /// Waits (at most `within`) until the kept poll sessions of `server` fit their room
@@ -240,6 +246,9 @@ impl Kept<'_> {
     /// (one at a time: only the excess goes). Once it returned true the session no longer
     /// counts and must be closed.
     pub fn excess(&mut self) -> bool {
+        if self.released {
+            return true;
+        }
         let mut inner = self.share.inner.lock().expect("share lock");
         let kept = inner.kept_on.get(&self.server).copied().unwrap_or(0);
         let over = kept > self.share.keep_room(&inner, &self.server);
@@ -372,6 +381,14 @@ mod tests {
         assert!(share.try_hold("s").is_ok());
     }
 
+    /// Polls `sources` sources once: the process has joined.
+    fn join(share: &Share, sources: usize) {
+        for i in 0..sources {
+            share.polled(&i.to_string());
+        }
+        assert!(share.joined());
+    }
+
     #[test]
     fn poll_sessions_are_kept_only_in_the_budget_its_fair_share_leaves() {
         assert!(
@@ -383,6 +400,11 @@ mod tests {
         let share = Share::new(&settings(None, Some(40)));
         share.set_sources(6);
         share.members("a", 2);
+        assert!(
+            share.try_keep("s").is_none(),
+            "until it has polled every source, the process does not know the fleet's size"
+        );
+        join(&share, 6);
         let mut kept: Vec<Kept> = (0..8)
             .map(|_| share.try_keep("s").expect("within the room left"))
             .collect();
@@ -407,6 +429,7 @@ mod tests {
         let share = Share::new(&settings(None, Some(40)));
         share.set_sources(4);
         share.members("a", 1);
+        join(&share, 4);
         let mut kept: Vec<Kept> = (0..30).filter_map(|_| share.try_keep("s")).collect();
         assert_eq!(kept.len(), 24);
         let held: Vec<Held> = (0..4)
