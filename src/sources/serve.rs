@@ -140,17 +140,15 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                             return;
                         }
                     }
-                    // A slot is returned only when asked for.
-                    (Some(_), None) => {
-                        fleet.board.set(&name, SourceState::Standby);
-                        kept = session.keep();
-                    }
-                    (None, _) if refusal == Some(Refusal::Budget) => {
-                        fleet.board.set(&name, SourceState::OverBudget);
-                        kept = session.keep();
-                    }
-                    (None, _) => {
-                        fleet.board.set(&name, SourceState::Standby);
+                    // Not served here (a slot is returned only when asked for): standby,
+                    // or over the budget when that is why none was asked for.
+                    (slot, _) => {
+                        let state = if slot.is_none() && refusal == Some(Refusal::Budget) {
+                            SourceState::OverBudget
+                        } else {
+                            SourceState::Standby
+                        };
+                        fleet.board.set(&name, state);
                         kept = session.keep();
                     }
                 }
