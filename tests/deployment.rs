@@ -307,7 +307,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V27__promote_heads_after_concurrent_completions\n\
          applied V28__source_leases\n\
          applied V29__claim_floors\n\
-         applied V30__repair_in_one_scan\n"
+         applied V30__repair_in_one_scan\n\
+         applied V31__cheaper_idle_claims\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")
