@@ -48,8 +48,8 @@
 -- * Plans: each statement is planned per call with its arrays and limits as constants
 --   (plan_cache_mode = force_custom_plan); sequential scans, bitmap scans, sorts and JIT
 --   are off, which leaves ordered index scans that stop at the batch. The probe of a shard
---   (claim_probe), which has neither arrays nor limits, keeps one generic plan per session
---   instead: an idle claim probes all 16 shards.
+--   (claim_probe), which has no arrays and a constant LIMIT 1, keeps one generic plan per
+--   session instead: an idle claim probes all 16 shards.
 -- * Errors: P7001 (invalid argument; the message and DETAIL name it), raised by
 --   outbox.invalid_argument before anything is read or locked.
 -- * Isolation: READ COMMITTED, the relayer's. Under REPEATABLE READ or SERIALIZABLE a row
@@ -102,12 +102,12 @@
 --             when the round took no turn while some shard had a ready entry (every such
 --             shard held) does it go round again, waiting (FOR UPDATE) for the turn of the
 --             first shard it found with work, with no lock of its own meanwhile, and
---             skipping held turns for the rest. Last, one UPDATE leases the chosen rows by
---             tuple address (TID scan), checking the id and that no lease is set; this
---             locks the run messages, which no other claim can reach (their head is locked
---             here). A run message that changed since it was chosen is left out; a later
---             claim takes it. Turns and row locks are held until the caller's transaction
---             ends: call it in a short transaction.
+--             skipping held turns for the rest. Last, when it chose any, one UPDATE leases
+--             the chosen rows by tuple address (TID scan), checking the id and that no
+--             lease is set; this locks the run messages, which no other claim can reach
+--             (their head is locked here). A run message that changed since it was chosen
+--             is left out; a later claim takes it. Turns and row locks are held until the
+--             caller's transaction ends: call it in a short transaction.
 -- Guarantees: * Each row returned was unleased when leased (checked on the locked row) and
 --               is now leased to p_worker_id alone, under a fresh random token.
 --             * Key order: a keyed message is returned only as its key's head (no earlier
@@ -596,9 +596,9 @@ REVOKE ALL ON FUNCTION outbox.claim_shard_candidates(integer, timestamptz, times
 -- Locks:      nothing. Raises nothing.
 -- Shape:      one index probe that stops at the first entry. Its plan is generic and kept
 --             for the session (plan_cache_mode = force_generic_plan; the claims' settings
---             leave the index scan as its only path): planning it on every call, as the
---             claims plan their other statements, took about a third of an idle claim's
---             time, and an idle claim probes all 16 shards.
+--             leave the index scan as its only path). An idle claim probes all 16 shards:
+--             planned on every call, as the claims plan their other statements, the 16
+--             probes' plans would be about half of its time.
 CREATE OR REPLACE FUNCTION outbox.claim_probe(p_shard integer, p_floor timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql STABLE
@@ -724,7 +724,7 @@ REVOKE ALL ON SEQUENCE outbox.claim_floor_mark_xid FROM PUBLIC;
 
 -- outbox.claim_floors (internal): the 16 floors, shard 0 first (index 1), 0 as -infinity.
 -- Called by the claims, repair_expired_leases and lower_claim_floor; no role may execute
--- it. Reads the sequences without locking them; raises nothing. One PL/pgSQL expression,
+-- it. Reads the sequences, taking no row lock; raises nothing. One PL/pgSQL expression,
 -- planned once per session (every claim calls it).
 CREATE OR REPLACE FUNCTION outbox.claim_floors() RETURNS timestamptz[]
 LANGUAGE plpgsql STABLE

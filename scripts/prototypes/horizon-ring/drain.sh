@@ -4,7 +4,7 @@
 # 2 pgbench clients claiming up to BATCH and completing them in a second transaction,
 # over a backlog of MESSAGES (KEYED_PERCENT, default 10, keyed over 100 keys), ROUNDS rounds interleaved. A
 # client stops at its first empty claim. Prints msg/s per round.
-# Needs DATABASE_URL and the relayer binary (OUTBOX_RELAY, default target/release/outbox-relay)
+# Needs DATABASE_URL (of the form postgres://…/DATABASE without parameters) and the relayer binary (OUTBOX_RELAY, default target/release/outbox-relay)
 # to migrate the outbox schema.
 # usage: drain.sh [MESSAGES] [BATCH] [ROUNDS] [KEYED_PERCENT]
 set -euo pipefail
@@ -15,8 +15,8 @@ db=ring_drain_$$
 url="${DATABASE_URL%/*}/$db"
 out=$(mktemp -d)
 psql -XAtq "$DATABASE_URL" -c "CREATE DATABASE $db"
-trap 'psql -XAtq "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"' EXIT
-psql -XAtq -v ON_ERROR_STOP=1 "$url" -f schema.sql 2>/dev/null
+trap 'rm -rf "$out"; psql -XAtq "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"' EXIT
+PGOPTIONS='-c client_min_messages=warning' psql -XAtq -v ON_ERROR_STOP=1 "$url" -f schema.sql
 DATABASE_URL="$url" "$relay" migrate >/dev/null
 psql -XAtq -v ON_ERROR_STOP=1 "$url" <<'SQL'
 -- the relayer's completion of a claimed batch, all delivered, from claim's text form
@@ -49,7 +49,8 @@ SELECT ring.complete(':leased');
 SQL
 fill() {
     psql -XAtq "$url" -c "TRUNCATE outbox.messages, outbox.attempts" -c "TRUNCATE ring.ready, ring.leases, ring.done" \
-         -c "ALTER SEQUENCE ring.seq RESTART" -c "SELECT setval('ring.floor_' || s, 1, false) FROM generate_series(0, 15) s" >/dev/null
+         -c "ALTER SEQUENCE ring.seq RESTART" -c "SELECT setval('ring.floor_' || s, 1, false) FROM generate_series(0, 15) s" \
+         -c "SELECT setval(s::regclass, 0, false) FROM unnest(ARRAY['ring.bound', 'ring.mark_seq', 'ring.mark_xid', 'ring.mark_at']) AS s" >/dev/null
     psql -XAtq "$url" -c "
       INSERT INTO outbox.messages (topic, message_key, payload)
       SELECT 'orders', CASE WHEN random() * 100 < $keyed THEN 'key-' || (random() * 99)::int END,

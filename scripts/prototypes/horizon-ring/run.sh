@@ -6,7 +6,9 @@
 # the first third of it), then AFTER seconds more. Prints one line per WINDOW seconds:
 # the delivery rate, the backlog, the claim's mean time (pg_stat_statements), the ring's
 # size and its dead tuples; at the end, whether every message was delivered once.
-# Needs DATABASE_URL (a server with pg_stat_statements in shared_preload_libraries).
+# Needs DATABASE_URL, of the form postgres://…/DATABASE without parameters (a server with
+# pg_stat_statements in shared_preload_libraries). The logs of pgbench and of the janitor
+# are kept in a temporary directory, named at the start.
 # usage: run.sh UNHELD HOLD AFTER [RATE] [GEN_SECS]
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,6 +17,7 @@ total=$((unheld + hold + after))
 db=ring_proto_$$
 url="${DATABASE_URL%/*}/$db"
 out=$(mktemp -d)
+echo "logs: $out" >&2
 psql -XAtq "$DATABASE_URL" -c "CREATE DATABASE $db"
 cleanup() {
     kill $(jobs -p) 2>/dev/null || true
@@ -22,7 +25,7 @@ cleanup() {
     psql -XAtq "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"
 }
 trap cleanup EXIT
-psql -XAtq -v ON_ERROR_STOP=1 "$url" -f schema.sql 2>/dev/null
+PGOPTIONS='-c client_min_messages=warning' psql -XAtq -v ON_ERROR_STOP=1 "$url" -f schema.sql
 psql -XAtq "$url" -c 'CREATE EXTENSION pg_stat_statements' -c 'SELECT pg_stat_statements_reset()' >/dev/null
 psql -XAtq "$url" -c "SELECT ring.rotate($gen)" >/dev/null
 
@@ -67,7 +70,7 @@ psql -XAtq "$url" -c "
                              WHERE schemaname = 'ring' AND relname LIKE 'done_%')
       || ', left in the ring ' || (SELECT count(*) FROM ring.ready r
                                     WHERE NOT EXISTS (SELECT 1 FROM ring.done d WHERE d.seq = r.seq))"
-grep -c truncated "$out/janitor.log" | sed 's/^/partitions truncated: /'
-grep -c busy "$out/janitor.log" | sed 's/^/truncations skipped (lock_timeout): /' || true
-grep -c 'ring full' "$out/janitor.log" | sed 's/^/rotations refused (ring full): /' || true
+echo "partitions truncated: $(grep -o truncated "$out/janitor.log" | wc -l)"
+echo "truncations skipped (lock_timeout): $(grep -o busy "$out/janitor.log" | wc -l)"
+echo "rotations refused (ring full): $(grep -o 'ring full' "$out/janitor.log" | wc -l)"
 tail -4 "$out/relays.log"

@@ -131,7 +131,7 @@ BEGIN
                 PERFORM setval('ring.bound', v_bound);
             END IF;
             -- the mark: the numbers taken so far, then an id got after reading them
-            PERFORM setval('ring.mark_seq', (SELECT last_value FROM ring.seq));
+            PERFORM setval('ring.mark_seq', coalesce(pg_sequence_last_value('ring.seq'), 0));
             PERFORM setval('ring.mark_xid', pg_current_xact_id()::text::bigint);
             PERFORM setval('ring.mark_at', v_now);
         END IF;
@@ -156,7 +156,7 @@ SET enable_hashjoin = off
 SET jit = off
 AS $$
 DECLARE
-    v_start integer := (random() * 15)::integer;
+    v_start integer := floor(random() * 16)::integer;
     v_bound bigint := ring.bound_now();
     v_room integer := p_batch;
     v_out text[] := '{}';
