@@ -4,9 +4,11 @@
 //! for longer than its lease, so that the others take its messages over, then woken
 //! (SIGTERM, then SIGCONT: it claims nothing new as it wakes, so whatever it sends after
 //! waking comes from a lease it held before). The publish window is checked before every
-//! request, so the woken relayer sends nothing of what it held before the freeze: no request
-//! by it after it woke, hence no message delivered again by it and no key seeing an older
-//! message arrive after a newer one because of it.
+//! request, so the woken relayer starts no request for what it held before the freeze. What
+//! the check cannot cover (docs/guarantees.md) is a request checked just before the freeze
+//! and written after it: the woken relayer may send at most the requests it can have had
+//! started at once ([`STARTED_AT_ONCE`]: the destination's `concurrency` times its batches
+//! in flight), where a window checked once per batch would send the rest of its batches.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -21,6 +23,11 @@ const LEASE_SECS: &str = "5";
 const FROZEN: Duration = Duration::from_secs(7);
 const ANSWER_AFTER: Duration = Duration::from_millis(50);
 const KEYS: i64 = 500;
+/// Requests in flight per batch (the destination's `concurrency`).
+const CONCURRENCY: usize = 8;
+/// The requests a relayer can have started at once: `concurrency` times the destination's
+/// batches in flight (`max_in_flight`, default 3).
+const STARTED_AT_ONCE: usize = CONCURRENCY * 3;
 
 fn worker(db: &TestDb, base: &str, name: &str) -> Result<Relayer, String> {
     let config = db.scratch_dir().join(format!("{name}.toml"));
@@ -28,7 +35,8 @@ fn worker(db: &TestDb, base: &str, name: &str) -> Result<Relayer, String> {
         &config,
         format!(
             "[destinations.hook]\ntype = \"http\"\nurl = \"{base}/{name}/{{topic}}\"\n\
-             timeout_ms = 30000\n\n[[routes]]\ntopic = \"*\"\ndestination = \"hook\"\n"
+             timeout_ms = 30000\nconcurrency = {CONCURRENCY}\n\n[[routes]]\ntopic = \"*\"\n\
+             destination = \"hook\"\n"
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -147,16 +155,13 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
     let seen: HashSet<Uuid> = arrivals.iter().map(|(_, id, _)| *id).collect();
     let lost = order.keys().filter(|id| !seen.contains(id)).count();
     let after_wake = arrivals.iter().filter(|(w, _, at)| woken(w, *at)).count();
-    check(after_wake == 0, || {
+    // Only requests checked before the freeze may follow it: at most what was started.
+    let allowed = STARTED_AT_ONCE * freezes.len();
+    check(after_wake <= allowed, || {
         format!(
             "{after_wake} requests by a relayer after it woke from a freeze past its leases \
-             ({stale} of messages delivered before)"
-        )
-    })?;
-    check(rewound_by_stale.is_empty(), || {
-        format!(
-            "{} keys saw an older message after a newer one from the woken relayer",
-            rewound_by_stale.len()
+             ({stale} of messages delivered before), more than the {allowed} it can have \
+             started before its freezes"
         )
     })?;
     check(lost == 0 && dead == 0, || {
@@ -168,10 +173,11 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
     db.finish().await;
     Ok(format!(
         "{n} keyed messages ({KEYS} keys), 3 processes, HTTP answering after 50 ms, batch 200, \
-         lease {LEASE_SECS} s, {} SIGSTOP of {} s mid-batch (each woken with SIGTERM: it finishes \
-         what it holds, claims nothing); requests {} ({} duplicates), by a relayer after it woke \
-         {after_wake}, of those already delivered {stale}; keys seeing an older message after a \
-         newer one: from a woken relayer {}, in all {}; lost 0",
+         {CONCURRENCY} requests at once per batch, lease {LEASE_SECS} s, {} SIGSTOP of {} s \
+         mid-batch (each woken with SIGTERM: it finishes what it holds, claims nothing); \
+         requests {} ({} duplicates), by a relayer after it woke {after_wake} (at most \
+         {allowed}: those started before a freeze), of those already delivered {stale}; keys \
+         seeing an older message after a newer one: from a woken relayer {}, in all {}; lost 0",
         freezes.len(),
         FROZEN.as_secs(),
         arrivals.len(),
