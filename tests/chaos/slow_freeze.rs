@@ -25,9 +25,10 @@ const ANSWER_AFTER: Duration = Duration::from_millis(50);
 const KEYS: i64 = 500;
 /// Requests in flight per batch (the destination's `concurrency`).
 const CONCURRENCY: usize = 8;
-/// The requests a relayer can have started at once: `concurrency` times the destination's
-/// batches in flight (`max_in_flight`, default 3).
-const STARTED_AT_ONCE: usize = CONCURRENCY * 3;
+/// Batches in flight (the destination's `max_in_flight`).
+const BATCHES_IN_FLIGHT: usize = 3;
+/// The requests a relayer can have started at once.
+const STARTED_AT_ONCE: usize = CONCURRENCY * BATCHES_IN_FLIGHT;
 
 fn worker(db: &TestDb, base: &str, name: &str) -> Result<Relayer, String> {
     let config = db.scratch_dir().join(format!("{name}.toml"));
@@ -35,8 +36,8 @@ fn worker(db: &TestDb, base: &str, name: &str) -> Result<Relayer, String> {
         &config,
         format!(
             "[destinations.hook]\ntype = \"http\"\nurl = \"{base}/{name}/{{topic}}\"\n\
-             timeout_ms = 30000\nconcurrency = {CONCURRENCY}\n\n[[routes]]\ntopic = \"*\"\n\
-             destination = \"hook\"\n"
+             timeout_ms = 30000\nconcurrency = {CONCURRENCY}\nmax_in_flight = {BATCHES_IN_FLIGHT}\n\n\
+             [[routes]]\ntopic = \"*\"\ndestination = \"hook\"\n"
         ),
     )
     .map_err(|e| e.to_string())?;
