@@ -9,7 +9,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Relayer, TestDb, eventually, free_port, text, verb};
+use common::{ClosedPort, Relayer, TestDb, eventually, free_port, text, verb};
 use outbox_relay::http::probe;
 use outbox_relay::store::with_database;
 
@@ -121,13 +121,14 @@ async fn a_destination_outage_is_reported_but_leaves_the_relayer_ready() {
     let db = TestDb::new().await;
     let c = db.client().await;
     // An HTTP destination on a port nothing listens on: every delivery fails retryably.
-    let closed = free_port();
+    let closed = ClosedPort::new();
     let config = db.scratch_dir().join("down.toml");
     std::fs::write(
         &config,
         format!(
-            "[destinations.hooks]\ntype = \"http\"\nurl = \"http://127.0.0.1:{closed}\"\n\
-             [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n"
+            "[destinations.hooks]\ntype = \"http\"\nurl = \"http://127.0.0.1:{}\"\n\
+             [[routes]]\ntopic = \"*\"\ndestination = \"hooks\"\n",
+            closed.port
         ),
     )
     .unwrap();
@@ -186,7 +187,9 @@ async fn a_destination_outage_is_reported_but_leaves_the_relayer_ready() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_start_logs_what_an_operator_can_act_on_once() {
     let db = TestDb::empty().await;
-    // An AMQP broker that cannot be used (nothing listens on the port).
+    // An AMQP broker that cannot be used (nothing listens on the port, and nothing else
+    // can take it while the test runs).
+    let closed = ClosedPort::new();
     let config = db.scratch_dir().join("amqp.toml");
     std::fs::write(
         &config,
@@ -194,7 +197,7 @@ async fn a_start_logs_what_an_operator_can_act_on_once() {
             "[destinations.rabbit]\ntype = \"amqp\"\n\
              url = \"amqp://app:secret@127.0.0.1:{}/%2f\"\n\
              [[routes]]\ntopic = \"*\"\ndestination = \"rabbit\"\n",
-            free_port()
+            closed.port
         ),
     )
     .unwrap();
@@ -446,14 +449,15 @@ async fn secrets_come_from_the_environment_and_files_and_are_never_printed() {
         db.url.replace("postgres@", "postgres:db-pw-s3cret@"),
     )
     .unwrap();
-    let closed = free_port();
+    let closed = ClosedPort::new();
+    let closed_port = closed.port;
     let config = dir.join("relay.toml");
     std::fs::write(
         &config,
         format!(
             "[destinations.hook]\n\
              type = \"http\"\n\
-             url = \"http://hook:${{HOOK_PASSWORD}}@127.0.0.1:{closed}/in/{{topic}}\"\n\
+             url = \"http://hook:${{HOOK_PASSWORD}}@127.0.0.1:{closed_port}/in/{{topic}}\"\n\
              signing_secret = \"${{file:{}}}\"\n\
              [[routes]]\n\
              topic = \"*\"\n\

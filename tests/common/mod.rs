@@ -491,6 +491,29 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A port on 127.0.0.1 that refuses every connection for as long as this value lives: the
+/// socket is bound, so no other process or test can take the port, and never listens, so
+/// a connection gets a refusal at once. A port from [`free_port`] is only free when it is
+/// chosen; a test that needs "nothing listens here" for its whole run uses this instead.
+pub struct ClosedPort {
+    _socket: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+impl ClosedPort {
+    pub fn new() -> ClosedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket
+            .bind("127.0.0.1:0".parse().unwrap())
+            .expect("bind an ephemeral port");
+        let port = socket.local_addr().expect("its address").port();
+        ClosedPort {
+            _socket: socket,
+            port,
+        }
+    }
+}
+
 /// `outbox-relay ARGS` run to completion with DATABASE_URL = `url` and none of the caller's
 /// libpq `PG*` variables (so they cannot change what a test means).
 pub fn verb(args: &[&str], url: &str) -> std::process::Output {
