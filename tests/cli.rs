@@ -952,6 +952,52 @@ async fn the_hot_key_shape_drains_every_round_and_prints_the_medians() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sources_shape_prints_the_drain_and_the_wal_it_wrote() {
+    // The bench makes and drops databases of its own beside this one.
+    let db = TestDb::new().await;
+    let out = relay(
+        &db,
+        &[
+            "bench",
+            "--sources",
+            "2",
+            "--messages",
+            "400",
+            "--workers",
+            "1",
+        ],
+        b"",
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains("sources 2: 200 messages each: 400 messages in "),
+        "{printed}"
+    );
+    // What the server wrote, read from its own counters: some WAL for every message.
+    let wal = printed
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("WAL: "))
+        .unwrap_or_else(|| panic!("no WAL line:\n{printed}"));
+    let bytes: f64 = wal
+        .split(' ')
+        .next()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_else(|| panic!("no bytes a message: {wal}"));
+    assert!(bytes > 100.0, "{wal}");
+    assert!(
+        wal.contains("full-page images a message; ")
+            && wal.contains("checkpoint(s) requested during the drain (max_wal_size "),
+        "{wal}"
+    );
+    db.finish().await;
+}
+
 /// Runs a verb whose standard output is a pipe that its reader closed before the verb wrote
 /// (`outbox-relay … | head -c0`); returns its status and standard error.
 fn with_reader_gone(db: &TestDb, args: &[&str]) -> (Option<i32>, String) {

@@ -1,9 +1,10 @@
 //! `bench --sources 1,10,50`: one fleet serving many outbox databases. For each count, the
 //! same total backlog (`--messages`) is split evenly over that many databases and drained
 //! by `--workers` in-process fleets (each a `sources` supervisor with its own worker id,
-//! one process at a time per source), into the null recorder. Prints the drain rate and
-//! Jain's fairness index of the sources' deliveries per ten-second window (1.0: every
-//! source got the same share), over the windows in which every source still had a backlog.
+//! one process at a time per source), into the null recorder. Prints the drain rate, the
+//! WAL the server wrote a message and the checkpoints that fell in the drain, and Jain's
+//! fairness index of the sources' deliveries per ten-second window (1.0: every source got
+//! the same share), over the windows in which every source still had a backlog.
 //! The fleets start together: the time each takes to learn the fleet's size (one
 //! discovery interval, 1 s here) is part of the drain.
 
@@ -73,10 +74,12 @@ async fn measure(
     recorder.recording.store(true, Ordering::SeqCst);
     let target = recorder.target(total);
     let shutdown = CancellationToken::new();
+    let wal_before = Wal::read(sql).await;
     let started = Instant::now();
     let fleets = start_fleets(o, &listed, &recorder, &shutdown)?;
     recorder.reached(target, "draining").await?;
     let took = started.elapsed();
+    let wal_after = Wal::read(sql).await;
     recorder.recording.store(false, Ordering::SeqCst);
     shutdown.cancel();
     for f in fleets {
@@ -104,6 +107,9 @@ async fn measure(
             first.duration_since(started).as_secs_f64()
         );
     }
+    if let (Some(before), Some(after)) = (wal_before, wal_after) {
+        before.report(&after, total);
+    }
     let fairness = jain_per_window(&acks, &source_of, n as usize, started, FAIRNESS_WINDOW);
     match median(fairness.iter().copied().map(Some)) {
         Some(mid) => outln!(
@@ -124,6 +130,58 @@ async fn measure(
         drop_database(sql, name).await;
     }
     Ok(())
+}
+
+/// The server's WAL counters (`pg_stat_wal`, `pg_stat_bgwriter`), read before and after a
+/// drain. The first change of a page after a checkpoint writes the whole page to the WAL,
+/// and sources drained side by side change more pages between two checkpoints than one
+/// source does: a drain that the server's `max_wal_size` interrupts with checkpoints
+/// measures them too, so the bench says how many there were.
+struct Wal {
+    bytes: f64,
+    full_pages: i64,
+    checkpoints: i64,
+    max_wal_size: String,
+}
+
+impl Wal {
+    /// None when the server does not say (before PostgreSQL 14, or no rights to read them).
+    async fn read(sql: &tokio_postgres::Client) -> Option<Wal> {
+        let row = sql
+            .query_one(
+                "SELECT w.wal_bytes::float8, w.wal_fpi, b.checkpoints_req, \
+                        current_setting('max_wal_size') \
+                   FROM pg_stat_wal AS w, pg_stat_bgwriter AS b",
+                &[],
+            )
+            .await
+            .ok()?;
+        Some(Wal {
+            bytes: row.get(0),
+            full_pages: row.get(1),
+            checkpoints: row.get(2),
+            max_wal_size: row.get(3),
+        })
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn report(&self, after: &Wal, messages: u64) {
+        let per = |x: f64| x / messages.max(1) as f64;
+        let checkpoints = after.checkpoints - self.checkpoints;
+        outln!(
+            "  WAL: {:.0} bytes and {:.3} full-page images a message; {checkpoints} \
+             checkpoint(s) requested during the drain (max_wal_size {}){}",
+            per(after.bytes - self.bytes),
+            per((after.full_pages - self.full_pages) as f64),
+            after.max_wal_size,
+            if checkpoints > 0 {
+                ": the figures include what they cost, more with more sources \
+                 (docs/performance.md)"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 /// The bench database's name, and a migrated database beside it named after it, to copy
