@@ -50,7 +50,8 @@ fn start(db: &TestDb, url: &str, worker: &str, port: u16, more: &[&str]) -> Rela
 #[tokio::test(flavor = "multi_thread")]
 async fn healthz_answers_from_the_start_and_readyz_carries_the_database_error() {
     let db = TestDb::new().await;
-    let closed = free_port();
+    let held = ClosedPort::new();
+    let closed = held.port;
     let url = format!("postgres://postgres@127.0.0.1:{closed}/postgres");
     let port = free_port();
     let mut relayer = start(&db, &url, "unreachable", port, &[]);
@@ -98,7 +99,7 @@ async fn healthz_answers_from_the_start_and_readyz_carries_the_database_error() 
 
     // The relayer keeps trying: once something answers on that port (a proxy to the test
     // server), it gets past "connection refused" without a restart.
-    let proxy = forward(closed, port_of(&db.url));
+    let proxy = forward(held.listen(), port_of(&db.url));
     eventually(
         MINUTE,
         "the relayer to reach the database on a retry",
@@ -537,11 +538,8 @@ async fn secrets_come_from_the_environment_and_files_and_are_never_printed() {
     db.finish().await;
 }
 
-/// Forwards connections to 127.0.0.1:`from` to 127.0.0.1:`to` until aborted.
-fn forward(from: u16, to: u16) -> tokio::task::JoinHandle<()> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", from)).expect("bind the closed port");
-    listener.set_nonblocking(true).unwrap();
-    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+/// Forwards the connections `listener` accepts to 127.0.0.1:`to` until aborted.
+fn forward(listener: tokio::net::TcpListener, to: u16) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
             tokio::spawn(async move {

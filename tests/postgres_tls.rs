@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{eventually, free_port, text, verb, verb_env};
+use common::{ClosedPort, eventually, free_port, text, verb, verb_env};
 
 struct Cluster {
     dir: PathBuf,
@@ -274,7 +274,8 @@ fn a_wrong_password_a_missing_database_role_or_server_are_named() {
              does not exist (SQLSTATE 28000)"
         ),
     );
-    let closed = free_port();
+    let held = ClosedPort::new();
+    let closed = held.port;
     assert_refused(
         &format!("postgres://relay:s3cret@127.0.0.1:{closed}/app?sslmode=require"),
         &[],

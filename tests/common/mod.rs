@@ -496,7 +496,7 @@ pub fn free_port() -> u16 {
 /// a connection gets a refusal at once. A port from [`free_port`] is only free when it is
 /// chosen; a test that needs "nothing listens here" for its whole run uses this instead.
 pub struct ClosedPort {
-    _socket: tokio::net::TcpSocket,
+    socket: tokio::net::TcpSocket,
     pub port: u16,
 }
 
@@ -507,10 +507,13 @@ impl ClosedPort {
             .bind("127.0.0.1:0".parse().unwrap())
             .expect("bind an ephemeral port");
         let port = socket.local_addr().expect("its address").port();
-        ClosedPort {
-            _socket: socket,
-            port,
-        }
+        ClosedPort { socket, port }
+    }
+
+    /// Starts listening on the port: from now on connections are accepted (by whoever
+    /// accepts on the listener), with no moment in which another could take the port.
+    pub fn listen(self) -> tokio::net::TcpListener {
+        self.socket.listen(128).expect("listen on the held port")
     }
 }
 
