@@ -284,7 +284,23 @@ async fn exactly_once<H: Harness>() {
     let got: HashSet<Uuid> = arrived.iter().map(|a| a.id).collect();
     assert_eq!(arrived.len(), 5000, "one arrival per message");
     assert_eq!(got, ids, "every outbox_id in the native dedupe field");
-    assert!(histories(&c).await.values().all(|h| h == "1:DISPATCHED"));
+    // Each delivered by its first attempt, or by a later one after attempts that failed
+    // without delivering (the count above): an emulator's occasional error is a retry,
+    // which must stay rare.
+    let histories = histories(&c).await;
+    let retried: Vec<&String> = histories
+        .values()
+        .filter(|h| *h != "1:DISPATCHED")
+        .collect();
+    assert!(
+        retried.iter().all(|h| {
+            let attempts: Vec<&str> = h.split(' ').collect();
+            let (last, before) = attempts.split_last().expect("an attempt");
+            last.ends_with(":DISPATCHED") && before.iter().all(|a| a.ends_with(":RETRYABLE"))
+        }),
+        "{retried:?}"
+    );
+    assert!(retried.len() <= 5, "retried: {retried:?}");
     h.clean_up().await;
     db.finish().await;
 }
