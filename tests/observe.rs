@@ -416,7 +416,8 @@ async fn status_shows_each_destinations_circuit_as_the_relayers_last_reported_it
     let db = TestDb::new().await;
     let c = db.client().await;
     // An HTTP destination on a port nothing listens on yet: down.
-    let port = free_port();
+    let held = common::ClosedPort::new();
+    let port = held.port;
     let config = db.scratch_dir().join("hooks.toml");
     std::fs::write(
         &config,
@@ -462,9 +463,7 @@ async fn status_shows_each_destinations_circuit_as_the_relayers_last_reported_it
     .await;
 
     // The destination is back: each relayer's next probe closes its circuit.
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
+    let listener = held.listen();
     let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::OK });
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     eventually(

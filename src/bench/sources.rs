@@ -67,7 +67,9 @@ async fn measure(
         source_of.extend(ids.into_iter().map(|id| (id, i)));
         listed.insert(name, source_url);
     }
+    let checkpoints = Wal::checkpoints(sql).await.ok();
     settle(sql).await;
+    Wal::checkpoint_counted(sql, checkpoints).await;
     let total = per_source * u64::from(n);
     let recorder = Recorder::new(None);
     lock(&recorder.acks).clear();
@@ -79,12 +81,14 @@ async fn measure(
     let fleets = start_fleets(o, &listed, &recorder, &shutdown)?;
     recorder.reached(target, "draining").await?;
     let took = started.elapsed();
-    let wal_after = Wal::read(sql).await;
     recorder.recording.store(false, Ordering::SeqCst);
     shutdown.cancel();
     for f in fleets {
         let _ = f.await;
     }
+    // The WAL of the drain's last calls: a backend publishes its counts when it exits.
+    sessions_gone(sql, &listed).await;
+    let wal_after = Wal::read(sql).await;
     report(
         &format!("sources {n}: {per_source} messages each"),
         total,
@@ -107,8 +111,9 @@ async fn measure(
             first.duration_since(started).as_secs_f64()
         );
     }
-    if let (Some(before), Some(after)) = (wal_before, wal_after) {
-        before.report(&after, total);
+    match (wal_before, wal_after) {
+        (Ok(before), Ok(after)) => before.report(&after, total),
+        (Err(e), _) | (_, Err(e)) => outln!("  WAL: not read ({e})"),
     }
     let fairness = jain_per_window(&acks, &source_of, n as usize, started, FAIRNESS_WINDOW);
     match median(fairness.iter().copied().map(Some)) {
@@ -132,11 +137,12 @@ async fn measure(
     Ok(())
 }
 
-/// The server's WAL counters (`pg_stat_wal`, `pg_stat_bgwriter`), read before and after a
-/// drain. The first change of a page after a checkpoint writes the whole page to the WAL,
-/// and sources drained side by side change more pages between two checkpoints than one
-/// source does: a drain that the server's `max_wal_size` interrupts with checkpoints
-/// measures them too, so the bench says how many there were.
+/// The server's WAL and checkpoint counters, read before and after a drain. The first
+/// change of a page after a checkpoint writes the whole page to the WAL, and sources
+/// drained side by side change more pages between two checkpoints than one source does: a
+/// drain that the server's `max_wal_size` interrupts with checkpoints measures them too, so
+/// the bench says how many there were. The counters are the whole server's: what else runs
+/// on it counts too.
 struct Wal {
     bytes: f64,
     full_pages: i64,
@@ -145,23 +151,53 @@ struct Wal {
 }
 
 impl Wal {
-    /// None when the server does not say (before PostgreSQL 14, or no rights to read them).
-    async fn read(sql: &tokio_postgres::Client) -> Option<Wal> {
+    async fn read(sql: &tokio_postgres::Client) -> Result<Wal, String> {
         let row = sql
             .query_one(
-                "SELECT w.wal_bytes::float8, w.wal_fpi, b.checkpoints_req, \
-                        current_setting('max_wal_size') \
-                   FROM pg_stat_wal AS w, pg_stat_bgwriter AS b",
+                "SELECT wal_bytes::float8, wal_fpi, current_setting('max_wal_size') \
+                   FROM pg_stat_wal",
                 &[],
             )
             .await
-            .ok()?;
-        Some(Wal {
+            .map_err(|e| format!("pg_stat_wal: {e}"))?;
+        Ok(Wal {
             bytes: row.get(0),
             full_pages: row.get(1),
-            checkpoints: row.get(2),
-            max_wal_size: row.get(3),
+            checkpoints: Self::checkpoints(sql).await?,
+            max_wal_size: row.get(2),
         })
+    }
+
+    /// Checkpoints started, timed or requested (`pg_stat_checkpointer` from PostgreSQL 17,
+    /// `pg_stat_bgwriter` before).
+    async fn checkpoints(sql: &tokio_postgres::Client) -> Result<i64, String> {
+        let version: i32 = sql
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .map_err(|e| e.to_string())?
+            .get(0);
+        let query = if version >= 170_000 {
+            "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+        } else {
+            "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+        };
+        Ok(sql
+            .query_one(query, &[])
+            .await
+            .map_err(|e| format!("checkpoint counts: {e}"))?
+            .get(0))
+    }
+
+    /// Waits (at most 2 s) until the checkpoint run before the drain is counted, so that
+    /// it does not count as one during the drain.
+    async fn checkpoint_counted(sql: &tokio_postgres::Client, before: Option<i64>) {
+        let Some(before) = before else { return };
+        for _ in 0..20 {
+            if Self::checkpoints(sql).await.is_ok_and(|now| now > before) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     #[allow(clippy::cast_precision_loss)]
@@ -170,7 +206,7 @@ impl Wal {
         let checkpoints = after.checkpoints - self.checkpoints;
         outln!(
             "  WAL: {:.0} bytes and {:.3} full-page images a message; {checkpoints} \
-             checkpoint(s) requested during the drain (max_wal_size {}){}",
+             checkpoint(s) during the drain (max_wal_size {}){}",
             per(after.bytes - self.bytes),
             per((after.full_pages - self.full_pages) as f64),
             after.max_wal_size,
@@ -181,6 +217,24 @@ impl Wal {
                 ""
             }
         );
+    }
+}
+
+/// Waits (at most 5 s) until the sessions of the drained databases have ended.
+async fn sessions_gone(sql: &tokio_postgres::Client, listed: &BTreeMap<String, String>) {
+    let names: Vec<&str> = listed.keys().map(String::as_str).collect();
+    for _ in 0..50 {
+        let left = sql
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY ($1)",
+                &[&names],
+            )
+            .await
+            .map_or(0, |row| row.get::<_, i64>(0));
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -512,6 +512,7 @@ impl ClosedPort {
 
     /// Starts listening on the port: from now on connections are accepted (by whoever
     /// accepts on the listener), with no moment in which another could take the port.
+    /// Called inside a Tokio runtime (the listener registers with it).
     pub fn listen(self) -> tokio::net::TcpListener {
         self.socket.listen(128).expect("listen on the held port")
     }
