@@ -226,14 +226,18 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         let siblings = std::mem::take(&mut *self.siblings.lock().unwrap());
         let logins = std::mem::take(&mut *self.logins.lock().unwrap());
-        if self.throwaway {
-            return;
-        }
+        let scratch = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(&self.name);
         if std::thread::panicking() {
+            if self.throwaway {
+                return;
+            }
             let mut kept = format!(
                 "test failed: database {} kept for inspection (psql {})",
                 self.name, self.url
             );
+            if scratch.exists() {
+                kept.push_str(&format!(", with its files in {}", scratch.display()));
+            }
             if !siblings.is_empty() {
                 kept.push_str(&format!(", with the databases {}", siblings.join(", ")));
             }
@@ -244,6 +248,11 @@ impl Drop for TestDb {
                 "{kept}; drop it with DROP DATABASE {} WITH (FORCE)",
                 self.name
             );
+            return;
+        }
+        // A passed test leaves nothing behind: its files go with its database.
+        let _ = std::fs::remove_dir_all(&scratch);
+        if self.throwaway {
             return;
         }
         let mut databases = siblings;
