@@ -291,6 +291,21 @@ const BENCH_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Flushes dirty buffers before a measurement, so a checkpoint triggered by the previous
 /// phase's writes does not land in it (needs superuser or pg_checkpoint; skipped otherwise).
+/// Checkpoints the server has started, timed or requested (`pg_stat_checkpointer` from
+/// PostgreSQL 17, `pg_stat_bgwriter` before).
+async fn checkpoints_started(sql: &tokio_postgres::Client) -> Result<i64> {
+    let version: i32 = sql
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await?
+        .get(0);
+    let query = if version >= 170_000 {
+        "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+    } else {
+        "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+    };
+    Ok(sql.query_one(query, &[]).await?.get(0))
+}
+
 async fn settle(sql: &tokio_postgres::Client) {
     if let Err(e) = sql.batch_execute("CHECKPOINT").await {
         eprintln!("bench: CHECKPOINT not run ({e}); figures may include checkpoint I/O");

@@ -22,7 +22,10 @@ use outbox_relay::dispatch::Dispatcher;
 use outbox_relay::sources::{Fleet, SourcesSettings};
 use outbox_relay::store::{Store, fill_messages_returning_ids, with_database};
 
-use super::{BENCH_DEADLINE, Options, Recorder, connect, lock, median, progress, report, settle};
+use super::{
+    BENCH_DEADLINE, Options, Recorder, checkpoints_started, connect, lock, median, progress,
+    report, settle,
+};
 
 pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
     let (bench_db, template) = migrated_template(url, sql).await?;
@@ -67,7 +70,7 @@ async fn measure(
         source_of.extend(ids.into_iter().map(|id| (id, i)));
         listed.insert(name, source_url);
     }
-    let checkpoints = Wal::checkpoints(sql).await.ok();
+    let checkpoints = checkpoints_started(sql).await.ok();
     settle(sql).await;
     Wal::checkpoint_counted(sql, checkpoints).await;
     let total = per_source * u64::from(n);
@@ -163,29 +166,11 @@ impl Wal {
         Ok(Wal {
             bytes: row.get(0),
             full_pages: row.get(1),
-            checkpoints: Self::checkpoints(sql).await?,
+            checkpoints: checkpoints_started(sql)
+                .await
+                .map_err(|e| format!("checkpoint counts: {e}"))?,
             max_wal_size: row.get(2),
         })
-    }
-
-    /// Checkpoints started, timed or requested (`pg_stat_checkpointer` from PostgreSQL 17,
-    /// `pg_stat_bgwriter` before).
-    async fn checkpoints(sql: &tokio_postgres::Client) -> Result<i64, String> {
-        let version: i32 = sql
-            .query_one("SELECT current_setting('server_version_num')::int", &[])
-            .await
-            .map_err(|e| e.to_string())?
-            .get(0);
-        let query = if version >= 170_000 {
-            "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
-        } else {
-            "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
-        };
-        Ok(sql
-            .query_one(query, &[])
-            .await
-            .map_err(|e| format!("checkpoint counts: {e}"))?
-            .get(0))
     }
 
     /// Waits (at most 2 s) until the checkpoint run before the drain is counted, so that
@@ -193,7 +178,7 @@ impl Wal {
     async fn checkpoint_counted(sql: &tokio_postgres::Client, before: Option<i64>) {
         let Some(before) = before else { return };
         for _ in 0..20 {
-            if Self::checkpoints(sql).await.is_ok_and(|now| now > before) {
+            if checkpoints_started(sql).await.is_ok_and(|now| now > before) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

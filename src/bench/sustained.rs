@@ -18,7 +18,8 @@ use outbox_relay::store::fill_messages_numbered;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Options, Recorder, connect, drain, per_sec, progress, report, shutdown_relays, start_relays,
+    Options, Recorder, checkpoints_started, connect, drain, per_sec, progress, report,
+    shutdown_relays, start_relays,
 };
 
 /// Length of a reported window.
@@ -143,15 +144,15 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             .query_one(
                 "SELECT (SELECT count(*) FROM outbox.messages),
                         s.n_dead_tup, s.autovacuum_count,
-                        (SELECT count(*) FROM outbox.attempts),
-                        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)
+                        (SELECT count(*) FROM outbox.attempts)
                    FROM pg_stat_user_tables AS s
                   WHERE s.relid = 'outbox.messages'::regclass",
                 &[],
             )
             .await?;
-        let (backlog, dead, vacuums, attempts, checkpoints): (i64, i64, i64, i64, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let (backlog, dead, vacuums, attempts): (i64, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let checkpoints = checkpoints_started(sql).await?;
         let wal = wal_lsn(sql).await?;
         let wal_per_msg = (wal - lsn) as f64 / delivered.max(1) as f64;
         lsn = wal;
