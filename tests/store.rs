@@ -309,24 +309,11 @@ async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
 #[tokio::test]
 async fn a_backlogged_store_leaves_turns_to_the_others() {
     use std::sync::Arc;
-    use std::time::Duration;
 
     let db = TestDb::new().await;
     let worker = WorkerId::new("w1");
-    let blocker = db.client().await;
-    let watcher = db.client().await;
-    common::fill(&blocker, "t", 30, None).await;
-    let waiting = || async {
-        watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                 AND wait_event_type = 'Lock' AND query LIKE '%claim_outbox_batch_seq%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
+    let locked = LockedClaims::new(&db, &worker).await;
+    common::fill(&locked.blocker, "t", 30, None).await;
     let turns = Arc::new(outbox_relay::store::Turns::new(2, 1));
     let backlogged = db.store().with_turns(turns.clone());
     let quiet = db.store().with_turns(turns.clone());
@@ -335,37 +322,134 @@ async fn a_backlogged_store_leaves_turns_to_the_others() {
         .await
         .unwrap();
     assert_eq!(claimed.len(), 10, "the first claim comes back full");
-    // Runs `store`'s claims against the locked table; returns the sessions that reached it.
-    let blocked = |stores: Vec<outbox_relay::store::Store>| {
-        let (blocker, worker, waiting) = (&blocker, worker.clone(), &waiting);
-        async move {
-            blocker
-                .batch_execute("BEGIN; LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")
-                .await
-                .unwrap();
-            let claims: Vec<_> = stores.iter().map(|s| spawn_claim(s, &worker)).collect();
-            // Long enough for every call that may run to reach the database.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let seen = waiting().await;
-            blocker.batch_execute("COMMIT").await.unwrap();
-            let got: Vec<usize> = futures_join(claims).await;
-            (seen, got)
-        }
-    };
-    let (seen, got) = blocked(vec![backlogged.clone(), backlogged.clone()]).await;
+    let (seen, got) = locked
+        .run(vec![backlogged.clone(), backlogged.clone()])
+        .await;
     assert_eq!(seen, 1, "two backlogged claims both ran at once");
     assert_eq!(got, [10, 10]);
-    let (seen, _) = blocked(vec![backlogged.clone(), backlogged.clone(), quiet.clone()]).await;
+    let (seen, _) = locked
+        .run(vec![backlogged.clone(), backlogged.clone(), quiet.clone()])
+        .await;
     assert_eq!(seen, 2, "a quiet store's claim waited behind a backlog's");
     // All 30 are leased: the claims of the round above came back empty, so the store is no
     // longer backlogged and two of its claims run at once.
-    let (seen, got) = blocked(vec![backlogged.clone(), backlogged.clone()]).await;
+    let (seen, got) = locked
+        .run(vec![backlogged.clone(), backlogged.clone()])
+        .await;
     assert_eq!(got, [0, 0]);
     assert_eq!(
         seen, 2,
         "a store whose claim came back short stayed backlogged"
     );
     db.finish().await;
+}
+
+/// Adaptive turns (the default): a backlog has all of its backlogged turns until a store
+/// that is not backlogged has a claim return messages; for the next second its calls run
+/// one at a time. The short last claim of a store that was backlogged is not quiet traffic.
+#[tokio::test]
+async fn adaptive_turns_run_a_backlog_one_call_at_a_time_while_quiet_sources_flow() {
+    use std::sync::Arc;
+
+    let db = TestDb::new().await;
+    let worker = WorkerId::new("w1");
+    let locked = LockedClaims::new(&db, &worker).await;
+    let turns = Arc::new(outbox_relay::store::Turns::new(3, 2).adaptive());
+    let backlogged = db.store().with_turns(turns.clone());
+    let quiet = db.store().with_turns(turns.clone());
+    let claim = |store: &outbox_relay::store::Store, limit: i32| {
+        let (store, worker) = (store.clone(), worker.clone());
+        async move {
+            store
+                .claim(limit, &worker, 30, None, None, Default::default())
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    common::fill(&locked.blocker, "t", 40, None).await;
+    assert_eq!(
+        claim(&backlogged, 10).await,
+        10,
+        "the backlog's claim is full"
+    );
+    // The other store's backlog runs dry: a full claim, then a short one.
+    assert_eq!(claim(&quiet, 10).await, 10);
+    assert_eq!(claim(&quiet, 100).await, 20);
+    let (seen, _) = locked
+        .run(vec![backlogged.clone(), backlogged.clone()])
+        .await;
+    assert_eq!(
+        seen, 2,
+        "a backlog's last short claim held the other backlog to one call"
+    );
+    // Both stores are empty now; a backlog again, and quiet traffic beside it.
+    common::fill(&locked.blocker, "t", 10, None).await;
+    assert_eq!(
+        claim(&backlogged, 10).await,
+        10,
+        "the backlog's claim is full"
+    );
+    common::fill(&locked.blocker, "t", 3, None).await;
+    assert_eq!(
+        claim(&quiet, 100).await,
+        3,
+        "the quiet store's claim is short"
+    );
+    let (seen, _) = locked
+        .run(vec![backlogged.clone(), backlogged.clone(), quiet.clone()])
+        .await;
+    assert_eq!(
+        seen, 2,
+        "beside quiet traffic, two backlogged calls ran at once, or the quiet one waited"
+    );
+    db.finish().await;
+}
+
+/// Claims run against a table locked ACCESS EXCLUSIVE, to count how many reach the database
+/// at once.
+struct LockedClaims {
+    blocker: tokio_postgres::Client,
+    watcher: tokio_postgres::Client,
+    worker: WorkerId,
+}
+
+impl LockedClaims {
+    async fn new(db: &TestDb, worker: &WorkerId) -> Self {
+        Self {
+            blocker: db.client().await,
+            watcher: db.client().await,
+            worker: worker.clone(),
+        }
+    }
+
+    /// Runs a claim of up to 10 by each of `stores` while the table is locked; returns how
+    /// many of them reached the database (waiting for the lock) and, once it is released,
+    /// what each claimed.
+    async fn run(&self, stores: Vec<outbox_relay::store::Store>) -> (i64, Vec<usize>) {
+        self.blocker
+            .batch_execute("BEGIN; LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let claims: Vec<_> = stores
+            .iter()
+            .map(|s| spawn_claim(s, &self.worker))
+            .collect();
+        // Long enough for every call that may run to reach the database.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let seen = self
+            .watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock' AND query LIKE '%claim_outbox_batch_seq%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        self.blocker.batch_execute("COMMIT").await.unwrap();
+        (seen, futures_join(claims).await)
+    }
 }
 
 /// A served source's leasing calls that queue for the server's turns hold at most all but

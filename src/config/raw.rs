@@ -201,7 +201,8 @@ pub struct RawConfig {
     /// Of those calls, how many may come from backlogged sources (whose latest claim came
     /// back full) at once; the other turns are kept for the sources that are not
     /// backlogged. 1..=1024, at most `source_calls_per_server` [default: half of
-    /// source_calls_per_server, rounded up].
+    /// source_calls_per_server, rounded up, and 1 while quiet sources flow beside a
+    /// backlog].
     #[arg(
         long,
         env = "OUTBOX_SOURCE_BACKLOGGED_CALLS_PER_SERVER",

@@ -94,15 +94,17 @@ impl Fleet {
     /// The turns of `server`'s leasing calls, when they are capped.
     fn turns(&self, server: &str) -> Option<Arc<Turns>> {
         let n = self.settings.calls_per_server?;
-        let backlogged = self
-            .settings
-            .backlogged_calls_per_server
-            .unwrap_or(n.div_ceil(2));
+        let configured = self.settings.backlogged_calls_per_server;
         let mut turns = self.turns.lock().expect("turns lock");
         Some(
             turns
                 .entry(server.to_owned())
-                .or_insert_with(|| Arc::new(Turns::new(n, backlogged)))
+                .or_insert_with(|| {
+                    Arc::new(match configured {
+                        Some(backlogged) => Turns::new(n, backlogged),
+                        None => Turns::new(n, n.div_ceil(2)).adaptive(),
+                    })
+                })
                 .clone(),
         )
     }

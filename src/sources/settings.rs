@@ -43,7 +43,8 @@ pub struct SourcesSettings {
     pub calls_per_server: Option<usize>,
     /// Of those, the calls of backlogged sources (whose latest claim came back full) at
     /// once; the other turns are kept for the sources that are not backlogged. None: half
-    /// of `calls_per_server`, rounded up.
+    /// of `calls_per_server`, rounded up, and one while quiet sources flow beside the
+    /// backlog (adaptive turns, [`crate::store::Turns::adaptive`]).
     pub backlogged_calls_per_server: Option<usize>,
     /// Sources named in the `source` label of this process's metrics (the first ones it
     /// serves); the others are `other`.

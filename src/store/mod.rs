@@ -314,10 +314,21 @@ impl Store {
     }
 
     /// Records whether a claim of `limit` came back full.
+    /// A claim that returned messages without filling its batch, when the claim before it
+    /// did not fill its batch either, is quiet traffic, which adaptive turns let pass before
+    /// a backlog ([`Turns::quiet_flowed`]); the last claim of a backlog that runs dry is not.
     pub(super) fn claimed(&self, limit: i32, got: usize) {
         let full = usize::try_from(limit).is_ok_and(|limit| got >= limit);
-        self.backlogged
-            .store(full, std::sync::atomic::Ordering::Relaxed);
+        let was_full = self
+            .backlogged
+            .swap(full, std::sync::atomic::Ordering::Relaxed);
+        if got > 0
+            && !was_full
+            && !full
+            && let Some(here) = &self.turns
+        {
+            here.turns.quiet_flowed();
+        }
     }
 
     /// Where and how this store connects.

@@ -9,8 +9,23 @@
 //! short and whose messages wait for them, so that one source's deep backlog does not keep
 //! the server's cores from the quiet sources beside it. Each kind waits first come, first
 //! served.
+//!
+//! While quiet sources beside the backlog are flowing (one of their claims returned
+//! messages within the last [`QUIET_WINDOW`]), backlogged calls may run only one at a time
+//! when the turns were made with [`Turns::adaptive`]: on a server with few cores, the quiet
+//! sources' calls otherwise share them with every backlogged call at once, and their
+//! p99 latency is 2–4 × that without the backlog (docs/performance.md, "Quiet sources
+//! beside a backlog: adaptive turns"). With no quiet traffic, a backlog keeps all of its
+//! turns, so draining many sources at once costs nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// How long after a quiet source's claim returned messages the backlogged calls run one at
+/// a time (adaptive turns).
+pub const QUIET_WINDOW: Duration = Duration::from_secs(1);
 
 /// One server's turns, shared by the stores of the sources a process serves on it.
 #[derive(Debug)]
@@ -19,6 +34,14 @@ pub struct Turns {
     all: Semaphore,
     /// A backlogged source's call holds one of these too: fewer than `all`.
     backlogged: Semaphore,
+    /// With adaptive turns, a backlogged call that starts while quiet sources flow holds
+    /// this one too.
+    beside_quiet: Option<Semaphore>,
+    /// When the turns were made, the origin of `quiet_until`.
+    started: Instant,
+    /// Milliseconds from `started` to the end of the quiet window of the latest quiet
+    /// source's claim that returned messages (0: none yet).
+    quiet_until: AtomicU64,
 }
 
 impl Turns {
@@ -29,20 +52,55 @@ impl Turns {
         Self {
             all: Semaphore::new(calls),
             backlogged: Semaphore::new(backlogged_calls.clamp(1, calls)),
+            beside_quiet: None,
+            started: Instant::now(),
+            quiet_until: AtomicU64::new(0),
         }
+    }
+
+    /// The same turns, adaptive: while quiet sources flow (see [`Turns::quiet_flowed`]),
+    /// backlogged calls run one at a time, whatever `backlogged_calls` allows.
+    #[must_use]
+    pub fn adaptive(mut self) -> Self {
+        self.beside_quiet = Some(Semaphore::new(1));
+        self
+    }
+
+    /// Notes that a source that is not backlogged had a claim return messages: the quiet
+    /// sources flow for the next [`QUIET_WINDOW`].
+    pub fn quiet_flowed(&self) {
+        let until = self.started.elapsed() + QUIET_WINDOW;
+        self.quiet_until.store(
+            u64::try_from(until.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether quiet sources flowed within the last [`QUIET_WINDOW`].
+    fn quiet_flowing(&self) -> bool {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        now < self.quiet_until.load(Ordering::Relaxed)
     }
 
     /// Waits for a turn; a backlogged source's call also waits for one of the backlogged
     /// turns, first, so that it never holds a turn of `all` while it waits.
     pub async fn take(&self, backlogged: bool) -> Turn<'_> {
-        let backlogged = if backlogged {
-            Some(self.backlogged.acquire().await.expect("never closed"))
+        let (backlogged, beside_quiet) = if backlogged {
+            let permit = self.backlogged.acquire().await.expect("never closed");
+            let beside_quiet = match &self.beside_quiet {
+                Some(one) if self.quiet_flowing() => {
+                    Some(one.acquire().await.expect("never closed"))
+                }
+                _ => None,
+            };
+            (Some(permit), beside_quiet)
         } else {
-            None
+            (None, None)
         };
         Turn {
             _all: self.all.acquire().await.expect("never closed"),
             _backlogged: backlogged,
+            _beside_quiet: beside_quiet,
         }
     }
 }
@@ -51,6 +109,7 @@ impl Turns {
 pub struct Turn<'a> {
     _all: SemaphorePermit<'a>,
     _backlogged: Option<SemaphorePermit<'a>>,
+    _beside_quiet: Option<SemaphorePermit<'a>>,
 }
 
 #[cfg(test)]
@@ -75,6 +134,44 @@ mod tests {
         let _e = turns.take(true).await;
         let _f = turns.take(false).await;
         drop((b, d));
+    }
+
+    #[tokio::test]
+    async fn adaptive_turns_run_one_backlogged_call_while_quiet_sources_flow() {
+        let turns = Turns::new(4, 2).adaptive();
+        // No quiet traffic: the backlog has both of its turns.
+        let a = turns.take(true).await;
+        let b = turns.take(true).await;
+        drop((a, b));
+        turns.quiet_flowed();
+        let a = turns.take(true).await;
+        let second = tokio::time::timeout(Duration::from_millis(50), turns.take(true)).await;
+        assert!(
+            second.is_err(),
+            "a second backlogged call ran beside quiet traffic"
+        );
+        // The quiet sources' own calls are not held back.
+        let q = turns.take(false).await;
+        drop((a, q));
+        // Once the quiet window has passed, both turns are the backlog's again.
+        tokio::time::sleep(super::QUIET_WINDOW + Duration::from_millis(20)).await;
+        let a = turns.take(true).await;
+        let b = tokio::time::timeout(Duration::from_millis(50), turns.take(true)).await;
+        assert!(
+            b.is_ok(),
+            "the backlog kept one turn after the quiet window"
+        );
+        drop((a, b));
+    }
+
+    #[tokio::test]
+    async fn fixed_turns_ignore_quiet_traffic() {
+        let turns = Turns::new(4, 2);
+        turns.quiet_flowed();
+        let a = turns.take(true).await;
+        let b = tokio::time::timeout(Duration::from_millis(50), turns.take(true)).await;
+        assert!(b.is_ok(), "fixed turns held a backlogged call back");
+        drop((a, b));
     }
 
     #[tokio::test]
