@@ -228,20 +228,9 @@ async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
 
     let db = TestDb::new().await;
     let worker = WorkerId::new("w1");
-    let blocker = db.client().await;
-    let watcher = db.client().await;
-    // Sessions of this database waiting on a lock while running a claim.
-    let waiting = || async {
-        watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                 AND wait_event_type = 'Lock' AND query LIKE '%claim_outbox_batch_seq%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
+    let locked = LockedClaims::new(&db, &worker).await;
+    let blocker = &locked.blocker;
+    let waiting = || locked.waiting();
     for turns in [Some(1), None] {
         let shared = Arc::new(outbox_relay::store::Turns::new(1, 1));
         let stores: Vec<_> = (0..2)
@@ -406,8 +395,8 @@ async fn adaptive_turns_run_a_backlog_one_call_at_a_time_while_quiet_sources_flo
     db.finish().await;
 }
 
-/// Claims run against a table locked ACCESS EXCLUSIVE, to count how many reach the database
-/// at once.
+/// Claims run against a table locked ACCESS EXCLUSIVE, to count how many of them reach
+/// the database at once.
 struct LockedClaims {
     blocker: tokio_postgres::Client,
     watcher: tokio_postgres::Client,
@@ -437,8 +426,14 @@ impl LockedClaims {
             .collect();
         // Long enough for every call that may run to reach the database.
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let seen = self
-            .watcher
+        let seen = self.waiting().await;
+        self.blocker.batch_execute("COMMIT").await.unwrap();
+        (seen, futures_join(claims).await)
+    }
+
+    /// Sessions of this database waiting on a lock while running a claim.
+    async fn waiting(&self) -> i64 {
+        self.watcher
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
                  AND wait_event_type = 'Lock' AND query LIKE '%claim_outbox_batch_seq%'",
@@ -446,9 +441,7 @@ impl LockedClaims {
             )
             .await
             .unwrap()
-            .get::<_, i64>(0);
-        self.blocker.batch_execute("COMMIT").await.unwrap();
-        (seen, futures_join(claims).await)
+            .get::<_, i64>(0)
     }
 }
 
