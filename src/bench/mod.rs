@@ -140,7 +140,7 @@ pub struct Options {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub calls_per_server: u32,
     /// With --sources and --quiet-sources: of those, the calls of backlogged sources
-    /// (`source_backlogged_calls_per_server`; 0: the default, half of them).
+    /// (`source_backlogged_calls_per_server`; 0: the default, adaptive turns).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub backlogged_calls_per_server: u32,
     /// With --sources and --quiet-sources: each fleet's discovery interval

@@ -57,8 +57,12 @@ impl Store {
                 ],
             )
             .await?;
-        self.claimed(batch_size, rows.len());
-        Ok(rows.iter().map(claimed_from_row).collect())
+        let claimed: Vec<ClaimedMessage> = rows.iter().map(claimed_from_row).collect();
+        let bytes: i64 = claimed.iter().map(|m| m.payload_bytes).sum();
+        let full = usize::try_from(batch_size).is_ok_and(|limit| claimed.len() >= limit)
+            || sizes.max_batch_bytes.is_some_and(|max| bytes >= max);
+        self.claimed(full, !claimed.is_empty());
+        Ok(claimed)
     }
 
     /// `outbox.complete_outbox_batch`: one round trip for a whole batch. Lost leases come

@@ -313,18 +313,19 @@ impl Store {
         })
     }
 
-    /// Records whether a claim of `limit` came back full.
-    /// A claim that returned messages without filling its batch, when the claim before it
-    /// did not fill its batch either, is quiet traffic, which adaptive turns let pass before
-    /// a backlog ([`Turns::quiet_flowed`]); the last claim of a backlog that runs dry is not.
-    pub(super) fn claimed(&self, limit: i32, got: usize) {
-        let full = usize::try_from(limit).is_ok_and(|limit| got >= limit);
+    /// Records whether a claim came back `full` (its batch or its byte budget filled: a
+    /// backlog) and whether it `got` any message.
+    ///
+    /// A claim that got messages without filling, when the claim before it did not fill
+    /// either, is quiet traffic, which makes adaptive turns hold backlogged calls to one at
+    /// a time ([`Turns::quiet_flowed`]); the last claim of a backlog that runs dry is not.
+    pub(super) fn claimed(&self, full: bool, got: bool) {
         let was_full = self
             .backlogged
             .swap(full, std::sync::atomic::Ordering::Relaxed);
-        if got > 0
-            && !was_full
+        if got
             && !full
+            && !was_full
             && let Some(here) = &self.turns
         {
             here.turns.quiet_flowed();
