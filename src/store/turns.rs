@@ -19,9 +19,10 @@
 //! on the server count.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 
 /// How long after a quiet source's claim returned messages the backlogged calls run one at
 /// a time (adaptive turns).
@@ -77,10 +78,10 @@ impl Turns {
     }
 
     /// When the quiet sources' window ends, if it has not ended yet.
-    fn quiet_window_end(&self) -> Option<tokio::time::Instant> {
-        let elapsed = self.started.elapsed();
+    fn quiet_window_end(&self) -> Option<Instant> {
         let until = Duration::from_millis(self.quiet_until.load(Ordering::Relaxed));
-        (elapsed < until).then(|| tokio::time::Instant::now() + (until - elapsed))
+        let end = self.started + until;
+        (Instant::now() < end).then_some(end)
     }
 
     /// Waits for a turn; a backlogged source's call also waits for one of the backlogged
@@ -142,7 +143,7 @@ mod tests {
         drop((b, d));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn adaptive_turns_run_one_backlogged_call_while_quiet_sources_flow() {
         let turns = Turns::new(4, 2).adaptive();
         // No quiet traffic: the backlog has both of its turns.
@@ -170,7 +171,7 @@ mod tests {
         drop((a, b));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_backlogged_call_held_beside_quiet_traffic_runs_when_the_window_ends() {
         let turns = Turns::new(4, 2).adaptive();
         turns.quiet_flowed();
