@@ -289,8 +289,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The dispatch deadline of the benchmarked destinations.
 const BENCH_DEADLINE: Duration = Duration::from_secs(30);
 
-/// Flushes dirty buffers before a measurement, so a checkpoint triggered by the previous
-/// phase's writes does not land in it (needs superuser or pg_checkpoint; skipped otherwise).
 /// Checkpoints the server has started, timed or requested (`pg_stat_checkpointer` from
 /// PostgreSQL 17, `pg_stat_bgwriter` before).
 async fn checkpoints_started(sql: &tokio_postgres::Client) -> Result<i64> {
@@ -306,6 +304,8 @@ async fn checkpoints_started(sql: &tokio_postgres::Client) -> Result<i64> {
     Ok(sql.query_one(query, &[]).await?.get(0))
 }
 
+/// Flushes dirty buffers before a measurement, so a checkpoint triggered by the previous
+/// phase's writes does not land in it (needs superuser or pg_checkpoint; skipped otherwise).
 async fn settle(sql: &tokio_postgres::Client) {
     if let Err(e) = sql.batch_execute("CHECKPOINT").await {
         eprintln!("bench: CHECKPOINT not run ({e}); figures may include checkpoint I/O");
