@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Drain throughput with nothing held, the slots of product.patch against the release they
+# were measured on: one database migrated by each binary (BEFORE and AFTER, e.g. builds of
+# the commit below and of it with product.patch applied), and a third migrated by AFTER in
+# which direct.sql points the three busiest statements of the drain at slot 0 itself
+# instead of at the partitioned table (a measurement, not a design: slot 0 holds the whole
+# backlog here). Each is filled with MESSAGES (10 % keyed over 100 keys, 256-byte
+# payloads) and drained by 2 pgbench clients claiming up to 500 and completing them in a
+# second transaction, ROUNDS rounds interleaved. Prints msg/s per round and the mean time
+# per call of the drain's functions (track_functions, self time, ms).
+# Needs DATABASE_URL (of the form postgres://…/DATABASE without parameters).
+# usage: drain.sh BEFORE AFTER [MESSAGES] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")"
+before=$1 after=$2 messages=${3:-300000} rounds=${4:-4}
+base=${DATABASE_URL%/*}
+dbs=(slots_before_$$ slots_after_$$ slots_direct_$$)
+out=$(mktemp -d)
+cleanup() {
+    rm -rf "$out"
+    for db in "${dbs[@]}"; do psql -XAtq "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"; done
+}
+trap cleanup EXIT
+for db in "${dbs[@]}"; do
+    psql -XAtq "$DATABASE_URL" -c "CREATE DATABASE $db" -c "ALTER DATABASE $db SET track_functions = 'all'"
+done
+DATABASE_URL="$base/${dbs[0]}" "$before" migrate >/dev/null
+DATABASE_URL="$base/${dbs[1]}" "$after" migrate >/dev/null
+DATABASE_URL="$base/${dbs[2]}" "$after" migrate >/dev/null
+psql -XAtq -v ON_ERROR_STOP=1 "$base/${dbs[2]}" -f direct.sql >/dev/null
+for db in "${dbs[@]}"; do
+    psql -XAtq -v ON_ERROR_STOP=1 "$base/$db" <<'SQL'
+-- the relayer's completion of a claimed batch, all delivered, from claim's text form
+CREATE FUNCTION public.complete_all(p_worker text, p_leased text) RETURNS integer
+LANGUAGE sql AS $$
+    SELECT count(*)::integer
+      FROM outbox.complete_outbox_batch(
+               p_worker,
+               (SELECT array_agg(split_part(t, ':', 1)::uuid ORDER BY o) FROM unnest(string_to_array(p_leased, ',')) WITH ORDINALITY AS u(t, o)),
+               (SELECT array_agg(split_part(t, ':', 2)::uuid ORDER BY o) FROM unnest(string_to_array(p_leased, ',')) WITH ORDINALITY AS u(t, o)),
+               array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[cardinality(string_to_array(p_leased, ','))]),
+               array_fill(NULL::text, ARRAY[cardinality(string_to_array(p_leased, ','))]),
+               array_fill(NULL::timestamptz, ARRAY[cardinality(string_to_array(p_leased, ','))]))
+$$;
+SQL
+done
+cat >"$out/drain.sql" <<'SQL'
+SELECT count(*) AS n, coalesce(string_agg(outbox_id || ':' || lease_token, ','), '') AS leased
+  FROM outbox.claim_outbox_batch_seq(500, 'w' || :client_id, 60) \gset
+\if :n = 0
+SELECT 'drained' / 0;
+\endif
+SELECT public.complete_all('w' || :client_id, ':leased');
+SQL
+for r in $(seq 1 "$rounds"); do
+    for db in "${dbs[@]}"; do
+        url="$base/$db"
+        psql -XAtq "$url" -c "TRUNCATE outbox.messages, outbox.attempts" >/dev/null
+        psql -XAtq "$url" -c "
+          INSERT INTO outbox.messages (topic, message_key, payload)
+          SELECT 'orders', CASE WHEN random() * 100 < 10 THEN 'key-' || (random() * 99)::int END,
+                 convert_to(rpad('{\"n\":' || g, 255, ' ') || '}', 'UTF8')
+            FROM generate_series(1, $messages) g" >/dev/null
+        psql -XAtq "$url" -c 'VACUUM ANALYZE' -c 'CHECKPOINT' -c 'SELECT pg_stat_reset()' >/dev/null
+        start=$(date +%s.%N)
+        pgbench -n -c 2 -j 2 -t 1000000 -f "$out/drain.sql" "$url" >/dev/null 2>&1 || true
+        end=$(date +%s.%N)
+        sleep 1
+        echo "round $r ${db%_$$}: $(echo "$messages / ($end - $start)" | bc) msg/s," \
+             "left $(psql -XAtq "$url" -c 'SELECT count(*) FROM outbox.messages')"
+        psql -XAtq "$url" -c "
+          SELECT '  ' || funcname || ' ' || round((self_time / calls)::numeric, 2) || ' ms'
+            FROM pg_stat_user_functions
+           WHERE funcname IN ('claim_outbox_batch_seq', 'claim_shard_candidates',
+                              'complete_outbox_batch', 'lock_keys', 'promote_heads')
+           ORDER BY funcname"
+    done
+done
