@@ -1,33 +1,43 @@
 #!/usr/bin/env bash
 # Drain throughput with nothing held, the slots of product.patch against the release they
 # were measured on: one database migrated by each binary (BEFORE and AFTER, e.g. builds of
-# the commit below and of it with product.patch applied), and a third migrated by AFTER in
-# which direct.sql points the three busiest statements of the drain at slot 0 itself
-# instead of at the partitioned table (a measurement, not a design: slot 0 holds the whole
-# backlog here). Each is filled with MESSAGES (10 % keyed over 100 keys, 256-byte
-# payloads) and drained by 2 pgbench clients claiming up to 500 and completing them in a
-# second transaction, ROUNDS rounds interleaved. Prints msg/s per round and the mean time
-# per call of the drain's functions (track_functions, self time, ms).
-# Needs DATABASE_URL (of the form postgres://…/DATABASE without parameters).
+# the commit the patch names and of it with the patch applied), and a third migrated by
+# AFTER in which every statement of the drain's functions that reads outbox.messages is
+# pointed at slot 0's own table, outbox.messages_0, instead of at the partitioned table (a
+# measurement, not a design: slot 0 holds the whole backlog here; the functions are
+# rewritten from pg_get_functiondef with only that table name changed). Each database is
+# filled with MESSAGES (10 % keyed over 100 keys, 256-byte payloads) and drained by 2
+# pgbench clients claiming up to 500 and completing them in a second transaction, ROUNDS
+# rounds interleaved. Prints msg/s per round and the mean time per call of the drain's
+# functions (track_functions, self time, ms).
+# Needs DATABASE_URL (of the form postgres://…/DATABASE without parameters) of a superuser
+# (it creates the databases and sets track_functions), pgbench and bc; a throwaway cluster:
+# scripts/with-postgres.sh with THROWAWAY_POSTGRES=1.
 # usage: drain.sh BEFORE AFTER [MESSAGES] [ROUNDS]
 set -euo pipefail
-cd "$(dirname "$0")"
 before=$1 after=$2 messages=${3:-300000} rounds=${4:-4}
 base=${DATABASE_URL%/*}
 dbs=(slots_before_$$ slots_after_$$ slots_direct_$$)
 out=$(mktemp -d)
 cleanup() {
     rm -rf "$out"
-    for db in "${dbs[@]}"; do psql -XAtq "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"; done
+    for db in "${dbs[@]}"; do
+        psql -XAtq "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
+    done
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 for db in "${dbs[@]}"; do
     psql -XAtq "$DATABASE_URL" -c "CREATE DATABASE $db" -c "ALTER DATABASE $db SET track_functions = 'all'"
 done
 DATABASE_URL="$base/${dbs[0]}" "$before" migrate >/dev/null
 DATABASE_URL="$base/${dbs[1]}" "$after" migrate >/dev/null
 DATABASE_URL="$base/${dbs[2]}" "$after" migrate >/dev/null
-psql -XAtq -v ON_ERROR_STOP=1 "$base/${dbs[2]}" -f direct.sql >/dev/null
+for f in claim_shard_candidates claim_outbox_batch_seq complete_outbox_batch lock_keys promote_heads; do
+    psql -XAtq "$base/${dbs[2]}" -c "SELECT pg_get_functiondef('outbox.$f'::regproc) || ';'" |
+        sed 's/outbox\.messages AS/outbox.messages_0 AS/g' |
+        psql -XAtq -v ON_ERROR_STOP=1 "$base/${dbs[2]}" >/dev/null
+done
 for db in "${dbs[@]}"; do
     psql -XAtq -v ON_ERROR_STOP=1 "$base/$db" <<'SQL'
 -- the relayer's completion of a claimed batch, all delivered, from claim's text form
