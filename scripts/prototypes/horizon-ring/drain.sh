@@ -18,20 +18,7 @@ psql -XAtq "$DATABASE_URL" -c "CREATE DATABASE $db"
 trap 'rm -rf "$out"; psql -XAtq "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"' EXIT
 PGOPTIONS='-c client_min_messages=warning' psql -XAtq -v ON_ERROR_STOP=1 "$url" -f schema.sql
 DATABASE_URL="$url" "$relay" migrate >/dev/null
-psql -XAtq -v ON_ERROR_STOP=1 "$url" <<'SQL'
--- the relayer's completion of a claimed batch, all delivered, from claim's text form
-CREATE FUNCTION public.complete_all(p_worker text, p_leased text) RETURNS integer
-LANGUAGE sql AS $$
-    SELECT count(*)::integer
-      FROM outbox.complete_outbox_batch(
-               p_worker,
-               (SELECT array_agg(split_part(t, ':', 1)::uuid ORDER BY o) FROM unnest(string_to_array(p_leased, ',')) WITH ORDINALITY AS u(t, o)),
-               (SELECT array_agg(split_part(t, ':', 2)::uuid ORDER BY o) FROM unnest(string_to_array(p_leased, ',')) WITH ORDINALITY AS u(t, o)),
-               array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[cardinality(string_to_array(p_leased, ','))]),
-               array_fill(NULL::text, ARRAY[cardinality(string_to_array(p_leased, ','))]),
-               array_fill(NULL::timestamptz, ARRAY[cardinality(string_to_array(p_leased, ','))]))
-$$;
-SQL
+psql -XAtq -v ON_ERROR_STOP=1 "$url" -f ../complete_all.sql >/dev/null
 cat >"$out/outbox.sql" <<SQL
 SELECT count(*) AS n, coalesce(string_agg(outbox_id || ':' || lease_token, ','), '') AS leased
   FROM outbox.claim_outbox_batch_seq($batch, 'w' || :client_id, 60) \gset

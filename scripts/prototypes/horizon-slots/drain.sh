@@ -39,20 +39,7 @@ for f in claim_shard_candidates claim_outbox_batch_seq complete_outbox_batch loc
         psql -XAtq -v ON_ERROR_STOP=1 "$base/${dbs[2]}" >/dev/null
 done
 for db in "${dbs[@]}"; do
-    psql -XAtq -v ON_ERROR_STOP=1 "$base/$db" <<'SQL'
--- the relayer's completion of a claimed batch, all delivered, from claim's text form
-CREATE FUNCTION public.complete_all(p_worker text, p_leased text) RETURNS integer
-LANGUAGE sql AS $$
-    SELECT count(*)::integer
-      FROM outbox.complete_outbox_batch(
-               p_worker,
-               (SELECT array_agg(split_part(t, ':', 1)::uuid ORDER BY o) FROM unnest(string_to_array(p_leased, ',')) WITH ORDINALITY AS u(t, o)),
-               (SELECT array_agg(split_part(t, ':', 2)::uuid ORDER BY o) FROM unnest(string_to_array(p_leased, ',')) WITH ORDINALITY AS u(t, o)),
-               array_fill('DISPATCHED'::outbox.attempt_state, ARRAY[cardinality(string_to_array(p_leased, ','))]),
-               array_fill(NULL::text, ARRAY[cardinality(string_to_array(p_leased, ','))]),
-               array_fill(NULL::timestamptz, ARRAY[cardinality(string_to_array(p_leased, ','))]))
-$$;
-SQL
+    psql -XAtq -v ON_ERROR_STOP=1 "$base/$db" -f "$(dirname "$0")/../complete_all.sql" >/dev/null
 done
 cat >"$out/drain.sql" <<'SQL'
 SELECT count(*) AS n, coalesce(string_agg(outbox_id || ':' || lease_token, ','), '') AS leased
