@@ -18,6 +18,8 @@ set -euo pipefail
 before=$1 after=$2 messages=${3:-300000} rounds=${4:-4}
 base=${DATABASE_URL%/*}
 dbs=(slots_before_$$ slots_after_$$ slots_direct_$$)
+# the drain's functions: rewritten in the third database, timed in every one
+funcs=(claim_outbox_batch_seq claim_shard_candidates complete_outbox_batch lock_keys promote_heads)
 out=$(mktemp -d)
 cleanup() {
     rm -rf "$out"
@@ -33,7 +35,7 @@ done
 DATABASE_URL="$base/${dbs[0]}" "$before" migrate >/dev/null
 DATABASE_URL="$base/${dbs[1]}" "$after" migrate >/dev/null
 DATABASE_URL="$base/${dbs[2]}" "$after" migrate >/dev/null
-for f in claim_shard_candidates claim_outbox_batch_seq complete_outbox_batch lock_keys promote_heads; do
+for f in "${funcs[@]}"; do
     psql -XAtq "$base/${dbs[2]}" -c "SELECT pg_get_functiondef('outbox.$f'::regproc) || ';'" |
         sed 's/outbox\.messages AS/outbox.messages_0 AS/g' |
         psql -XAtq -v ON_ERROR_STOP=1 "$base/${dbs[2]}" >/dev/null
@@ -68,8 +70,7 @@ for r in $(seq 1 "$rounds"); do
         psql -XAtq "$url" -c "
           SELECT '  ' || funcname || ' ' || round((self_time / calls)::numeric, 2) || ' ms'
             FROM pg_stat_user_functions
-           WHERE funcname IN ('claim_outbox_batch_seq', 'claim_shard_candidates',
-                              'complete_outbox_batch', 'lock_keys', 'promote_heads')
+           WHERE funcname = ANY (string_to_array('${funcs[*]}', ' '))
            ORDER BY funcname"
     done
 done
