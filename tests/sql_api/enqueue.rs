@@ -130,8 +130,7 @@ async fn generated_ids_are_time_ordered_uuid_v7() {
 }
 
 /// The current 2 ms wake-up window, as `outbox.enqueue` numbers it.
-const WAKE_WINDOW: &str =
-    "((extract(epoch FROM clock_timestamp()) * 500)::bigint % 2147483647)";
+const WAKE_WINDOW: &str = "((extract(epoch FROM clock_timestamp()) * 500)::bigint % 2147483647)";
 
 /// Holds, in a session of its own, the keys of the next `windows` 2 ms wake-up windows
 /// (the advisory keys `outbox.enqueue` tries), as transactions that won them would.
@@ -222,7 +221,10 @@ async fn enqueue_wakes_listeners_once_per_transaction_and_once_per_window() {
         }
         while tokio::time::timeout(quiet, rx.recv()).await.is_ok() {}
     }
-    assert!(checked, "no enqueue fell within the held windows in 10 rounds");
+    assert!(
+        checked,
+        "no enqueue fell within the held windows in 10 rounds"
+    );
     enqueue(&c, "orders", None).await;
     tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
         .await
