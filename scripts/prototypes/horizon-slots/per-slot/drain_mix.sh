@@ -7,25 +7,31 @@
 # TXNS transactions, each of which picks one of the three at random and claims 500 and
 # completes them (../../complete_all.sql). Every release sees the same machine at the same
 # moment, which separate rounds on this VM do not (±10 % between rounds). Prints pgbench's
-# report: per release, the mean time per batch of the claim and of the completion. Keep
-# 2 × TXNS × 500 / 3 under MESSAGES, so that no schema runs dry. TRACK=all adds each
-# function's self time per batch (track_functions).
+# report: per release, the mean time per batch of the claim and of the completion. Each
+# schema is drained by about 2 × TXNS × 500 / 3 messages: leave MESSAGES a margin over that,
+# and check the `left:` lines (a schema that ran dry makes its batches cheaper). TRACK=all
+# adds each function's self time per batch (track_functions).
 # Needs a superuser's DATABASE_URL (postgres://…/DATABASE, no parameters), pgbench, python3.
 # usage: drain_mix.sh MIGRATIONS_DIR [MESSAGES] [TXNS]
 set -euo pipefail
 dir=$1 messages=${2:-150000} txns=${3:-300}
 base=${DATABASE_URL%/*}
 here=$(cd "$(dirname "$0")" && pwd)
-db=drain_mix
+db=drain_mix_$$
+for last in 31 32 33; do
+    compgen -G "$dir/V${last}__*.sql" >/dev/null || { echo "drain_mix: no V$last in $dir" >&2; exit 1; }
+done
 out=$(mktemp -d)
 cleanup() { rm -rf "$out"; psql -XAtq "$base/postgres" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-psql -XAtq "$base/postgres" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" -c "ALTER DATABASE $db SET track_functions = '${TRACK:-none}'" >/dev/null 2>&1
+psql -XAtq "$base/postgres" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" -c "ALTER DATABASE $db SET track_functions = '${TRACK:-none}'" >/dev/null
+# V5's schema_version() reads refinery_schema_history; the migrations are applied by psql
+# here, so an empty one stands in for refinery's.
 psql -XAtq "$base/$db" -c "CREATE TABLE public.refinery_schema_history(version int4 primary key, name varchar(255), applied_on varchar(255), checksum varchar(255))"
 for last in 31 32 33; do
   s=outbox_v$last
-  for f in $(ls $dir/V*__*.sql | sort -V); do
-    v=$(basename $f | sed 's/^V\([0-9]*\)__.*/\1/')
+  for f in $(printf '%s\n' "$dir"/V*__*.sql | sort -V); do
+    v=$(basename "$f" | sed 's/^V\([0-9]*\)__.*/\1/')
     [ "$v" -le "$last" ] || continue
     python3 -c "
 import re,sys
@@ -49,8 +55,7 @@ SQL
       FROM generate_series(1, $messages) g" >/dev/null
 done
 psql -XAtq "$base/$db" -c 'VACUUM ANALYZE' -c 'CHECKPOINT' -c 'SELECT pg_stat_reset()' >/dev/null
-pgbench -n -r -c 2 -j 2 -t "$txns" -f "$out/drain_31.sql@1" -f "$out/drain_32.sql@1" -f "$out/drain_33.sql@1" "$base/$db" 2>&1 |
-  cat
+pgbench -n -r -c 2 -j 2 -t "$txns" -f "$out/drain_31.sql@1" -f "$out/drain_32.sql@1" -f "$out/drain_33.sql@1" "$base/$db" 2>&1
 sleep 1
 [ "${TRACK:-none}" = none ] || psql -XAtq "$base/$db" -c "
   WITH b AS (SELECT schemaname, max(calls) FILTER (WHERE funcname = 'claim_outbox_batch_seq') OVER (PARTITION BY schemaname) AS batches, funcname, calls, self_time

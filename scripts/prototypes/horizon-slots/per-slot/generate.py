@@ -6,9 +6,11 @@ the patch applied; it reads the area files schema/04_claim.sql and schema/05_com
 copies for slots 1 to 3 (made by outbox.copy_for_slots when the migration runs) and the
 dispatching functions the callers know. A measurement prototype: the area files are not
 updated, so tests/schema_contract.rs fails until the change is folded into them and V32.
+../product.patch already holds its output, which running it overwrites; each rewrite of a
+function is asserted (must_replace), so a change of the patch's area files that it does
+not expect stops it with the text it did not find.
 """
 import re
-import sys
 
 
 def func(path, name):
@@ -92,7 +94,6 @@ REVOKE ALL ON FUNCTION outbox.token_keyed(uuid) FROM PUBLIC;
 -- first, the current slot last.
 CREATE FUNCTION outbox.ring() RETURNS integer[]
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY[(c + 1) % 4, (c + 2) % 4, (c + 3) % 4, c]
       FROM (SELECT coalesce(pg_sequence_last_value('outbox.message_slot'::regclass), 0)::integer AS c) AS r
@@ -209,11 +210,6 @@ CREATE OR REPLACE FUNCTION outbox.lease_slot0(
     seq bigint
 )
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET jit = off
 AS $$
 BEGIN
     RETURN QUERY
@@ -239,8 +235,8 @@ COMMENT ON FUNCTION outbox.lease_slot0(uuid[], tid[], text, integer, bigint) IS
 REVOKE ALL ON FUNCTION outbox.lease_slot0(uuid[], tid[], text, integer, bigint) FROM PUBLIC;
 SELECT outbox.copy_for_slots('outbox.lease_slot0(uuid[], tid[], text, integer, bigint)');
 
--- outbox.lease_candidates (internal): leases what claim_shard_candidates chose, slot by
--- slot.
+-- outbox.lease_candidates (internal): leases what the claim chose when it spans slots,
+-- slot by slot.
 CREATE FUNCTION outbox.lease_candidates(
     p_ids uuid[],
     p_ctids tid[],
@@ -263,22 +259,17 @@ CREATE FUNCTION outbox.lease_candidates(
     seq bigint
 )
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_slot integer;
     v_ids uuid[];
     v_ctids tid[];
 BEGIN
-    FOREACH v_slot IN ARRAY ARRAY(SELECT DISTINCT u.slot FROM unnest(p_slots) AS u(slot)) LOOP
-        IF v_slot = ALL (p_slots) THEN
-            v_ids := p_ids;
-            v_ctids := p_ctids;
-        ELSE
-            SELECT array_agg(u.id), array_agg(u.ctid) INTO v_ids, v_ctids
-              FROM unnest(p_ids, p_ctids, p_slots) AS u(id, ctid, slot)
-             WHERE u.slot = v_slot;
-        END IF;
+    -- in slot order, the completions' lock order
+    FOREACH v_slot IN ARRAY ARRAY(SELECT DISTINCT u.slot FROM unnest(p_slots) AS u(slot) ORDER BY 1) LOOP
+        SELECT array_agg(u.id), array_agg(u.ctid) INTO v_ids, v_ctids
+          FROM unnest(p_ids, p_ctids, p_slots) AS u(id, ctid, slot)
+         WHERE u.slot = v_slot;
         IF v_slot = 0 THEN
             RETURN QUERY SELECT * FROM outbox.lease_slot0(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
         ELSIF v_slot = 1 THEN
@@ -297,11 +288,11 @@ REVOKE ALL ON FUNCTION outbox.lease_candidates(uuid[], tid[], smallint[], text, 
 
 # 4. claims
 def chain(indent, cond, stmt):
-    out=[]
+    parts=[]
     for n in range(4):
         kw = 'IF' if n == 0 else 'ELSIF'
-        out.append(indent + kw + ' ' + cond + ' = %d THEN\n' % n + stmt.replace('SLOT', str(n)))
-    return '\n'.join(out) + '\n' + indent + 'END IF;'
+        parts.append(indent + kw + ' ' + cond + ' = %d THEN\n' % n + stmt.replace('SLOT', str(n)))
+    return '\n'.join(parts) + '\n' + indent + 'END IF;'
 for name in ('claim_outbox_batch_seq','claim_outbox_batch'):
     t=func(C,name)
     t=must_replace(t,"    v_ctids tid[] := '{}';\n","    v_ctids tid[] := '{}';\n    v_slots smallint[] := '{}';\n    v_slot integer;\n    v_ring integer[] := outbox.ring();\n    v_probes timestamptz[];\n    v_other boolean;\n")
@@ -476,11 +467,11 @@ b=cb.index('    -- One completion at a time per key')
 checks=cb[a:b]
 head=cb[:cb.index('DECLARE')]
 def calls(ids, tok, st, er, ra, ret):
-    out=[]
+    parts=[]
     for n in range(4):
-        out.append("""        %s v_slot = %d THEN
+        parts.append("""        %s v_slot = %d THEN
             %s outbox.complete_outbox_batch_slot%d(p_worker_id, %s, %s, %s, %s, %s);""" % ('IF' if n==0 else 'ELSIF', n, ret, n, ids, tok, st, er, ra))
-    return '\n'.join(out)+'\n        END IF;'
+    return '\n'.join(parts)+'\n        END IF;'
 disp=head+"""DECLARE
     v_slot integer;
     v_slots integer[];
@@ -561,18 +552,15 @@ for name in ('extend_outbox_leases', 'release_outbox_leases'):
        AND m.lease_token = ANY (p_lease_tokens)""")
     w('\n'+t)
 
-open('schema/migrations/V33__per_slot_hot_path.sql','w').write('\n'.join(out).rstrip('\n')+'\n')
-print('written')
-
-# internal functions called only from functions that set the planner settings: no SET
-# clause of their own (each would be saved and restored on every call)
-import re
-p='schema/migrations/V33__per_slot_hot_path.sql'
-s=open(p).read()
-names=['claim_shard_candidates_slot0','lease_slot0','lease_candidates','lock_keys_slot0','promote_slot0','ring']
-for n in names:
-    m=re.search(r'CREATE (?:OR REPLACE )?FUNCTION outbox\.%s\(' % n, s)
+# Internal functions called only from functions that set the planner settings have no SET
+# clause of their own (each would be saved and restored on every call): the ones taken
+# from the area files lose theirs here.
+text = '\n'.join(out).rstrip('\n') + '\n'
+for n in ['claim_shard_candidates_slot0', 'lock_keys_slot0']:
+    m = re.search(r'CREATE (?:OR REPLACE )?FUNCTION outbox\.%s\(' % n, text)
     assert m, n
-    i=m.start(); j=s.index('AS $$', i)
-    s=s[:i]+re.sub(r'\nSET [^\n]*', '', s[i:j])+s[j:]
-open(p,'w').write(s)
+    i = m.start()
+    j = text.index('AS $$', i)
+    text = text[:i] + re.sub(r'\nSET [^\n]*', '', text[i:j]) + text[j:]
+open('schema/migrations/V33__per_slot_hot_path.sql', 'w').write(text)
+print('written schema/migrations/V33__per_slot_hot_path.sql')

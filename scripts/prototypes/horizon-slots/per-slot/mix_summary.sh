@@ -5,7 +5,8 @@
 set -euo pipefail
 n=$1; shift
 for i in $(seq 1 "$n"); do
-  "$(dirname "$0")/drain_mix.sh" "$@" 2>&1 | grep -E "^SQL script|latency average|^ +[0-9.]+ +0 " | grep -v "^latency" |
+  "$(dirname "$0")/drain_mix.sh" "$@" 2>&1 | grep -E "^SQL script|latency average|^ +[0-9.]+ +[0-9]+ +SELECT|FAILED|error" | grep -v "^latency" |
     awk '/^SQL script/ {v=$4; sub(/.*drain_/, "V", v); sub(/\.sql/, "", v)} /latency average/ {t=$5}
+         /FAILED|error/ {print; next}
          /SELECT count/ {c=$1} /complete_all/ {printf "%s claim %.2f complete %.2f total %.2f\n", v, c, $1, t}'
 done
