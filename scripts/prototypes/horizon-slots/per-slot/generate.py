@@ -120,6 +120,10 @@ REVOKE ALL ON FUNCTION outbox.key_pending_before(text, bigint) FROM PUBLIC;
 ''')
 
 # 1. probes: one statement over the four slots, generic plan
+PROBES = ',\n'.join("""        (SELECT c.available_at FROM outbox.messages_%d c
+          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
+            AND NOT c.behind AND c.available_at >= p_floor
+          ORDER BY c.available_at, c.seq LIMIT 1)""" % n for n in range(4))
 w('''
 -- outbox.claim_probe_slots (internal): claim_probe in each slot: the available_at of the
 -- first entry of shard p_shard at or after p_floor in slots 0 to 3 (NULL where none).
@@ -130,22 +134,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     RETURN ARRAY[
-        (SELECT c.available_at FROM outbox.messages_0 c
-          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
-            AND NOT c.behind AND c.available_at >= p_floor
-          ORDER BY c.available_at, c.seq LIMIT 1),
-        (SELECT c.available_at FROM outbox.messages_1 c
-          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
-            AND NOT c.behind AND c.available_at >= p_floor
-          ORDER BY c.available_at, c.seq LIMIT 1),
-        (SELECT c.available_at FROM outbox.messages_2 c
-          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
-            AND NOT c.behind AND c.available_at >= p_floor
-          ORDER BY c.available_at, c.seq LIMIT 1),
-        (SELECT c.available_at FROM outbox.messages_3 c
-          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
-            AND NOT c.behind AND c.available_at >= p_floor
-          ORDER BY c.available_at, c.seq LIMIT 1)];
+'''+PROBES+'''];
 END;
 $$;
 
@@ -186,16 +175,8 @@ DROP FUNCTION outbox.claim_shard_candidates({sig});
 ''')
 
 # 3. lease per slot
-w('''
--- outbox.lease_slot0 (internal): leases the listed rows of slot 0 (tuple addresses, with
--- their ids as a check) that are still unleased, with a token naming the slot.
-CREATE OR REPLACE FUNCTION outbox.lease_slot0(
-    p_ids uuid[],
-    p_ctids tid[],
-    p_worker_id text,
-    p_lease_seconds integer,
-    p_max_message_bytes bigint
-) RETURNS TABLE (
+# the claim's rows, with seq: what a lease returns
+LEASED = ''') RETURNS TABLE (
     outbox_id uuid,
     lease_token uuid,
     topic text,
@@ -209,7 +190,18 @@ CREATE OR REPLACE FUNCTION outbox.lease_slot0(
     payload_bytes bigint,
     seq bigint
 )
-LANGUAGE plpgsql VOLATILE
+'''
+# 3. lease per slot
+w('''
+-- outbox.lease_slot0 (internal): leases the listed rows of slot 0 (tuple addresses, with
+-- their ids as a check) that are still unleased, with a token naming the slot.
+CREATE OR REPLACE FUNCTION outbox.lease_slot0(
+    p_ids uuid[],
+    p_ctids tid[],
+    p_worker_id text,
+    p_lease_seconds integer,
+    p_max_message_bytes bigint
+'''+LEASED+'''LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     RETURN QUERY
@@ -244,21 +236,7 @@ CREATE FUNCTION outbox.lease_candidates(
     p_worker_id text,
     p_lease_seconds integer,
     p_max_message_bytes bigint
-) RETURNS TABLE (
-    outbox_id uuid,
-    lease_token uuid,
-    topic text,
-    message_key text,
-    payload bytea,
-    content_type text,
-    headers jsonb,
-    attempt_no integer,
-    created_at timestamptz,
-    lease_expires_at timestamptz,
-    payload_bytes bigint,
-    seq bigint
-)
-LANGUAGE plpgsql VOLATILE
+'''+LEASED+'''LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_slot integer;
