@@ -175,23 +175,10 @@ DROP FUNCTION outbox.claim_shard_candidates({sig});
 ''')
 
 # 3. lease per slot
-# the claim's rows, with seq: what a lease returns
-LEASED = ''') RETURNS TABLE (
-    outbox_id uuid,
-    lease_token uuid,
-    topic text,
-    message_key text,
-    payload bytea,
-    content_type text,
-    headers jsonb,
-    attempt_no integer,
-    created_at timestamptz,
-    lease_expires_at timestamptz,
-    payload_bytes bigint,
-    seq bigint
-)
-'''
-# 3. lease per slot
+# what a lease returns: the claim's rows, with seq (claim_outbox_batch_seq's row type)
+seqclaim = func(C, 'claim_outbox_batch_seq')
+LEASED = seqclaim[seqclaim.index(') RETURNS TABLE ('):seqclaim.index('\n)\n') + 3]
+
 w('''
 -- outbox.lease_slot0 (internal): leases the listed rows of slot 0 (tuple addresses, with
 -- their ids as a check) that are still unleased, with a token naming the slot.
