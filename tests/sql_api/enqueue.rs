@@ -140,11 +140,11 @@ async fn hold_wake_windows(db: &TestDb, windows: i64) -> (tokio_postgres::Client
     let last: i64 = holder
         .query_one(
             &format!(
-                "SELECT max(w.held) FROM (
-                     SELECT {WAKE_WINDOW} + w AS held,
-                            pg_advisory_lock(hashtext('outbox.wake_relayers'),
-                                             ({WAKE_WINDOW} + w)::integer)
-                       FROM generate_series(0, $1::bigint) AS w) AS w"
+                "SELECT max(l.held) FROM (
+                     SELECT h.held,
+                            pg_advisory_lock(hashtext('outbox.wake_relayers'), h.held::integer)
+                       FROM (SELECT {WAKE_WINDOW} + w AS held
+                               FROM generate_series(0, $1::bigint) AS w) AS h) AS l"
             ),
             &[&windows],
         )
