@@ -6,7 +6,7 @@
 # keyed over 100 keys, 256-byte payloads), then drained by ONE pgbench run of 2 clients ×
 # TXNS transactions, each of which picks one of the three at random and claims 500 and
 # completes them (../../complete_all.sql). Every release sees the same machine at the same
-# moment, which separate rounds on this VM do not (±10 % between rounds). Prints pgbench's
+# moment, which separate rounds on this VM do not (they moved by up to a quarter). Prints pgbench's
 # report: per release, the mean time per batch of the claim and of the completion. Each
 # schema is drained by about 2 × TXNS × 500 / 3 messages: leave MESSAGES a margin over that,
 # and check the `left:` lines (a schema that ran dry makes its batches cheaper). TRACK=all

@@ -431,12 +431,6 @@ a=cb.index('    PERFORM outbox.check_worker_id(p_worker_id);')
 b=cb.index('    -- One completion at a time per key')
 checks=cb[a:b]
 head=cb[:cb.index('DECLARE')]
-def calls(ids, tok, st, er, ra, ret):
-    parts=[]
-    for n in range(4):
-        parts.append("""        %s v_slot = %d THEN
-            %s outbox.complete_outbox_batch_slot%d(p_worker_id, %s, %s, %s, %s, %s);""" % ('IF' if n==0 else 'ELSIF', n, ret, n, ids, tok, st, er, ra))
-    return '\n'.join(parts)+'\n        END IF;'
 disp=head+"""DECLARE
     v_slot integer;
     v_slots integer[];
@@ -456,7 +450,8 @@ BEGIN
     IF v_slot < 4 AND NOT EXISTS (SELECT 1
                                      FROM unnest(p_lease_tokens) AS u(token)
                                     WHERE outbox.token_slot(u.token) <> v_slot) THEN
-""" + calls('p_outbox_ids','p_lease_tokens','p_states','p_errors','p_retry_ats','RETURN QUERY SELECT * FROM') + """
+""" + chain('        ', 'v_slot', """            RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slotSLOT(p_worker_id, p_outbox_ids,
+                             p_lease_tokens, p_states, p_errors, p_retry_ats);""") + """
         RETURN;
     END IF;
     SELECT array_agg(DISTINCT outbox.token_slot(u.token) ORDER BY outbox.token_slot(u.token))
@@ -483,16 +478,11 @@ BEGIN
         IF p_retry_ats IS NULL THEN
             v_retry_ats := NULL;
         END IF;
-        SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
-               v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
-          INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
-          FROM (SELECT * FROM outbox.complete_outbox_batch_slot0(p_worker_id, v_ids, v_tokens, v_states, v_errors, v_retry_ats) WHERE v_slot = 0
-                UNION ALL
-                SELECT * FROM outbox.complete_outbox_batch_slot1(p_worker_id, v_ids, v_tokens, v_states, v_errors, v_retry_ats) WHERE v_slot = 1
-                UNION ALL
-                SELECT * FROM outbox.complete_outbox_batch_slot2(p_worker_id, v_ids, v_tokens, v_states, v_errors, v_retry_ats) WHERE v_slot = 2
-                UNION ALL
-                SELECT * FROM outbox.complete_outbox_batch_slot3(p_worker_id, v_ids, v_tokens, v_states, v_errors, v_retry_ats) WHERE v_slot = 3) AS r;
+""" + chain('        ', 'v_slot', """            SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
+                   v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
+              INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
+              FROM outbox.complete_outbox_batch_slotSLOT(p_worker_id, v_ids, v_tokens, v_states,
+                                                      v_errors, v_retry_ats) AS r;""") + """
     END LOOP;
     RETURN QUERY
     SELECT u.id, r.attempt_no, coalesce(r.lease_lost, true), coalesce(r.dead_lettered, false)
