@@ -68,5 +68,5 @@ CHAOS_ARGS ?=
 chaos: ## fault injection: kills, restarts, freezes, outages, hostile input (~20 min; CHAOS_ARGS=...)
 	scripts/chaos.sh $(CHAOS_ARGS)
 
-chaos-short: ## the CI-sized chaos run: kill storm, freeze and hostile input (~2 min)
+chaos-short: ## the CI-sized chaos run: kill storm, freezes, a 10-minute held horizon, hostile input (~15 min)
 	scripts/chaos.sh --short

@@ -44,8 +44,13 @@
 -- Locks:      with p_outbox_id given: the pending message with that id, if any, FOR KEY
 --             SHARE, which waits for a transaction that is deleting it (a completion, a
 --             dead-lettering) or holds it FOR UPDATE (a claim), so that the checks that
---             follow see its outcome. The new row (a second enqueue of the same new id
---             waits for this transaction on messages_pkey). For a keyed message, at commit,
+--             follow see its outcome; before that, a transaction-scoped advisory lock of
+--             the id, which a second enqueue of the same id waits for until this
+--             transaction ends, and then finds its row (under READ COMMITTED: a
+--             REPEATABLE READ or SERIALIZABLE caller keeps its snapshot, and two such
+--             enqueues of one id into two slots, on either side of a rotation, are not
+--             kept apart; in one slot, messages_pkey keeps them apart). The new row. For a
+--             keyed message, at commit,
 --             the nearest earlier message of its key FOR KEY SHARE SKIP LOCKED (trigger
 --             settle_behind): never a wait. For a message ready now, a transaction-scoped
 --             advisory lock of the current 2 ms window, tried without waiting.
@@ -67,7 +72,9 @@
 --             change, and no notification is sent.
 -- Shape:      one PL/pgSQL call, SECURITY DEFINER with a fixed search_path (outbox_producer
 --             has no rights on the table). The id checks run only for an id the producer
---             gives. The wake-up is written in the body, not in a function of its own, which
+--             gives; they probe every slot's primary key. enable_seqscan is off, so that a
+--             plan made while a slot is empty never reads it sequentially once it fills
+--             (01_tables.sql). The wake-up is written in the body, not in a function of its own, which
 --             would be a second call and a second search_path set per message. Postgres
 --             makes transactions that notify commit one at a time (a database-wide lock
 --             held through the WAL flush), so only the first transaction of each 2 ms
@@ -88,6 +95,7 @@ CREATE OR REPLACE FUNCTION outbox.enqueue(
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_id uuid := coalesce(p_outbox_id, outbox.uuid_v7());
@@ -107,6 +115,11 @@ BEGIN
     END IF;
 
     IF p_outbox_id IS NOT NULL THEN
+        -- One enqueue of a given id at a time: the key of outbox.messages holds the slot,
+        -- so two producers inserting one id into two slots (on either side of a rotation)
+        -- would not wait for each other on it. The second waits here for the first's
+        -- commit and then finds its row below.
+        PERFORM pg_advisory_xact_lock(hashtext('outbox.id'), hashtext(v_id::text));
         -- Waits for a transaction that is completing or dead-lettering this id; each later
         -- statement then sees what it committed.
         PERFORM 1 FROM outbox.messages AS m WHERE m.outbox_id = v_id FOR KEY SHARE;

@@ -3,21 +3,30 @@
 --
 -- Called by: outbox_relay, through claim_outbox_batch_seq (the relayer of this release) or
 -- claim_outbox_batch (kept for relayers of the previous release, which call it with prepared
--- statements of its row type; docs/upgrades.md). claim_shard_candidates is internal: both
--- claims call it, and no role may execute it.
+-- statements of its row type; docs/upgrades.md). The other functions are internal: the
+-- claims call them, and no role may execute them.
 --
 -- Functions:
 --   outbox.claim_outbox_batch_seq  leases up to a batch of ready messages to one worker,
 --                                  with each message's seq
 --   outbox.claim_outbox_batch      the same without seq; kept for the previous release
---   outbox.claim_shard_candidates  internal: chooses and locks one shard's messages
---   outbox.claim_probe             internal: a shard's first entry from its floor
+--   outbox.copy_for_slots          internal: copies a slot 0 function for slots 1 to 3
+--   outbox.token_slot, token_keyed internal: what a lease token says of its message
+--   outbox.ring                    internal: the four slots, oldest first
+--   outbox.claim_shard_candidates_slot0 (and _slot1 … _slot3)
+--                                  internal: chooses and locks one shard's messages in
+--                                  one slot
+--   outbox.lease_slot0 (and _slot1 … _slot3)
+--                                  internal: leases chosen rows of one slot
+--   outbox.lease_candidates        internal: leases chosen rows of several slots
+--   outbox.key_pending_before      internal: a key's earlier message in any slot
+--   outbox.claim_probe_slots       internal: a shard's first entry from its floor, per slot
 --   outbox.claim_floors            internal: where each shard's walk starts (the floors)
 --   outbox.raise_claim_floor       internal: sets one shard's floor
 --   outbox.claim_floor_bound       internal: the bound every floor is capped by
 --   outbox.lower_claim_floor       internal trigger function: messages dated in the past
 --
--- Conventions shared by all three:
+-- Conventions shared by all of them:
 -- * Ready: available_at at or before the claim's start (the clock when it is called, so a
 --   message enqueued earlier in the caller's own transaction counts), no lease
 --   (lease_token IS NULL), topic in p_topics when given, matching none of the LIKE
@@ -42,20 +51,105 @@
 --   of the shard that is live or being written (the floors' section at the end of this
 --   file), so the dead entries of delivered messages that a held MVCC horizon keeps in the
 --   index are not stepped over again by every claim.
--- * Leases: claimed_by, lease_token (random, gen_random_uuid()) and lease_expires_at are
---   set together (CHECK messages_lease_complete). They are in no index, so leasing is a HOT
---   update.
+-- * Slots. outbox.messages is a ring of four slots (01_tables.sql). The claim's probe, its
+--   walk and its lease read and write each slot's own table (outbox.messages_0 … _3), not
+--   the partitioned parent: through the parent they cost the drain 11–13 %. (A claim with
+--   topic filters checks a shard for due entries within them through the parent, before
+--   the shard's turn.) Such a function is written once for slot 0 and copied for the
+--   others by copy_for_slots when the schema is loaded. A claim takes a shard's candidates
+--   slot by slot in ring order from the slot after the current one (outbox.ring), which is
+--   the oldest first unless a rotation passed over a slot still pending.
+-- * Leases: claimed_by, lease_token and lease_expires_at are set together (CHECK
+--   messages_lease_complete). They are in no index, so leasing is a HOT update. The token
+--   is random (gen_random_uuid()) but for its last hex digit, which names the message's
+--   slot (bits 0 and 1) and whether it has a key (bit 2; bit 3 is clear), so that the
+--   completion, the heartbeat and the release go straight to the message's slot, and a
+--   completion looks up the keys of keyed messages only.
 -- * Plans: each statement is planned per call with its arrays and limits as constants
 --   (plan_cache_mode = force_custom_plan); sequential scans, bitmap scans, sorts and JIT
 --   are off, which leaves ordered index scans that stop at the batch. The probe of a shard
---   (claim_probe), which has no arrays and a constant LIMIT 1, keeps one generic plan per
---   session instead: an idle claim probes all 16 shards.
+--   (claim_probe_slots, all four slots in one statement), which has no arrays and constant
+--   LIMITs, keeps one generic plan per session instead: an idle claim probes all 16 shards.
 -- * Errors: P7001 (invalid argument; the message and DETAIL name it), raised by
 --   outbox.invalid_argument before anything is read or locked.
 -- * Isolation: READ COMMITTED, the relayer's. Under REPEATABLE READ or SERIALIZABLE a row
 --   changed after the snapshot raises 40001 where READ COMMITTED checks it again.
 -- * Commit: both claims set synchronous_commit off for their transaction
 --   (set_config(…, true)); see Crash.
+
+
+-- outbox.copy_for_slots (internal): creates the copies for slots 1 to 3 of a function
+-- written for slot 0: its definition with every `outbox.messages_0 AS` and every name
+-- ending in _slot0 renumbered, its comment, and no grant.
+CREATE FUNCTION outbox.copy_for_slots(p_template regprocedure) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_def text := pg_get_functiondef(p_template);
+    v_copy text;
+    v_oid oid;
+BEGIN
+    IF v_def !~ '_slot0\(' THEN
+        RAISE EXCEPTION 'copy_for_slots: % is not a slot 0 template', p_template;
+    END IF;
+    FOR v_slot IN 1 .. 3 LOOP
+        -- the template's own table is written `outbox.messages_0 AS alias`; a reference to
+        -- one given slot is written without AS and kept
+        v_copy := regexp_replace(v_def, '\mmessages_0 AS ', 'messages_' || v_slot || ' AS ', 'g');
+        v_copy := regexp_replace(v_copy, '_slot0\M', '_slot' || v_slot, 'g');
+        EXECUTE v_copy;
+        v_oid := to_regprocedure(regexp_replace(p_template::text, '_slot0\(', '_slot' || v_slot || '('));
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_oid::regprocedure);
+        EXECUTE format('COMMENT ON FUNCTION %s IS %L', v_oid::regprocedure,
+                       replace(obj_description(p_template, 'pg_proc'), 'slot 0', 'slot ' || v_slot));
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.copy_for_slots(regprocedure) IS
+    'Internal: creates the copies for slots 1 to 3 of a function written for slot 0.';
+REVOKE ALL ON FUNCTION outbox.copy_for_slots(regprocedure) FROM PUBLIC;
+
+-- Lease tokens. A claim's token is random but for its last hex digit, which says where
+-- the message is: bits 0 and 1 its slot, bit 2 whether it has a key (so that a completion
+-- looks up the keys of keyed messages only), bit 3 clear. A token with bit 3 set was not
+-- issued by a claim and matches no lease.
+
+-- outbox.token_slot (internal): the slot a lease token names, or 8 to 11 (no slot).
+CREATE FUNCTION outbox.token_slot(p_token uuid) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT get_byte(uuid_send(p_token), 15) & 11
+$$;
+
+COMMENT ON FUNCTION outbox.token_slot(uuid) IS
+    'Internal: the slot a lease token names (bits 0 and 1 of its last hex digit), or 8 to 11 when bit 3 is set (no slot: not a claim''s token).';
+REVOKE ALL ON FUNCTION outbox.token_slot(uuid) FROM PUBLIC;
+
+-- outbox.token_keyed (internal): whether a lease token was issued for a keyed message.
+CREATE FUNCTION outbox.token_keyed(p_token uuid) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT get_byte(uuid_send(p_token), 15) & 4 = 4
+$$;
+
+COMMENT ON FUNCTION outbox.token_keyed(uuid) IS
+    'Internal: whether a lease token was issued for a keyed message (bit 2 of its last hex digit).';
+REVOKE ALL ON FUNCTION outbox.token_keyed(uuid) FROM PUBLIC;
+
+-- outbox.ring (internal): the four slots, oldest first: the one after the current slot
+-- first, the current slot last.
+CREATE FUNCTION outbox.ring() RETURNS integer[]
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT ARRAY[(c + 1) % 4, (c + 2) % 4, (c + 3) % 4, c]
+      FROM (SELECT coalesce(pg_sequence_last_value('outbox.message_slot'::regclass), 0)::integer AS c) AS r
+$$;
+
+COMMENT ON FUNCTION outbox.ring() IS
+    'Internal: the four slots, oldest first (the current slot last).';
+REVOKE ALL ON FUNCTION outbox.ring() FROM PUBLIC;
 
 
 -- outbox.claim_outbox_batch_seq: leases up to p_batch_size ready messages to p_worker_id:
@@ -83,7 +177,7 @@
 --                                  dead-letter it without loading it; it counts 0 bytes
 --                                  against the budget; default NULL: no limit.
 -- Returns:    one row per message leased, in enqueue order (seq): outbox_id; lease_token
---             (new, random); topic; message_key; payload (NULL when over
+--             (new, random but for its last hex digit: see Leases above); topic; message_key; payload (NULL when over
 --             p_max_message_bytes); content_type; headers; attempt_no (the number the
 --             attempt now starting will get, attempt_count + 1); created_at;
 --             lease_expires_at (now() + p_lease_seconds); payload_bytes (the stored
@@ -91,19 +185,21 @@
 --             message's enqueue order, outbox.messages.seq: see Guarantees). No rows when
 --             nothing is ready in the shards it could take.
 -- Locks:      It goes round the 16 shards once, from a random one. Per shard: a probe (no
---             lock) for the first entry of messages_shard_heads_idx from the shard's floor,
---             leased or not, which raises the floor (raise_claim_floor); none due by the
+--             lock) for the first entry of messages_shard_heads_idx from the shard's floor
+--             in each slot, leased or not, which raises the floor (raise_claim_floor); none due by the
 --             claim's start, or (with topic filters) none due within them, and the shard
 --             is passed without its turn. Then the shard's turn, FOR UPDATE SKIP LOCKED; held by
---             another claim, and the shard is passed. Under the turn, claim_shard_candidates
---             locks the shard's heads FOR UPDATE SKIP LOCKED, oldest first (a message any
+--             another claim, and the shard is passed. Under the turn, the slots' copies of
+--             claim_shard_candidates_slot0, in ring order (outbox.ring) and only in slots where the
+--             probe found an entry, lock the shard's heads FOR UPDATE SKIP LOCKED, oldest first (a message any
 --             other transaction holds is skipped, never waited for), and chooses the runs
 --             behind them. The round stops as soon as the batch or the budget is full. Only
 --             when the round took no turn while some shard had a ready entry (every such
 --             shard held) does it go round again, waiting (FOR UPDATE) for the turn of the
 --             first shard it found with work, with no lock of its own meanwhile, and
---             skipping held turns for the rest. Last, when it chose any, one UPDATE leases
---             the chosen rows by tuple address (TID scan), checking the id and that no
+--             skipping held turns for the rest. Last, when it chose any, one UPDATE per
+--             slot (lease_slot0 … _slot3, in slot order) leases the chosen rows by tuple
+--             address (TID scan), checking the id and that no
 --             lease is set; this locks the run messages, which no other claim can reach
 --             (their head is locked here). A run message that changed since it was chosen
 --             is left out; a later claim takes it. Turns and row locks are held until the
@@ -197,6 +293,11 @@ DECLARE
     v_turns integer := 0;
     v_ids uuid[] := '{}';
     v_ctids tid[] := '{}';
+    v_slots smallint[] := '{}';
+    v_slot integer;
+    v_ring integer[] := outbox.ring();
+    v_probes timestamptz[];
+    v_other boolean;
     v_bytes bigint := 0;
     v_now timestamptz := clock_timestamp();
     v_floors timestamptz[];
@@ -239,7 +340,8 @@ BEGIN
             ELSE
                 -- The shard's first entry from its floor, leased or not: it raises the floor
                 -- (claim_floor_bound), and no entry due by now means no work.
-                v_first := outbox.claim_probe(v_shard, v_floors[v_shard + 1]);
+                v_probes := outbox.claim_probe_slots(v_shard, v_floors[v_shard + 1]);
+                v_first := least(v_probes[1], v_probes[2], v_probes[3], v_probes[4]);
                 v_raised := least(coalesce(v_first, 'infinity'), v_bound);
                 IF v_raised > v_floors[v_shard + 1] AND v_fresh THEN
                     v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_floors[v_shard + 1], v_raised);
@@ -259,12 +361,50 @@ BEGIN
                 CONTINUE WHEN NOT FOUND;
             END IF;
             v_turns := v_turns + 1;
-            SELECT v_ids || s.ids, v_ctids || s.ctids, v_bytes + s.bytes
-              INTO v_ids, v_ctids, v_bytes
-              FROM outbox.claim_shard_candidates(v_shard, v_floors[v_shard + 1], v_now,
-                                                 p_batch_size - cardinality(v_ids), v_bytes,
-                                                 p_topics, p_exclude_topics, p_max_bytes,
-                                                 p_max_message_bytes) AS s;
+            IF v_pass = 2 THEN
+                v_probes := outbox.claim_probe_slots(v_shard, v_floors[v_shard + 1]);
+            END IF;
+            -- The shard's candidates slot by slot, oldest first, in the slots it has work in.
+            FOREACH v_slot IN ARRAY v_ring LOOP
+                EXIT WHEN cardinality(v_ids) >= p_batch_size
+                       OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
+                CONTINUE WHEN v_probes[v_slot + 1] IS NULL OR v_probes[v_slot + 1] > v_now;
+                -- Keys are checked in the other slots only where the shard has entries.
+                v_other := num_nonnulls(v_probes[1], v_probes[2], v_probes[3], v_probes[4]) > 1;
+                IF v_slot = 0 THEN
+                    SELECT v_ids || s.ids, v_ctids || s.ctids,
+                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
+                           v_bytes + s.bytes
+                      INTO v_ids, v_ctids, v_slots, v_bytes
+                      FROM outbox.claim_shard_candidates_slot0(v_shard, v_floors[v_shard + 1], v_now,
+                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
+                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                ELSIF v_slot = 1 THEN
+                    SELECT v_ids || s.ids, v_ctids || s.ctids,
+                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
+                           v_bytes + s.bytes
+                      INTO v_ids, v_ctids, v_slots, v_bytes
+                      FROM outbox.claim_shard_candidates_slot1(v_shard, v_floors[v_shard + 1], v_now,
+                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
+                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                ELSIF v_slot = 2 THEN
+                    SELECT v_ids || s.ids, v_ctids || s.ctids,
+                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
+                           v_bytes + s.bytes
+                      INTO v_ids, v_ctids, v_slots, v_bytes
+                      FROM outbox.claim_shard_candidates_slot2(v_shard, v_floors[v_shard + 1], v_now,
+                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
+                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                ELSIF v_slot = 3 THEN
+                    SELECT v_ids || s.ids, v_ctids || s.ctids,
+                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
+                           v_bytes + s.bytes
+                      INTO v_ids, v_ctids, v_slots, v_bytes
+                      FROM outbox.claim_shard_candidates_slot3(v_shard, v_floors[v_shard + 1], v_now,
+                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
+                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                END IF;
+            END LOOP;
             EXIT WHEN cardinality(v_ids) >= p_batch_size
                    OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
         END LOOP;
@@ -274,26 +414,42 @@ BEGIN
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    WITH leased AS (
-        UPDATE outbox.messages AS m
-           SET claimed_by = p_worker_id,
-               lease_token = gen_random_uuid(),
-               lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-         WHERE m.ctid = ANY (v_ctids)
-           -- a check, not a way in: written so that it cannot drive an index scan
-           AND (m.outbox_id = ANY (v_ids)) IS TRUE
-           AND m.lease_token IS NULL
-        RETURNING m.seq, m.outbox_id, m.lease_token, m.topic, m.message_key,
-                  CASE WHEN octet_length(m.payload) > p_max_message_bytes THEN NULL ELSE m.payload END
-                      AS payload,
-                  m.content_type, m.headers, m.attempt_count + 1 AS attempt_no, m.created_at,
-                  m.lease_expires_at, octet_length(m.payload)::bigint AS payload_bytes
-    )
-    SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-           l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
-      FROM leased AS l
-     ORDER BY l.seq;
+    -- The lease, in each slot by tuple address.
+    v_slot := v_slots[1];
+    IF v_slot = ALL (v_slots) THEN
+    IF v_slot = 0 THEN
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
+          FROM outbox.lease_slot0(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    ELSIF v_slot = 1 THEN
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
+          FROM outbox.lease_slot1(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    ELSIF v_slot = 2 THEN
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
+          FROM outbox.lease_slot2(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    ELSIF v_slot = 3 THEN
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
+          FROM outbox.lease_slot3(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    END IF;
+    ELSE
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
+          FROM outbox.lease_candidates(v_ids, v_ctids, v_slots, p_worker_id, p_lease_seconds,
+                                       p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    END IF;
 END;
 $$;
 
@@ -346,6 +502,11 @@ DECLARE
     v_turns integer := 0;
     v_ids uuid[] := '{}';
     v_ctids tid[] := '{}';
+    v_slots smallint[] := '{}';
+    v_slot integer;
+    v_ring integer[] := outbox.ring();
+    v_probes timestamptz[];
+    v_other boolean;
     v_bytes bigint := 0;
     v_now timestamptz := clock_timestamp();
     v_floors timestamptz[];
@@ -388,7 +549,8 @@ BEGIN
             ELSE
                 -- The shard's first entry from its floor, leased or not: it raises the floor
                 -- (claim_floor_bound), and no entry due by now means no work.
-                v_first := outbox.claim_probe(v_shard, v_floors[v_shard + 1]);
+                v_probes := outbox.claim_probe_slots(v_shard, v_floors[v_shard + 1]);
+                v_first := least(v_probes[1], v_probes[2], v_probes[3], v_probes[4]);
                 v_raised := least(coalesce(v_first, 'infinity'), v_bound);
                 IF v_raised > v_floors[v_shard + 1] AND v_fresh THEN
                     v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_floors[v_shard + 1], v_raised);
@@ -408,12 +570,50 @@ BEGIN
                 CONTINUE WHEN NOT FOUND;
             END IF;
             v_turns := v_turns + 1;
-            SELECT v_ids || s.ids, v_ctids || s.ctids, v_bytes + s.bytes
-              INTO v_ids, v_ctids, v_bytes
-              FROM outbox.claim_shard_candidates(v_shard, v_floors[v_shard + 1], v_now,
-                                                 p_batch_size - cardinality(v_ids), v_bytes,
-                                                 p_topics, p_exclude_topics, p_max_bytes,
-                                                 p_max_message_bytes) AS s;
+            IF v_pass = 2 THEN
+                v_probes := outbox.claim_probe_slots(v_shard, v_floors[v_shard + 1]);
+            END IF;
+            -- The shard's candidates slot by slot, oldest first, in the slots it has work in.
+            FOREACH v_slot IN ARRAY v_ring LOOP
+                EXIT WHEN cardinality(v_ids) >= p_batch_size
+                       OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
+                CONTINUE WHEN v_probes[v_slot + 1] IS NULL OR v_probes[v_slot + 1] > v_now;
+                -- Keys are checked in the other slots only where the shard has entries.
+                v_other := num_nonnulls(v_probes[1], v_probes[2], v_probes[3], v_probes[4]) > 1;
+                IF v_slot = 0 THEN
+                    SELECT v_ids || s.ids, v_ctids || s.ctids,
+                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
+                           v_bytes + s.bytes
+                      INTO v_ids, v_ctids, v_slots, v_bytes
+                      FROM outbox.claim_shard_candidates_slot0(v_shard, v_floors[v_shard + 1], v_now,
+                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
+                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                ELSIF v_slot = 1 THEN
+                    SELECT v_ids || s.ids, v_ctids || s.ctids,
+                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
+                           v_bytes + s.bytes
+                      INTO v_ids, v_ctids, v_slots, v_bytes
+                      FROM outbox.claim_shard_candidates_slot1(v_shard, v_floors[v_shard + 1], v_now,
+                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
+                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                ELSIF v_slot = 2 THEN
+                    SELECT v_ids || s.ids, v_ctids || s.ctids,
+                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
+                           v_bytes + s.bytes
+                      INTO v_ids, v_ctids, v_slots, v_bytes
+                      FROM outbox.claim_shard_candidates_slot2(v_shard, v_floors[v_shard + 1], v_now,
+                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
+                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                ELSIF v_slot = 3 THEN
+                    SELECT v_ids || s.ids, v_ctids || s.ctids,
+                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
+                           v_bytes + s.bytes
+                      INTO v_ids, v_ctids, v_slots, v_bytes
+                      FROM outbox.claim_shard_candidates_slot3(v_shard, v_floors[v_shard + 1], v_now,
+                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
+                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                END IF;
+            END LOOP;
             EXIT WHEN cardinality(v_ids) >= p_batch_size
                    OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
         END LOOP;
@@ -423,26 +623,42 @@ BEGIN
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    WITH leased AS (
-        UPDATE outbox.messages AS m
-           SET claimed_by = p_worker_id,
-               lease_token = gen_random_uuid(),
-               lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-         WHERE m.ctid = ANY (v_ctids)
-           -- a check, not a way in: written so that it cannot drive an index scan
-           AND (m.outbox_id = ANY (v_ids)) IS TRUE
-           AND m.lease_token IS NULL
-        RETURNING m.seq, m.outbox_id, m.lease_token, m.topic, m.message_key,
-                  CASE WHEN octet_length(m.payload) > p_max_message_bytes THEN NULL ELSE m.payload END
-                      AS payload,
-                  m.content_type, m.headers, m.attempt_count + 1 AS attempt_no, m.created_at,
-                  m.lease_expires_at, octet_length(m.payload)::bigint AS payload_bytes
-    )
-    SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-           l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
-      FROM leased AS l
-     ORDER BY l.seq;
+    -- The lease, in each slot by tuple address.
+    v_slot := v_slots[1];
+    IF v_slot = ALL (v_slots) THEN
+    IF v_slot = 0 THEN
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
+          FROM outbox.lease_slot0(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    ELSIF v_slot = 1 THEN
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
+          FROM outbox.lease_slot1(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    ELSIF v_slot = 2 THEN
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
+          FROM outbox.lease_slot2(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    ELSIF v_slot = 3 THEN
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
+          FROM outbox.lease_slot3(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    END IF;
+    ELSE
+        RETURN QUERY
+        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
+          FROM outbox.lease_candidates(v_ids, v_ctids, v_slots, p_worker_id, p_lease_seconds,
+                                       p_max_message_bytes) AS l
+         ORDER BY l.seq;
+    END IF;
 END;
 $$;
 
@@ -453,17 +669,24 @@ REVOKE ALL ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[],
 GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) TO outbox_relay;
 
 
--- outbox.claim_shard_candidates (internal): chooses the messages one claim takes from one
--- shard and locks its heads. Called only by claim_outbox_batch_seq and claim_outbox_batch,
--- while the claim holds the shard's turn; no role may execute it.
+-- outbox.claim_shard_candidates_slot0 (internal): chooses the messages one claim takes from
+-- one shard in slot 0 and locks its heads; outbox.copy_for_slots makes the same function for
+-- slots 1 to 3 (claim_shard_candidates_slot1 … _slot3, each on its slot's table). Called
+-- only by claim_outbox_batch_seq and claim_outbox_batch, while the claim holds the shard's
+-- turn, slot by slot in ring order (outbox.ring); no role may execute it.
 --
 -- Inputs:     p_shard (0 to 15); p_floor, the shard's floor, where the walk starts; p_now,
 --             the claim's start (ready: available_at at or before it); p_room, the most ids
 --             to return (at least 1); p_used, the
 --             payload bytes the batch has counted so far; p_topics, p_exclude_topics,
---             p_max_bytes and p_max_message_bytes as the claim received them.
+--             p_max_bytes and p_max_message_bytes as the claim received them;
+--             p_other_slots, whether the shard has entries in another slot: only then is
+--             a keyed head checked for an earlier message of its key in the other slots
+--             (key_pending_before), besides its own slot.
 -- Returns:    ids and ctids, parallel: the heads in claim order (available_at, seq), then
---             the runs, head after head, each in seq order; bytes, the payload bytes they
+--             the runs, head after head, each in seq order, a run ending at the end of
+--             the slot (the key's message in the next slot becomes its head when the run
+--             is delivered); bytes, the payload bytes they
 --             count against the budget (a head over p_max_message_bytes counts 0).
 -- Locks:      at most p_room heads, FOR UPDATE SKIP LOCKED, in the order of the shard's
 --             walk of messages_shard_heads_idx; heads the budget then leaves out stay
@@ -481,7 +704,7 @@ GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text
 --             the entries of deleted rows dead, so the next claim skips them without
 --             visiting the heap (a bitmap scan would not). Each run is one probe of
 --             messages_key_seq_idx, limited to the room left.
-CREATE OR REPLACE FUNCTION outbox.claim_shard_candidates(
+CREATE OR REPLACE FUNCTION outbox.claim_shard_candidates_slot0(
     p_shard integer,
     p_floor timestamptz,
     p_now timestamptz,
@@ -491,17 +714,12 @@ CREATE OR REPLACE FUNCTION outbox.claim_shard_candidates(
     p_exclude_topics text[],
     p_max_bytes bigint,
     p_max_message_bytes bigint,
+    p_other_slots boolean,
     OUT ids uuid[],
     OUT ctids tid[],
     OUT bytes bigint
 )
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET enable_sort = off
-SET jit = off
 AS $$
 DECLARE
     v_keys text[];
@@ -526,7 +744,7 @@ BEGIN
               FROM (SELECT c.outbox_id, c.ctid, c.message_key, c.seq, c.topic,
                            CASE WHEN octet_length(c.payload) > p_max_message_bytes THEN 0
                                 ELSE octet_length(c.payload)::bigint END AS counted
-                      FROM outbox.messages AS c
+                      FROM outbox.messages_0 AS c
                      WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
                        AND NOT c.behind
                        AND c.available_at >= p_floor
@@ -534,11 +752,12 @@ BEGIN
                        AND c.lease_token IS NULL
                        AND (p_topics IS NULL OR c.topic = ANY (p_topics))
                        AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics))
-                       AND (c.message_key IS NULL OR NOT EXISTS (
-                               SELECT 1
-                                 FROM outbox.messages AS e
-                                WHERE e.message_key = c.message_key
-                                  AND e.seq < c.seq))
+                       AND (c.message_key IS NULL OR NOT (
+                               EXISTS (SELECT 1
+                                         FROM outbox.messages_0 AS e
+                                        WHERE e.message_key = c.message_key
+                                          AND e.seq < c.seq)
+                               OR (p_other_slots AND outbox.key_pending_before(c.message_key, c.seq))))
                      ORDER BY c.available_at, c.seq
                      LIMIT p_room
                        FOR UPDATE SKIP LOCKED) AS w) AS b
@@ -565,7 +784,7 @@ BEGIN
                                                         AND (p_max_message_bytes IS NULL
                                                              OR octet_length(n.payload) <= p_max_message_bytes))
                                                    OVER (ORDER BY n.seq ROWS UNBOUNDED PRECEDING) AS unbroken
-                                          FROM outbox.messages AS n
+                                          FROM outbox.messages_0 AS n
                                          WHERE n.message_key = h.key
                                            AND n.seq > h.seq
                                          ORDER BY n.seq
@@ -581,45 +800,166 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION outbox.claim_shard_candidates(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint) IS
-    'Internal (claim_outbox_batch_seq and claim_outbox_batch, under the shard''s turn): locks up to p_room heads of one shard and returns their ids, tuple addresses and counted bytes, then the runs behind the keyed heads, within the room and budget left.';
 
-REVOKE ALL ON FUNCTION outbox.claim_shard_candidates(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint, boolean) IS
+    'Internal: claim_shard_candidates in slot 0 (a run ends at the end of the slot).';
+REVOKE ALL ON FUNCTION outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint, boolean) FROM PUBLIC;
+SELECT outbox.copy_for_slots('outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint, boolean)');
 
 
--- outbox.claim_probe (internal): the available_at of the first entry of shard p_shard in
--- messages_shard_heads_idx at or after p_floor, leased or not; NULL when there is none.
--- Called only by claim_outbox_batch_seq and claim_outbox_batch, before they take the
--- shard's turn; no role may execute it. A hint: the claim reads the shard again under its
--- turn.
---
--- Locks:      nothing. Raises nothing.
--- Shape:      one index probe that stops at the first entry. Its plan is generic and kept
---             for the session (plan_cache_mode = force_generic_plan; the claims' settings
---             leave the index scan as its only path). An idle claim probes all 16 shards:
---             planned on every call, as the claims plan their other statements, the 16
---             probes' plans would be about half of its time.
-CREATE OR REPLACE FUNCTION outbox.claim_probe(p_shard integer, p_floor timestamptz)
-RETURNS timestamptz
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+
+-- outbox.lease_slot0 (internal): leases the listed rows of slot 0 (tuple addresses, with
+-- their ids as a check) that are still unleased, with a token naming the slot.
+CREATE OR REPLACE FUNCTION outbox.lease_slot0(
+    p_ids uuid[],
+    p_ctids tid[],
+    p_worker_id text,
+    p_lease_seconds integer,
+    p_max_message_bytes bigint
+) RETURNS TABLE (
+    outbox_id uuid,
+    lease_token uuid,
+    topic text,
+    message_key text,
+    payload bytea,
+    content_type text,
+    headers jsonb,
+    attempt_no integer,
+    created_at timestamptz,
+    lease_expires_at timestamptz,
+    payload_bytes bigint,
+    seq bigint
+)
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-    RETURN (SELECT c.available_at
-              FROM outbox.messages AS c
-             WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
-               AND NOT c.behind
-               AND c.available_at >= p_floor
-             ORDER BY c.available_at, c.seq
-             LIMIT 1);
+    RETURN QUERY
+    UPDATE outbox.messages_0 AS m
+       SET claimed_by = p_worker_id,
+           -- random but for its last hex digit: the slot, and 4 when keyed
+           lease_token = (left(gen_random_uuid()::text, 35)
+                          || (m.slot + CASE WHEN m.message_key IS NULL THEN 0 ELSE 4 END)::text)::uuid,
+           lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+     WHERE m.ctid = ANY (p_ctids)
+       -- a check, not a way in: written so that it cannot drive an index scan
+       AND (m.outbox_id = ANY (p_ids)) IS TRUE
+       AND m.lease_token IS NULL
+    RETURNING m.outbox_id, m.lease_token, m.topic, m.message_key,
+              CASE WHEN octet_length(m.payload) > p_max_message_bytes THEN NULL ELSE m.payload END,
+              m.content_type, m.headers, m.attempt_count + 1, m.created_at,
+              m.lease_expires_at, octet_length(m.payload)::bigint, m.seq;
 END;
 $$;
 
-COMMENT ON FUNCTION outbox.claim_probe(integer, timestamptz) IS
-    'Internal (claim_outbox_batch_seq and claim_outbox_batch): the available_at of a shard''s first entry of messages_shard_heads_idx from its floor, leased or not; a hint taken before the shard''s turn. Not granted.';
+COMMENT ON FUNCTION outbox.lease_slot0(uuid[], tid[], text, integer, bigint) IS
+    'Internal: leases the listed rows of slot 0 with a token naming the slot.';
+REVOKE ALL ON FUNCTION outbox.lease_slot0(uuid[], tid[], text, integer, bigint) FROM PUBLIC;
+SELECT outbox.copy_for_slots('outbox.lease_slot0(uuid[], tid[], text, integer, bigint)');
 
-REVOKE ALL ON FUNCTION outbox.claim_probe(integer, timestamptz) FROM PUBLIC;
+-- outbox.lease_candidates (internal): leases what the claim chose when it spans slots,
+-- slot by slot.
+CREATE FUNCTION outbox.lease_candidates(
+    p_ids uuid[],
+    p_ctids tid[],
+    p_slots smallint[],
+    p_worker_id text,
+    p_lease_seconds integer,
+    p_max_message_bytes bigint
+) RETURNS TABLE (
+    outbox_id uuid,
+    lease_token uuid,
+    topic text,
+    message_key text,
+    payload bytea,
+    content_type text,
+    headers jsonb,
+    attempt_no integer,
+    created_at timestamptz,
+    lease_expires_at timestamptz,
+    payload_bytes bigint,
+    seq bigint
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_slot integer;
+    v_ids uuid[];
+    v_ctids tid[];
+BEGIN
+    -- in slot order, the completions' lock order
+    FOREACH v_slot IN ARRAY ARRAY(SELECT DISTINCT u.slot FROM unnest(p_slots) AS u(slot) ORDER BY 1) LOOP
+        SELECT array_agg(u.id), array_agg(u.ctid) INTO v_ids, v_ctids
+          FROM unnest(p_ids, p_ctids, p_slots) AS u(id, ctid, slot)
+         WHERE u.slot = v_slot;
+        IF v_slot = 0 THEN
+            RETURN QUERY SELECT * FROM outbox.lease_slot0(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
+        ELSIF v_slot = 1 THEN
+            RETURN QUERY SELECT * FROM outbox.lease_slot1(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
+        ELSIF v_slot = 2 THEN
+            RETURN QUERY SELECT * FROM outbox.lease_slot2(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
+        ELSE
+            RETURN QUERY SELECT * FROM outbox.lease_slot3(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.lease_candidates(uuid[], tid[], smallint[], text, integer, bigint) IS
+    'Internal: leases a claim''s chosen rows slot by slot, in slot order.';
+REVOKE ALL ON FUNCTION outbox.lease_candidates(uuid[], tid[], smallint[], text, integer, bigint) FROM PUBLIC;
+
+
+-- outbox.key_pending_before (internal): whether a message of p_key with a seq below p_seq
+-- is pending in any slot: one probe of each slot's messages_key_seq_idx, by a plan kept
+-- for the session. The claim asks it only of a shard with entries in more than one slot.
+CREATE FUNCTION outbox.key_pending_before(p_key text, p_seq bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM outbox.messages_0 e0 WHERE e0.message_key = p_key AND e0.seq < p_seq)
+        OR EXISTS (SELECT 1 FROM outbox.messages_1 e1 WHERE e1.message_key = p_key AND e1.seq < p_seq)
+        OR EXISTS (SELECT 1 FROM outbox.messages_2 e2 WHERE e2.message_key = p_key AND e2.seq < p_seq)
+        OR EXISTS (SELECT 1 FROM outbox.messages_3 e3 WHERE e3.message_key = p_key AND e3.seq < p_seq);
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.key_pending_before(text, bigint) IS
+    'Internal: whether a message of the key with a lower seq is pending in any slot.';
+REVOKE ALL ON FUNCTION outbox.key_pending_before(text, bigint) FROM PUBLIC;
+
+
+-- outbox.claim_probe_slots (internal): claim_probe in each slot: the available_at of the
+-- first entry of shard p_shard at or after p_floor in slots 0 to 3 (NULL where none).
+CREATE FUNCTION outbox.claim_probe_slots(p_shard integer, p_floor timestamptz)
+RETURNS timestamptz[]
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    RETURN ARRAY[
+        (SELECT c.available_at FROM outbox.messages_0 c
+          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
+            AND NOT c.behind AND c.available_at >= p_floor
+          ORDER BY c.available_at, c.seq LIMIT 1),
+        (SELECT c.available_at FROM outbox.messages_1 c
+          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
+            AND NOT c.behind AND c.available_at >= p_floor
+          ORDER BY c.available_at, c.seq LIMIT 1),
+        (SELECT c.available_at FROM outbox.messages_2 c
+          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
+            AND NOT c.behind AND c.available_at >= p_floor
+          ORDER BY c.available_at, c.seq LIMIT 1),
+        (SELECT c.available_at FROM outbox.messages_3 c
+          WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = p_shard
+            AND NOT c.behind AND c.available_at >= p_floor
+          ORDER BY c.available_at, c.seq LIMIT 1)];
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.claim_probe_slots(integer, timestamptz) IS
+    'Internal: the available_at of a shard''s first entry from its floor, in each of the four slots.';
+REVOKE ALL ON FUNCTION outbox.claim_probe_slots(integer, timestamptz) FROM PUBLIC;
 
 
 -- The claim floors: where each shard's walk starts.

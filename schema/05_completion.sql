@@ -3,12 +3,14 @@
 -- gives back what it did not attempt.
 --
 -- Called by: outbox_relay, through complete_outbox_batch, complete_outbox_attempt,
--- extend_outbox_leases and release_outbox_leases. apply_outcomes, record_attempts,
--- promote_heads and lock_keys are internal and no role may execute them: the completion calls them, and
--- repair_expired_leases (06_repair_retention.sql) calls apply_outcomes.
+-- extend_outbox_leases and release_outbox_leases. The other functions are internal and no
+-- role may execute them: the completion calls them, and repair_expired_leases
+-- (06_repair_retention.sql) calls apply_outcomes.
 --
 -- Functions:
 --   outbox.complete_outbox_batch    records a batch's outcomes, reports lost leases per row
+--   outbox.complete_outbox_batch_slot0 (and _slot1 … _slot3)
+--                                   internal: complete_outbox_batch for one slot's messages
 --   outbox.complete_outbox_attempt  records one message's outcome, P7002 on a lost lease
 --   outbox.extend_outbox_leases     heartbeat: pushes back the expiry of leases still held
 --   outbox.release_outbox_leases    gives back unattempted messages, no attempt recorded
@@ -16,7 +18,11 @@
 --                                   dead-letter or requeue)
 --   outbox.record_attempts          internal: appends attempts in the arrays' order
 --   outbox.promote_heads            internal: a key's next message becomes its head
+--   outbox.promote_slot0 (and _slot1 … _slot3)
+--                                   internal: promote_heads' update in one slot
 --   outbox.lock_keys                internal: serializes the completions of a key
+--   outbox.lock_keys_slot0 (and _slot1 … _slot3)
+--                                   internal: lock_keys for one slot's messages
 --
 -- Conventions shared by all of them:
 -- * The lease fence. A listed (outbox_id, lease_token) pair is acted on only when
@@ -27,7 +33,17 @@
 --   its lock is granted. A pair that fails is a lost lease and changes nothing:
 --   complete_outbox_batch reports it (lease_lost), extend and release leave it out,
 --   complete_outbox_attempt raises P7002 (LEASE_LOST).
--- * Lock order. Every fence locks the listed rows in outbox_id order, so two calls over
+-- * Slots. A listed message is looked for only in the slot its lease token names
+--   (outbox.token_slot, 04_claim.sql): a token that names no slot, or another slot than
+--   the message's, is a lost lease. The completion's fence, the deletion of delivered
+--   messages, the key locks and the promotion of next heads read and write one slot's own
+--   table, by functions written for slot 0 and copied for slots 1 to 3
+--   (outbox.copy_for_slots); a completion whose tokens all name one slot, nearly every one,
+--   is that slot's copy called once. The heartbeat, the release and the other outcomes
+--   (apply_outcomes: retries, dead letters) go through the partitioned parent, the first
+--   two matching each row in the slot its token names, apply_outcomes by id (enqueue keeps
+--   an id to one pending row: 03_enqueue.sql).
+-- * Lock order. Every fence locks the listed rows in (slot, outbox_id) order, so two calls over
 --   the same rows (a completion and a heartbeat, two completions) cannot deadlock; a
 --   repair skips the rows others hold. A fence that only locks takes FOR NO KEY UPDATE,
 --   which a producer's FOR KEY SHARE (settle_behind, at its commit) does not block; the
@@ -52,6 +68,160 @@
 --   changed after the snapshot raises 40001 where READ COMMITTED checks it again.
 -- * Commit: these functions leave synchronous_commit as the session has it (on by
 --   default): a completion lost in a crash would deliver its messages again.
+
+
+-- outbox.complete_outbox_batch_slot0 (internal): complete_outbox_batch (below) for messages
+-- whose tokens name slot 0, called by it once its arguments are checked and, when the
+-- batch spans slots, once every key's completion lock is held; copied for slots 1 to 3.
+-- The fence, the attempts, the deletion of delivered messages and the promotion of the
+-- next heads are those of complete_outbox_batch, on slot 0's table.
+CREATE OR REPLACE FUNCTION outbox.complete_outbox_batch_slot0(
+    p_worker_id text,
+    p_outbox_ids uuid[],
+    p_lease_tokens uuid[],
+    p_states outbox.attempt_state[],
+    p_errors text[],
+    p_retry_ats timestamptz[]
+) RETURNS TABLE (outbox_id uuid, attempt_no integer, lease_lost boolean, dead_lettered boolean)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_ids uuid[];
+    v_nos integer[];
+    v_ords bigint[];
+    v_states outbox.attempt_state[];
+    v_tokens uuid[];
+    v_errors text[];
+    v_retry_ats timestamptz[];
+    v_exhausted boolean[];
+    v_keys text[];
+    v_after timestamptz[];
+    v_seqs bigint[];
+    v_mixed boolean;
+    v_reused boolean := false;
+BEGIN
+    -- One completion at a time per key, so that promote_heads sees what the key's other
+    -- completions did.
+    PERFORM outbox.lock_keys_slot0(ARRAY(SELECT u.id
+                                           FROM unnest(p_outbox_ids, p_lease_tokens) AS u(id, token)
+                                          WHERE outbox.token_keyed(u.token)));
+
+    IF 'DISPATCHED' = ALL (p_states) THEN
+        BEGIN
+            -- The fence is the deletion: this worker, the token listed with the id, an
+            -- unexpired lease; a row changed by a concurrent commit (a repair, another
+            -- claim) is checked again after the wait. The attempts are inserted in the
+            -- call's order (ord).
+            WITH gone AS (
+                DELETE FROM outbox.messages_0 AS m
+                 WHERE m.outbox_id = ANY (p_outbox_ids)
+                   AND m.lease_token = ANY (p_lease_tokens)
+                   AND m.claimed_by = p_worker_id
+                   AND m.lease_expires_at > now()
+                RETURNING m.outbox_id, m.attempt_count + 1 AS attempt_no, m.lease_token,
+                          m.message_key, m.available_at, m.seq, m.behind
+            ), done AS (
+                SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.message_key,
+                       g.available_at, g.seq, g.behind, u.error,
+                       g.lease_token <> u.token AS mixed
+                  FROM gone AS g
+                  JOIN unnest(p_outbox_ids, p_lease_tokens, p_errors)
+                           WITH ORDINALITY AS u(id, token, error, ord)
+                    ON u.id = g.outbox_id
+            ), recorded AS (
+                INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, error)
+                SELECT d.outbox_id, d.attempt_no, 'DISPATCHED', p_worker_id, d.lease_token, d.error
+                  FROM done AS d
+                 ORDER BY d.ord
+            )
+            SELECT array_agg(d.ord), array_agg(d.attempt_no),
+                   array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.seq) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
+                   coalesce(bool_or(d.mixed), false)
+              INTO v_ords, v_nos, v_keys, v_after, v_seqs, v_mixed
+              FROM done AS d;
+        EXCEPTION WHEN unique_violation THEN
+            -- An id with an earlier history: the deletion is undone with the INSERT, and
+            -- the call goes the general way below, once its pairs are checked as the
+            -- deletion checks them.
+            v_reused := true;
+            v_mixed := EXISTS (
+                SELECT 1
+                  FROM unnest(p_outbox_ids, p_lease_tokens) AS u(id, token)
+                  JOIN outbox.messages_0 AS m ON m.outbox_id = u.id
+                 WHERE m.lease_token <> u.token
+                   AND m.lease_token = ANY (p_lease_tokens)
+                   AND m.claimed_by = p_worker_id
+                   AND m.lease_expires_at > now());
+        END;
+
+        IF v_mixed THEN
+            -- The caller mixed up its pairs (tokens are random): the call fails and its
+            -- deletions are undone.
+            PERFORM outbox.invalid_argument('p_lease_tokens',
+                'a lease token is listed with the id of another message');
+        END IF;
+        IF NOT v_reused THEN
+            IF v_keys IS NOT NULL THEN
+                PERFORM outbox.promote_heads(v_keys, v_after, v_seqs);
+            END IF;
+            RETURN QUERY
+            SELECT u.id, h.attempt_no, h.ord IS NULL, false
+              FROM unnest(p_outbox_ids) WITH ORDINALITY AS u(id, ord)
+              LEFT JOIN unnest(v_ords, v_nos) AS h(ord, attempt_no) ON h.ord = u.ord
+             ORDER BY u.ord;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- Fence: lock only the rows this worker still holds with these tokens and an
+    -- unexpired lease, one primary-key probe per listed id, in id order. Under READ
+    -- COMMITTED a row changed by a concurrent commit (repair, another claim) is re-checked
+    -- against these conditions after the lock is granted. The rows locked are then listed
+    -- in the order of the call (ord), which is the order their attempts are written in.
+    SELECT array_agg(h.outbox_id ORDER BY i.ord), array_agg(h.attempt_no ORDER BY i.ord),
+           array_agg(i.state ORDER BY i.ord), array_agg(h.lease_token ORDER BY i.ord),
+           array_agg(i.error ORDER BY i.ord), array_agg(i.retry_at ORDER BY i.ord),
+           array_agg(h.exhausted ORDER BY i.ord)
+      INTO v_ids, v_nos, v_states, v_tokens, v_errors, v_retry_ats, v_exhausted
+      FROM (SELECT *
+              FROM unnest(p_outbox_ids, p_lease_tokens, p_states, p_errors, p_retry_ats)
+                       WITH ORDINALITY AS u(id, token, state, error, retry_at, ord)
+             ORDER BY u.id) AS i
+     CROSS JOIN LATERAL (
+            SELECT m.outbox_id,
+                   m.attempt_count + 1 AS attempt_no,
+                   m.lease_token,
+                   m.attempt_count + 1 >= m.attempt_base + m.max_attempts AS exhausted
+              FROM outbox.messages_0 AS m
+             WHERE m.outbox_id = i.id
+               AND m.lease_token = i.token
+               AND m.claimed_by = p_worker_id
+               AND m.lease_expires_at > now()
+               FOR NO KEY UPDATE) AS h;
+
+    IF v_ids IS NOT NULL THEN
+        PERFORM outbox.apply_outcomes(v_ids, v_nos, v_states,
+                                      array_fill(p_worker_id, ARRAY[cardinality(v_ids)]),
+                                      v_tokens, v_errors, v_retry_ats, v_exhausted);
+    END IF;
+
+    RETURN QUERY
+    SELECT u.id, h.attempt_no, h.id IS NULL,
+           coalesce(h.state = 'FAILED' OR (h.state = 'RETRYABLE' AND h.exhausted), false)
+      FROM unnest(p_outbox_ids) WITH ORDINALITY AS u(id, ord)
+      LEFT JOIN unnest(v_ids, v_nos, v_states, v_exhausted) AS h(id, attempt_no, state, exhausted)
+             ON h.id = u.id
+     ORDER BY u.ord;
+END;
+$$;
+
+
+COMMENT ON FUNCTION outbox.complete_outbox_batch_slot0(text, uuid[], uuid[], outbox.attempt_state[], text[], timestamptz[]) IS
+    'Internal: complete_outbox_batch for messages of slot 0, its arguments checked.';
+REVOKE ALL ON FUNCTION outbox.complete_outbox_batch_slot0(text, uuid[], uuid[], outbox.attempt_state[], text[], timestamptz[]) FROM PUBLIC;
+SELECT outbox.copy_for_slots('outbox.complete_outbox_batch_slot0(text, uuid[], uuid[], outbox.attempt_state[], text[], timestamptz[])');
 
 
 -- outbox.complete_outbox_batch: records the outcome of each listed message whose lease
@@ -145,19 +315,17 @@ SET enable_bitmapscan = off
 SET jit = off
 AS $$
 DECLARE
+    v_slot integer;
+    v_slots integer[];
     v_ids uuid[];
-    v_nos integer[];
-    v_ords bigint[];
-    v_states outbox.attempt_state[];
     v_tokens uuid[];
+    v_states outbox.attempt_state[];
     v_errors text[];
     v_retry_ats timestamptz[];
-    v_exhausted boolean[];
-    v_keys text[];
-    v_after timestamptz[];
-    v_seqs bigint[];
-    v_mixed boolean;
-    v_reused boolean := false;
+    v_out_ids uuid[] := '{}';
+    v_out_nos integer[] := '{}';
+    v_out_lost boolean[] := '{}';
+    v_out_dead boolean[] := '{}';
 BEGIN
     PERFORM outbox.check_worker_id(p_worker_id);
     PERFORM outbox.check_leases(p_outbox_ids, p_lease_tokens);
@@ -184,117 +352,82 @@ BEGIN
             'a retry time is only allowed with state RETRYABLE, not with a terminal state');
     END IF;
 
-    -- One completion at a time per key, so that promote_heads sees what the key's other
-    -- completions did.
-    PERFORM outbox.lock_keys(p_outbox_ids);
-
-    IF 'DISPATCHED' = ALL (p_states) THEN
-        BEGIN
-            -- The fence is the deletion: this worker, the token listed with the id, an
-            -- unexpired lease; a row changed by a concurrent commit (a repair, another
-            -- claim) is checked again after the wait. The attempts are inserted in the
-            -- call's order (ord).
-            WITH gone AS (
-                DELETE FROM outbox.messages AS m
-                 WHERE m.outbox_id = ANY (p_outbox_ids)
-                   AND m.lease_token = ANY (p_lease_tokens)
-                   AND m.claimed_by = p_worker_id
-                   AND m.lease_expires_at > now()
-                RETURNING m.outbox_id, m.attempt_count + 1 AS attempt_no, m.lease_token,
-                          m.message_key, m.available_at, m.seq, m.behind
-            ), done AS (
-                SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.message_key,
-                       g.available_at, g.seq, g.behind, u.error,
-                       g.lease_token <> u.token AS mixed
-                  FROM gone AS g
-                  JOIN unnest(p_outbox_ids, p_lease_tokens, p_errors)
-                           WITH ORDINALITY AS u(id, token, error, ord)
-                    ON u.id = g.outbox_id
-            ), recorded AS (
-                INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, error)
-                SELECT d.outbox_id, d.attempt_no, 'DISPATCHED', p_worker_id, d.lease_token, d.error
-                  FROM done AS d
-                 ORDER BY d.ord
-            )
-            SELECT array_agg(d.ord), array_agg(d.attempt_no),
-                   array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
-                   array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
-                   array_agg(d.seq) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
-                   coalesce(bool_or(d.mixed), false)
-              INTO v_ords, v_nos, v_keys, v_after, v_seqs, v_mixed
-              FROM done AS d;
-        EXCEPTION WHEN unique_violation THEN
-            -- An id with an earlier history: the deletion is undone with the INSERT, and
-            -- the call goes the general way below, once its pairs are checked as the
-            -- deletion checks them.
-            v_reused := true;
-            v_mixed := EXISTS (
-                SELECT 1
-                  FROM unnest(p_outbox_ids, p_lease_tokens) AS u(id, token)
-                  JOIN outbox.messages AS m ON m.outbox_id = u.id
-                 WHERE m.lease_token <> u.token
-                   AND m.lease_token = ANY (p_lease_tokens)
-                   AND m.claimed_by = p_worker_id
-                   AND m.lease_expires_at > now());
-        END;
-
-        IF v_mixed THEN
-            -- The caller mixed up its pairs (tokens are random): the call fails and its
-            -- deletions are undone.
-            PERFORM outbox.invalid_argument('p_lease_tokens',
-                'a lease token is listed with the id of another message');
+    -- Each listed message is in the slot its lease token names; a token naming no slot
+    -- (not issued by a claim) matches no lease.
+    v_slot := outbox.token_slot(p_lease_tokens[1]);
+    IF v_slot < 4 AND NOT EXISTS (SELECT 1
+                                     FROM unnest(p_lease_tokens) AS u(token)
+                                    WHERE outbox.token_slot(u.token) <> v_slot) THEN
+        IF v_slot = 0 THEN
+            RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slot0(p_worker_id, p_outbox_ids,
+                             p_lease_tokens, p_states, p_errors, p_retry_ats);
+        ELSIF v_slot = 1 THEN
+            RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slot1(p_worker_id, p_outbox_ids,
+                             p_lease_tokens, p_states, p_errors, p_retry_ats);
+        ELSIF v_slot = 2 THEN
+            RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slot2(p_worker_id, p_outbox_ids,
+                             p_lease_tokens, p_states, p_errors, p_retry_ats);
+        ELSIF v_slot = 3 THEN
+            RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slot3(p_worker_id, p_outbox_ids,
+                             p_lease_tokens, p_states, p_errors, p_retry_ats);
         END IF;
-        IF NOT v_reused THEN
-            IF v_keys IS NOT NULL THEN
-                PERFORM outbox.promote_heads(v_keys, v_after, v_seqs);
-            END IF;
-            RETURN QUERY
-            SELECT u.id, h.attempt_no, h.ord IS NULL, false
-              FROM unnest(p_outbox_ids) WITH ORDINALITY AS u(id, ord)
-              LEFT JOIN unnest(v_ords, v_nos) AS h(ord, attempt_no) ON h.ord = u.ord
-             ORDER BY u.ord;
-            RETURN;
+        RETURN;
+    END IF;
+    SELECT array_agg(DISTINCT outbox.token_slot(u.token) ORDER BY outbox.token_slot(u.token))
+      INTO v_slots
+      FROM unnest(p_lease_tokens) AS u(token);
+
+    -- Several slots: the completion locks of all their keys first, in one order, then
+    -- slot by slot in slot order; rows in the call's order.
+    PERFORM outbox.lock_keys(ARRAY(SELECT u.id
+                                     FROM unnest(p_outbox_ids, p_lease_tokens) AS u(id, token)
+                                    WHERE outbox.token_keyed(u.token)));
+    FOREACH v_slot IN ARRAY coalesce(v_slots, '{}') LOOP
+        CONTINUE WHEN v_slot > 3;
+        SELECT array_agg(u.id ORDER BY u.ord), array_agg(u.token ORDER BY u.ord),
+               array_agg(u.state ORDER BY u.ord), array_agg(u.error ORDER BY u.ord),
+               array_agg(u.retry_at ORDER BY u.ord)
+          INTO v_ids, v_tokens, v_states, v_errors, v_retry_ats
+          FROM unnest(p_outbox_ids, p_lease_tokens, p_states, p_errors, p_retry_ats)
+                   WITH ORDINALITY AS u(id, token, state, error, retry_at, ord)
+         WHERE outbox.token_slot(u.token) = v_slot;
+        IF p_errors IS NULL THEN
+            v_errors := NULL;
         END IF;
-    END IF;
-
-    -- Fence: lock only the rows this worker still holds with these tokens and an
-    -- unexpired lease, one primary-key probe per listed id, in id order. Under READ
-    -- COMMITTED a row changed by a concurrent commit (repair, another claim) is re-checked
-    -- against these conditions after the lock is granted. The rows locked are then listed
-    -- in the order of the call (ord), which is the order their attempts are written in.
-    SELECT array_agg(h.outbox_id ORDER BY i.ord), array_agg(h.attempt_no ORDER BY i.ord),
-           array_agg(i.state ORDER BY i.ord), array_agg(h.lease_token ORDER BY i.ord),
-           array_agg(i.error ORDER BY i.ord), array_agg(i.retry_at ORDER BY i.ord),
-           array_agg(h.exhausted ORDER BY i.ord)
-      INTO v_ids, v_nos, v_states, v_tokens, v_errors, v_retry_ats, v_exhausted
-      FROM (SELECT *
-              FROM unnest(p_outbox_ids, p_lease_tokens, p_states, p_errors, p_retry_ats)
-                       WITH ORDINALITY AS u(id, token, state, error, retry_at, ord)
-             ORDER BY u.id) AS i
-     CROSS JOIN LATERAL (
-            SELECT m.outbox_id,
-                   m.attempt_count + 1 AS attempt_no,
-                   m.lease_token,
-                   m.attempt_count + 1 >= m.attempt_base + m.max_attempts AS exhausted
-              FROM outbox.messages AS m
-             WHERE m.outbox_id = i.id
-               AND m.lease_token = i.token
-               AND m.claimed_by = p_worker_id
-               AND m.lease_expires_at > now()
-               FOR NO KEY UPDATE) AS h;
-
-    IF v_ids IS NOT NULL THEN
-        PERFORM outbox.apply_outcomes(v_ids, v_nos, v_states,
-                                      array_fill(p_worker_id, ARRAY[cardinality(v_ids)]),
-                                      v_tokens, v_errors, v_retry_ats, v_exhausted);
-    END IF;
-
+        IF p_retry_ats IS NULL THEN
+            v_retry_ats := NULL;
+        END IF;
+        IF v_slot = 0 THEN
+            SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
+                   v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
+              INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
+              FROM outbox.complete_outbox_batch_slot0(p_worker_id, v_ids, v_tokens, v_states,
+                                                      v_errors, v_retry_ats) AS r;
+        ELSIF v_slot = 1 THEN
+            SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
+                   v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
+              INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
+              FROM outbox.complete_outbox_batch_slot1(p_worker_id, v_ids, v_tokens, v_states,
+                                                      v_errors, v_retry_ats) AS r;
+        ELSIF v_slot = 2 THEN
+            SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
+                   v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
+              INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
+              FROM outbox.complete_outbox_batch_slot2(p_worker_id, v_ids, v_tokens, v_states,
+                                                      v_errors, v_retry_ats) AS r;
+        ELSIF v_slot = 3 THEN
+            SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
+                   v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
+              INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
+              FROM outbox.complete_outbox_batch_slot3(p_worker_id, v_ids, v_tokens, v_states,
+                                                      v_errors, v_retry_ats) AS r;
+        END IF;
+    END LOOP;
     RETURN QUERY
-    SELECT u.id, h.attempt_no, h.id IS NULL,
-           coalesce(h.state = 'FAILED' OR (h.state = 'RETRYABLE' AND h.exhausted), false)
+    SELECT u.id, r.attempt_no, coalesce(r.lease_lost, true), coalesce(r.dead_lettered, false)
       FROM unnest(p_outbox_ids) WITH ORDINALITY AS u(id, ord)
-      LEFT JOIN unnest(v_ids, v_nos, v_states, v_exhausted) AS h(id, attempt_no, state, exhausted)
-             ON h.id = u.id
+      LEFT JOIN unnest(v_out_ids, v_out_nos, v_out_lost, v_out_dead) AS r(id, attempt_no, lease_lost, dead_lettered)
+             ON r.id = u.id
      ORDER BY u.ord;
 END;
 $$;
@@ -339,6 +472,7 @@ CREATE OR REPLACE FUNCTION outbox.complete_outbox_attempt(
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_result record;
@@ -414,6 +548,7 @@ CREATE OR REPLACE FUNCTION outbox.extend_outbox_leases(
 ) RETURNS TABLE (outbox_id uuid, lease_expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 BEGIN
     PERFORM outbox.check_worker_id(p_worker_id);
@@ -428,15 +563,17 @@ BEGIN
      WHERE m.outbox_id = ANY (ARRAY(
                SELECT h.outbox_id
                  FROM (SELECT * FROM unnest(p_outbox_ids, p_lease_tokens) AS u(id, token)
-                        ORDER BY u.id) AS i
+                        ORDER BY outbox.token_slot(u.token), u.id) AS i
                 CROSS JOIN LATERAL (
                        SELECT l.outbox_id
                          FROM outbox.messages AS l
                         WHERE l.outbox_id = i.id
+                          AND l.slot = outbox.token_slot(i.token)
                           AND l.lease_token = i.token
                           AND l.claimed_by = p_worker_id
                           AND l.lease_expires_at > now()
                           FOR NO KEY UPDATE) AS h))
+       AND m.lease_token = ANY (p_lease_tokens)
     RETURNING m.outbox_id, m.lease_expires_at;
 END;
 $$;
@@ -474,6 +611,7 @@ CREATE OR REPLACE FUNCTION outbox.release_outbox_leases(
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_released integer;
@@ -486,15 +624,17 @@ BEGIN
      WHERE m.outbox_id = ANY (ARRAY(
                SELECT h.outbox_id
                  FROM (SELECT * FROM unnest(p_outbox_ids, p_lease_tokens) AS u(id, token)
-                        ORDER BY u.id) AS i
+                        ORDER BY outbox.token_slot(u.token), u.id) AS i
                 CROSS JOIN LATERAL (
                        SELECT l.outbox_id
                          FROM outbox.messages AS l
                         WHERE l.outbox_id = i.id
+                          AND l.slot = outbox.token_slot(i.token)
                           AND l.lease_token = i.token
                           AND l.claimed_by = p_worker_id
                           AND l.lease_expires_at > now()
-                          FOR NO KEY UPDATE) AS h));
+                          FOR NO KEY UPDATE) AS h))
+       AND m.lease_token = ANY (p_lease_tokens);
     GET DIAGNOSTICS v_released = ROW_COUNT;
     IF v_released > 0 THEN
         PERFORM pg_notify('outbox_new', 'released');
@@ -708,6 +848,37 @@ COMMENT ON FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_sta
 REVOKE ALL ON FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_state[], text[], uuid[], text[]) FROM PUBLIC;
 
 
+-- outbox.lock_keys_slot0 (internal): lock_keys (below) for messages of slot 0: one probe
+-- of the slot's primary key per listed id; copied for slots 1 to 3.
+CREATE OR REPLACE FUNCTION outbox.lock_keys_slot0(p_outbox_ids uuid[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_hash integer;
+BEGIN
+    FOR v_hash IN
+        SELECT DISTINCT hashtext(m.message_key)
+          FROM unnest(p_outbox_ids) AS u(id)
+         CROSS JOIN LATERAL (
+                SELECT x.message_key
+                  FROM outbox.messages_0 AS x
+                 WHERE x.outbox_id = u.id
+                 LIMIT 1) AS m
+         WHERE m.message_key IS NOT NULL
+         ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(hashtext('outbox.key'), v_hash);
+    END LOOP;
+END;
+$$;
+
+
+COMMENT ON FUNCTION outbox.lock_keys_slot0(uuid[]) IS
+    'Internal: lock_keys for messages of slot 0.';
+REVOKE ALL ON FUNCTION outbox.lock_keys_slot0(uuid[]) FROM PUBLIC;
+SELECT outbox.copy_for_slots('outbox.lock_keys_slot0(uuid[])');
+
+
 -- outbox.lock_keys (internal): takes, for the transaction, the completion lock of the key
 -- of each listed message that has one (a transaction-scoped advisory lock, classid
 -- hashtext('outbox.key'), objid hashtext(key)), in objid order. Called by
@@ -744,8 +915,13 @@ BEGIN
           FROM unnest(p_outbox_ids) AS u(id)
          CROSS JOIN LATERAL (
                 SELECT x.message_key
-                  FROM outbox.messages AS x
-                 WHERE x.outbox_id = u.id
+                  FROM ((SELECT x0.message_key FROM outbox.messages_0 x0 WHERE x0.outbox_id = u.id)
+                        UNION ALL
+                        (SELECT x1.message_key FROM outbox.messages_1 x1 WHERE x1.outbox_id = u.id)
+                        UNION ALL
+                        (SELECT x2.message_key FROM outbox.messages_2 x2 WHERE x2.outbox_id = u.id)
+                        UNION ALL
+                        (SELECT x3.message_key FROM outbox.messages_3 x3 WHERE x3.outbox_id = u.id)) AS x
                  LIMIT 1) AS m
          WHERE m.message_key IS NOT NULL
          ORDER BY 1
@@ -759,6 +935,29 @@ COMMENT ON FUNCTION outbox.lock_keys(uuid[]) IS
     'Internal (complete_outbox_batch): takes the transaction-scoped completion lock of the key of each listed message, in one order.';
 
 REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
+
+
+-- outbox.promote_slot0 (internal): makes the listed messages of slot 0 that are still
+-- behind heads, not before the given times; returns their keys.
+CREATE OR REPLACE FUNCTION outbox.promote_slot0(p_ids uuid[], p_after timestamptz[])
+RETURNS SETOF text
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE outbox.messages_0 AS m
+       SET behind = false,
+           available_at = greatest(m.available_at, p_after[array_position(p_ids, m.outbox_id)])
+     WHERE m.outbox_id = ANY (p_ids)
+       AND m.behind
+    RETURNING m.message_key;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.promote_slot0(uuid[], timestamptz[]) IS
+    'Internal: promote_heads'' update in slot 0.';
+REVOKE ALL ON FUNCTION outbox.promote_slot0(uuid[], timestamptz[]) FROM PUBLIC;
+SELECT outbox.copy_for_slots('outbox.promote_slot0(uuid[], timestamptz[])');
 
 
 -- outbox.promote_heads (internal): the first pending message of each listed key becomes
@@ -814,6 +1013,7 @@ DECLARE
     v_id_keys  text[];       -- its key
     v_id_after timestamptz[]; -- its key's v_after
     v_id_from  bigint[];     -- its key's v_from
+    v_id_slots smallint[];   -- its slot
     v_promoted text[];       -- the keys whose message this round's UPDATE changed
 BEGIN
     SELECT array_agg(k.key), array_agg(k.after), array_agg(k.from_seq)
@@ -823,30 +1023,36 @@ BEGIN
              WHERE u.key IS NOT NULL
              GROUP BY u.key) AS k;
     WHILE cardinality(v_keys) > 0 LOOP
-        SELECT array_agg(f.outbox_id), array_agg(k.key), array_agg(k.after), array_agg(k.from_seq)
-          INTO v_ids, v_id_keys, v_id_after, v_id_from
+        SELECT array_agg(f.outbox_id), array_agg(k.key), array_agg(k.after), array_agg(k.from_seq),
+               array_agg(f.slot)
+          INTO v_ids, v_id_keys, v_id_after, v_id_from, v_id_slots
           FROM unnest(v_keys, v_after, v_from) AS k(key, after, from_seq)
          CROSS JOIN LATERAL (
-                SELECT n.outbox_id, n.behind
-                  FROM outbox.messages AS n
-                 WHERE n.message_key = k.key
-                   AND n.seq > k.from_seq
-                 ORDER BY n.seq
+                SELECT a.outbox_id, a.behind, a.slot
+                  FROM ((SELECT n0.outbox_id, n0.seq, n0.behind, n0.slot FROM outbox.messages_0 n0
+                          WHERE n0.message_key = k.key AND n0.seq > k.from_seq ORDER BY n0.seq LIMIT 1)
+                        UNION ALL
+                        (SELECT n1.outbox_id, n1.seq, n1.behind, n1.slot FROM outbox.messages_1 n1
+                          WHERE n1.message_key = k.key AND n1.seq > k.from_seq ORDER BY n1.seq LIMIT 1)
+                        UNION ALL
+                        (SELECT n2.outbox_id, n2.seq, n2.behind, n2.slot FROM outbox.messages_2 n2
+                          WHERE n2.message_key = k.key AND n2.seq > k.from_seq ORDER BY n2.seq LIMIT 1)
+                        UNION ALL
+                        (SELECT n3.outbox_id, n3.seq, n3.behind, n3.slot FROM outbox.messages_3 n3
+                          WHERE n3.message_key = k.key AND n3.seq > k.from_seq ORDER BY n3.seq LIMIT 1)) AS a
+                 ORDER BY a.seq
                  LIMIT 1) AS f
          WHERE f.behind;
         EXIT WHEN v_ids IS NULL;
 
-        WITH promoted AS (
-            UPDATE outbox.messages AS m
-               SET behind = false,
-                   available_at = greatest(m.available_at, v_id_after[array_position(v_ids, m.outbox_id)])
-             WHERE m.outbox_id = ANY (v_ids)
-               AND m.behind
-            RETURNING m.message_key
-        )
-        SELECT coalesce(array_agg(p.message_key), '{}')
-          INTO v_promoted
-          FROM promoted AS p;
+        SELECT coalesce(array_agg(p.key), '{}') INTO v_promoted
+          FROM (SELECT outbox.promote_slot0(v_ids, v_id_after) AS key WHERE 0 = ANY (v_id_slots)
+                UNION ALL
+                SELECT outbox.promote_slot1(v_ids, v_id_after) WHERE 1 = ANY (v_id_slots)
+                UNION ALL
+                SELECT outbox.promote_slot2(v_ids, v_id_after) WHERE 2 = ANY (v_id_slots)
+                UNION ALL
+                SELECT outbox.promote_slot3(v_ids, v_id_after) WHERE 3 = ANY (v_id_slots)) AS p;
 
         -- A message not updated was deleted (or made a head) by another transaction while
         -- this one waited for it: its key is looked up again.

@@ -1,18 +1,22 @@
 -- Repair and retention: the maintenance that keeps the outbox moving and its history bounded.
 --
--- Two functions, both executable by outbox_relay only:
+-- Three functions, all executable by outbox_relay only:
 --
 --   repair_expired_leases(p_limit)
 --       gives back the messages whose lease ran out without a completion (a worker died,
 --       froze or lost its connection), each with a ZOMBIE_REQUEUE attempt, and dead-letters
 --       those out of attempts. Called by every relayer's janitor once per repair interval
 --       (15 s by default, jittered) and by `outbox-relay repair`.
+--   rotate_messages(p_period)
+--       moves producers to the next slot of outbox.messages once the current one is
+--       p_period old, and truncates a slot in which nothing is pending. Called by every
+--       relayer's janitor every 5 s (one call at a time across the fleet).
 --   prune_attempts(p_older_than, p_limit)
 --       deletes old attempt history of finished messages. Called by the operator's
 --       scheduler (cron, pg_cron) and by `outbox-relay bench --sustained-rate` beside its
 --       load; the relayer itself never prunes.
 --
--- Conventions shared by both:
+-- Conventions shared by all three:
 -- * SECURITY DEFINER with search_path pg_catalog, pg_temp, every object schema-qualified:
 --   the caller needs EXECUTE only, no right on any table.
 -- * An invalid argument raises P7001 through outbox.invalid_argument, naming the argument,
@@ -25,7 +29,8 @@
 --   (`FOR UPDATE SKIP LOCKED`): only the schema owner can read or lock that table, so no
 --   other login can hold a turn. A caller that finds the turn taken returns at once; the
 --   turn is released when its transaction ends. repair_expired_leases takes the 'repair'
---   turn; prune_attempts takes none (concurrent prunes are safe, see its contract).
+--   turn, rotate_messages the 'rotate' turn; prune_attempts takes none (concurrent prunes
+--   are safe, see its contract).
 -- * Every plan is index-driven and independent of statistics where the backlog can be
 --   large, except the scan for expired leases, which reads outbox.messages sequentially by
 --   design (the lease columns are in no index).
@@ -50,7 +55,10 @@
 --                that a completion, heartbeat or release holds is skipped, never waited
 --                for, and the expiry is re-checked on the newest committed version of a
 --                row, so a lease completed or extended concurrently is never touched (it is
---                left for the next pass).
+--                left for the next pass). A tuple address names a row in each slot of
+--                outbox.messages; a row of another slot at a listed address is taken only
+--                when it meets the same conditions itself (its lease expired too), so at
+--                most a few more than p_limit rows may be handled in one pass.
 --             3. through apply_outcomes: writes those rows (update, or delete and dead
 --                letter), inserts their attempts, and clears `behind` on the next message
 --                of each key whose head it dead-lettered (promote_heads), which may wait for
@@ -194,6 +202,141 @@ COMMENT ON FUNCTION outbox.repair_expired_leases(integer) IS
 
 REVOKE ALL ON FUNCTION outbox.repair_expired_leases(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.repair_expired_leases(integer) TO outbox_relay;
+
+-- outbox.rotate_messages: keeps outbox.messages within its ring of slots (01_tables.sql,
+-- "The slots of outbox.messages"): truncates a slot that is not current once nothing in it
+-- is pending, and moves producers on to the next empty slot once the current one has been
+-- current for p_period.
+--
+-- Inputs:     p_period   how long a slot stays current before producers move on (default
+--                        30 s, which the relayer's janitor uses). NULL or under 1 s is
+--                        invalid.
+-- Returns:    one row (current_slot, truncated_slot, busy_slot, pinned_slots): the slot
+--             producers write to when the call returns; the slot it truncated, or NULL; the
+--             slot it found with nothing pending but could not lock within 50 ms (left for
+--             the next call), or NULL; how many slots other than the current one hold a
+--             pending message (0 to 3: at 3 producers stay in the current slot, and the
+--             ring no longer bounds the table under a held horizon until one is done).
+--             (current slot, NULL, NULL, NULL) at once when another call holds the turn.
+-- Locks:      1. the 'rotate' row of outbox.turns, FOR UPDATE SKIP LOCKED: one call at a
+--                time across the fleet; held until the caller's transaction ends.
+--             2. at most one slot, after the rotation: the first slot after the current
+--                one, in ring order, that has pages and in which a plain read finds no row
+--                (slots with something pending are passed over). It is locked ACCESS
+--                EXCLUSIVE with lock_timeout 50 ms, read again under the lock, and
+--                truncated when still empty; the lock is held until the caller commits,
+--                and the call does nothing after the truncation. While the call waits for
+--                that lock, statements that open the slot wait behind it: the claim's
+--                probe opens all four, so claims wait up to 50 ms per call (one call per
+--                5 s across the fleet). A session that keeps the slot open (a transaction
+--                that read outbox.messages, or enqueued into the slot, and has not ended:
+--                an enqueue of a keyed message or of a given id reads every slot) holds it
+--                until it ends: the call gives up after 50 ms and reports it (busy_slot),
+--                and the next call tries again.
+-- Guarantees: * Nothing pending is removed. A slot is truncated only when, under its ACCESS
+--               EXCLUSIVE lock, a fresh snapshot finds no row in it: no other transaction
+--               has the slot open (an insert in progress holds its lock), and every
+--               committed row is visible. Under REPEATABLE READ or SERIALIZABLE (an older
+--               snapshot) it truncates nothing.
+--             * The current slot is never truncated. Producers move only to a slot with no
+--               page (truncated, or never written since the last truncation), so a slot that
+--               a late producer wrote to after it stopped being current waits until that
+--               message is done.
+--             * A transaction whose snapshot is older than a truncation sees the slot empty
+--               when it reads it afterwards (TRUNCATE is not MVCC-safe): every row it would
+--               have seen there was delivered or dead-lettered before the truncation.
+--             * A slot with a message pending (delayed, retrying, behind a slow key, or in a
+--               backlog) is not truncated until that message is done; producers pass over
+--               it to the next empty slot. While every slot other than the current one has
+--               something pending, producers stay in the current slot.
+-- Raises:     P7001 (p_period) when it is NULL or under 1 second.
+-- Crash:      nothing: one transaction. The current slot is set (setval) before the
+--             transaction commits and is not rolled back with it, which only moves
+--             producers to a slot that is empty.
+-- Shape:      truncation instead of vacuum, because vacuum may not remove what a held
+--             MVCC horizon keeps: a truncated slot gives its table and index space back at
+--             once, whatever snapshot is held. One slot per call, so that the lock is held
+--             for one slot's check and truncation only (the janitor calls every 5 s). The
+--             checks read the slot sequentially: its rows are dead or gone, and a slot's
+--             size is bounded by the traffic of its period.
+CREATE OR REPLACE FUNCTION outbox.rotate_messages(p_period interval DEFAULT interval '30 seconds')
+RETURNS TABLE (current_slot integer, truncated_slot integer, busy_slot integer, pinned_slots integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '50ms'
+SET jit = off
+AS $$
+DECLARE
+    v_current integer := outbox.message_slot();
+    v_slot integer;
+    v_empty integer;
+    v_pending boolean;
+    v_opened timestamptz;
+BEGIN
+    IF p_period IS NULL OR p_period < interval '1 second' THEN
+        PERFORM outbox.invalid_argument('p_period', format('must be at least 1 second, got %s', coalesce(p_period::text, 'NULL')));
+    END IF;
+    PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'rotate' FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT v_current, NULL::integer, NULL::integer, NULL::integer;
+        RETURN;
+    END IF;
+    v_current := outbox.message_slot();
+
+    -- Rotation: once the current slot's period is over, producers move to the next slot
+    -- that has no page.
+    SELECT s.opened_at INTO v_opened FROM outbox.message_slots AS s WHERE s.slot = v_current;
+    IF v_opened IS NULL OR v_opened <= clock_timestamp() - p_period THEN
+        FOR v_i IN 1 .. 3 LOOP
+            v_slot := (v_current + v_i) % 4;
+            IF pg_relation_size(format('outbox.messages_%s', v_slot)::regclass) = 0 THEN
+                PERFORM setval('outbox.message_slot', v_slot);
+                UPDATE outbox.message_slots AS s SET opened_at = clock_timestamp() WHERE s.slot = v_slot;
+                v_current := v_slot;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- The slots producers cannot move to (not current, something pending), and the oldest
+    -- slot after the current one that has pages and no row: the one to truncate. The
+    -- truncation comes last, so that its lock is held for its own check and the truncation
+    -- only, until the caller commits. Each statement below reads a snapshot taken when it
+    -- starts, so the check made under the lock sees every row committed before the lock
+    -- was granted.
+    pinned_slots := 0;
+    FOR v_i IN 1 .. 3 LOOP
+        v_slot := (v_current + v_i) % 4;
+        CONTINUE WHEN pg_relation_size(format('outbox.messages_%s', v_slot)::regclass) = 0;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM outbox.messages_%s)', v_slot) INTO v_pending;
+        IF v_pending THEN
+            pinned_slots := pinned_slots + 1;
+        ELSIF v_empty IS NULL THEN
+            v_empty := v_slot;
+        END IF;
+    END LOOP;
+    IF v_empty IS NOT NULL AND current_setting('transaction_isolation') = 'read committed' THEN
+        BEGIN
+            EXECUTE format('LOCK TABLE outbox.messages_%s IN ACCESS EXCLUSIVE MODE', v_empty);
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM outbox.messages_%s)', v_empty) INTO v_pending;
+            IF NOT v_pending THEN
+                EXECUTE format('TRUNCATE outbox.messages_%s', v_empty);
+                truncated_slot := v_empty;
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            busy_slot := v_empty;
+        END;
+    END IF;
+    current_slot := v_current;
+    RETURN NEXT;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.rotate_messages(interval) IS
+    'Truncates the oldest slot of outbox.messages (not the current one) in which nothing is pending, and moves producers to the next empty slot once the current one is p_period old; one call at a time (''rotate'' turn); returns (current_slot, truncated_slot, busy_slot, pinned_slots); P7001 on a bad period.';
+
+REVOKE ALL ON FUNCTION outbox.rotate_messages(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.rotate_messages(interval) TO outbox_relay;
 
 -- outbox.prune_attempts: retention for the attempt log; deletes the oldest attempts older
 -- than p_older_than of messages that are finished (delivered, or dead-lettered and gone).

@@ -160,11 +160,15 @@ GRANT EXECUTE ON FUNCTION outbox.start_replay(uuid[], text, timestamptz, text, t
 --             dead_letters_matching (the pending-id check, then the pick, sorted by
 --             created_at), so a step costs in proportion to the dead letters the filter
 --             selects, not to p_limit; p_limit bounds the rows written and the transaction
---             (the CLI moves 1,000 per step).
+--             (the CLI moves 1,000 per step). The pending-id check probes each slot's
+--             primary key: enable_seqscan is off, so that a plan the session keeps, made
+--             while a slot was empty, never reads that slot whole per dead letter once it
+--             fills (01_tables.sql).
 CREATE OR REPLACE FUNCTION outbox.replay_step(p_replay_id bigint, p_limit integer DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_replay outbox.replays;

@@ -314,10 +314,12 @@ WITH clock AS (
       FROM pg_prepared_xacts AS p, clock AS c
      WHERE p.database = current_database()
 ), vacuum AS (
-    SELECT s.n_live_tup, s.n_dead_tup, greatest(s.last_autovacuum, s.last_vacuum) AS last_vacuum,
-           s.last_autovacuum
+    -- summed over the slots (the partitions of outbox.messages)
+    SELECT sum(s.n_live_tup)::bigint AS n_live_tup, sum(s.n_dead_tup)::bigint AS n_dead_tup,
+           max(greatest(s.last_autovacuum, s.last_vacuum)) AS last_vacuum,
+           max(s.last_autovacuum) AS last_autovacuum
       FROM pg_stat_user_tables AS s
-     WHERE s.relid = 'outbox.messages'::regclass
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('outbox.messages') AS p WHERE p.isleaf)
 )
 SELECT jsonb_build_object(
     'topics', coalesce((

@@ -36,6 +36,7 @@ pub const BUILD_INFO: &str = "outbox_build_info";
 pub const LISTENER_HEALTHY: &str = "outbox_listener_healthy";
 pub const UNNAMED_STATEMENTS: &str = "outbox_unnamed_statements";
 pub const SOURCES: &str = "outbox_sources";
+pub const PINNED_SLOTS: &str = "outbox_message_slots_pinned";
 /// The `state` label values of [`SOURCES`].
 pub const SOURCE_STATES: [&str; 5] = ["starting", "serving", "standby", "over_budget", "down"];
 // Fleet gauges, rendered from the latest observation (by `observe`).
@@ -166,6 +167,13 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         UNNAMED_STATEMENTS,
         Kind::Gauge,
         "1 when the leasing calls are sent as unnamed statements (for a transaction pooler).",
+    ),
+    (
+        PINNED_SLOTS,
+        Kind::Gauge,
+        "Slots of outbox.messages other than the current one that hold a pending message, as \
+         this process's last rotation found them: at 3 the ring is stopped and a held horizon's \
+         dead rows are no longer given back.",
     ),
     (
         SOURCES,
@@ -320,6 +328,8 @@ fn register() {
     // Until the listener's first check and the start-up probe say otherwise.
     gauge!(LISTENER_HEALTHY).set(0.0);
     gauge!(UNNAMED_STATEMENTS).set(0.0);
+    // Until this process's first rotation with the turn says otherwise.
+    gauge!(PINNED_SLOTS).set(0.0);
     // No source known until a many-source process finds some.
     for state in SOURCE_STATES {
         gauge!(SOURCES, "state" => state).set(0.0);
@@ -582,6 +592,42 @@ pub fn repaired(worker: &WorkerId, requeued: i32, dead_lettered: i32) {
     if requeued > 0 || dead_lettered > 0 {
         tracing::info!(worker_id = %worker, requeued, dead_lettered,
             "repaired expired leases");
+    }
+}
+
+/// One `rotate_messages` call: logged when it truncated a slot or found one busy; the
+/// pinned slots set [`PINNED_SLOTS`] (when this call had the turn; by `source` with many
+/// sources), and a warning says so when all three are pinned.
+pub fn rotated(
+    worker: &WorkerId,
+    source: &Source,
+    current: i32,
+    truncated: Option<i32>,
+    busy: Option<i32>,
+    pinned: Option<i32>,
+) {
+    if let Some(pinned) = pinned {
+        match source.label() {
+            None => gauge!(PINNED_SLOTS).set(f64::from(pinned)),
+            Some(label) => {
+                gauge!(PINNED_SLOTS, "source" => label.to_owned()).set(f64::from(pinned));
+            }
+        }
+        if pinned >= 3 {
+            tracing::warn!(worker_id = %worker, source = source.name(), current_slot = current,
+                "every slot of outbox.messages but the current one holds a pending message \
+                 (delayed, parked or behind a slow key): producers stay in the current slot \
+                 and a held MVCC horizon's dead rows are not given back until one is done; \
+                 see outbox.in_flight and outbox.topic_lag");
+        }
+    }
+    if let Some(slot) = truncated {
+        tracing::debug!(worker_id = %worker, source = source.name(), slot, current_slot = current,
+            "truncated a slot of outbox.messages");
+    }
+    if let Some(slot) = busy {
+        tracing::debug!(worker_id = %worker, source = source.name(), slot,
+            "a slot of outbox.messages with nothing pending was held open; truncated later");
     }
 }
 

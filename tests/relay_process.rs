@@ -125,6 +125,81 @@ async fn four_workers_drain_50000_messages_exactly_once() {
     db.finish().await;
 }
 
+/// The current slot of outbox.messages.
+async fn current_slot(c: &Client) -> i16 {
+    c.query_one("SELECT outbox.message_slot()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relayers_rotate_the_slots_and_truncate_the_one_they_emptied() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Slot 0 stays current until the test ends its period, however slow the machine.
+    c.batch_execute("UPDATE outbox.message_slots SET opened_at = now() + interval '1 hour'")
+        .await
+        .unwrap();
+    let first: HashSet<Uuid> = fill(&c, "load", 5_000, Some(10))
+        .await
+        .into_iter()
+        .collect();
+    let out = db.scratch_dir().join("out.jsonl");
+    let args = file_args(&out);
+    let mut workers: Vec<Relayer> = (0..2)
+        .map(|i| start(&db, &format!("slots-{i}"), &args))
+        .collect();
+    eventually(MINUTE, "the first messages to be delivered", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    assert_eq!(current_slot(&c).await, 0, "slot 0's period is not over");
+    // Only a truncation gives the slot a new file (vacuum may also empty the old one).
+    let filenode = || async {
+        c.query_one(
+            "SELECT pg_relation_filenode('outbox.messages_0')::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    let before = filenode().await;
+    // The current slot's period is over: a relayer's janitor moves producers on.
+    c.batch_execute(
+        "UPDATE outbox.message_slots SET opened_at = now() - interval '1 hour' WHERE slot = 0",
+    )
+    .await
+    .unwrap();
+    eventually(MINUTE, "producers to move to slot 1", || async {
+        current_slot(&c).await == 1
+    })
+    .await;
+    let second: HashSet<Uuid> = fill(&c, "load", 1_000, None).await.into_iter().collect();
+    eventually(MINUTE, "slot 0 to be truncated", || async {
+        filenode().await != before
+    })
+    .await;
+    eventually(MINUTE, "the second messages to be delivered", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    for w in &workers {
+        w.signal("TERM");
+    }
+    for w in &mut workers {
+        assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    }
+    let delivered: HashSet<Uuid> = ids(&lines(&out)).into_iter().collect();
+    assert_eq!(
+        delivered,
+        first.union(&second).copied().collect(),
+        "every message of both slots delivered"
+    );
+    db.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_killed_with_leases_loses_nothing() {
     let db = TestDb::new().await;

@@ -1,7 +1,7 @@
 -- public.complete_all: the relayer's completion of a claimed batch, all delivered, from the
 -- claim's rows in text form ('outbox_id:lease_token,…'), for the prototypes' pgbench drains
--- (horizon-ring/drain.sh, horizon-slots/drain.sh, and horizon-slots/per-slot/drain_mix.sh,
--- which renames it and its schema per release) against the outbox's own functions.
+-- (horizon-ring/drain.sh, and horizon-slots/drain_mix.sh, which renames it and its schema
+-- per release) against the outbox's own functions.
 CREATE FUNCTION public.complete_all(p_worker text, p_leased text) RETURNS integer
 LANGUAGE sql AS $$
     SELECT count(*)::integer

@@ -143,10 +143,12 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         let row = sql
             .query_one(
                 "SELECT (SELECT count(*) FROM outbox.messages),
-                        s.n_dead_tup, s.autovacuum_count,
+                        sum(s.n_dead_tup)::bigint, sum(s.autovacuum_count)::bigint,
                         (SELECT count(*) FROM outbox.attempts)
                    FROM pg_stat_user_tables AS s
-                  WHERE s.relid = 'outbox.messages'::regclass",
+                  WHERE s.relid IN (SELECT p.relid
+                                      FROM pg_partition_tree('outbox.messages') AS p
+                                     WHERE p.isleaf)",
                 &[],
             )
             .await?;
@@ -308,12 +310,14 @@ async fn claim_calls(sql: &tokio_postgres::Client) -> Result<(i64, f64)> {
     Ok((row.get(0), row.get(1)))
 }
 
-/// Bytes of outbox.messages, of its indexes, and of outbox.attempts with its indexes.
+/// Bytes of outbox.messages (its slots), of its indexes, and of outbox.attempts with its
+/// indexes.
 async fn sizes(sql: &tokio_postgres::Client) -> Result<(i64, i64, i64)> {
     let row = sql
         .query_one(
-            "SELECT pg_relation_size('outbox.messages'), pg_indexes_size('outbox.messages'), \
-                    pg_total_relation_size('outbox.attempts')",
+            "SELECT sum(pg_relation_size(p.relid))::bigint, sum(pg_indexes_size(p.relid))::bigint, \
+                    pg_total_relation_size('outbox.attempts') \
+               FROM pg_partition_tree('outbox.messages') AS p WHERE p.isleaf",
             &[],
         )
         .await?;

@@ -56,7 +56,7 @@ fn main() {
             messages: 10_000,
             kills: 4,
             outage: Duration::from_secs(10),
-            horizon: Duration::from_secs(30),
+            horizon: Duration::from_secs(600),
             hostile: 1_000,
             window: Duration::from_secs(10),
             previous: None,
@@ -66,7 +66,7 @@ fn main() {
             messages: 100_000,
             kills: 20,
             outage: Duration::from_secs(60),
-            horizon: Duration::from_secs(180),
+            horizon: Duration::from_secs(600),
             hostile: 10_000,
             window: Duration::from_secs(30),
             previous: None,
@@ -809,51 +809,134 @@ async fn hot_key(sizes: &Sizes) -> Outcome {
     ))
 }
 
-/// A snapshot held open for the whole scenario, and for its first third a transaction
-/// holding a transaction id (which holds the claim floors' bound back), while a producer
-/// enqueues steadily (a tenth keyed, and now and then a message dated in the past, which
-/// lowers its shard's floor) and one of two relayers is killed with -9 and restarted every
-/// window. Prints, per window, the delivery rate, the backlog, the dead tuples and the
-/// outbox's size; fails on a lost message, a first delivery out of key order, a duplicate
-/// no killed worker explains or a gap in an attempt history.
+/// The outbox's size while the horizon is held: table (every slot) and indexes, in bytes,
+/// and its dead tuples.
+async fn outbox_size(c: &Client) -> Result<(i64, i64, i64), String> {
+    let row = c
+        .query_one(
+            "SELECT sum(pg_table_size(p.relid))::bigint, sum(pg_indexes_size(p.relid))::bigint, \
+                    coalesce(sum(s.n_dead_tup), 0)::bigint \
+             FROM pg_partition_tree('outbox.messages') AS p \
+             LEFT JOIN pg_stat_user_tables AS s ON s.relid = p.relid \
+             WHERE p.isleaf",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((row.get(0), row.get(1), row.get(2)))
+}
+
+/// Calls of the claim function and their total time in ms, as Postgres counts them
+/// (`track_functions`).
+async fn claim_time(c: &Client) -> Result<(i64, f64), String> {
+    c.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .map_err(|e| e.to_string())?;
+    let row = c
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_time), 0)::float8 \
+             FROM pg_stat_user_functions \
+             WHERE schemaname = 'outbox' AND funcname = 'claim_outbox_batch_seq'",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// One window of the horizon scenario.
+struct HorizonWindow {
+    phase: &'static str,
+    delivered_per_sec: f64,
+    backlog: i64,
+    claim_ms: f64,
+    bytes: i64,
+    dead: i64,
+}
+
+/// A snapshot held for `sizes.horizon`, and for its first third a transaction holding a
+/// transaction id (which holds the claim floors' bound back), while a producer offers about
+/// 2,000 msg/s (a tenth keyed, and now and then a message dated in the past, which lowers
+/// its shard's floor) and one of two relayers is killed with -9 and restarted every window.
+/// Checked window by window against the windows before the hold: the backlog under 5 s of
+/// traffic, the claim's time within 2 × in the hold's last third, the outbox's size bounded
+/// and back a minute after; fails as well on a lost message, a first delivery out of key
+/// order, a duplicate no killed worker explains or a gap in an attempt history.
 async fn horizon(sizes: &Sizes) -> Outcome {
+    const RATE: i64 = 2_000;
+    const TICK: Duration = Duration::from_millis(100);
     let db = TestDb::new().await;
     let c = db.client().await;
+    c.batch_execute(&format!(
+        "ALTER DATABASE {} SET track_functions = 'pl'",
+        db.name
+    ))
+    .await
+    .map_err(|e| e.to_string())?;
     let file = db.scratch_dir().join("horizon.jsonl");
     let args = ["--lease-secs", "5"];
     let mut workers: Vec<Relayer> = (0..2)
         .map(|i| file_worker(&db, &format!("horizon-{i}-0"), &file, &args))
         .collect();
-    // The culprits: a snapshot held for the whole scenario, and an id held for a third.
     let holder = db.client().await;
-    holder
-        .batch_execute(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.attempts",
-        )
-        .await
-        .map_err(|e| e.to_string())?;
     let id_holder = db.client().await;
-    id_holder
-        .batch_execute("BEGIN; SELECT txid_current()")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut id_held = true;
-    let mut windows = Vec::new();
+    let mut id_held = false;
+    let mut held = false;
+    // Long enough for the ring to go round before the hold (a slot is current for 30 s), so
+    // that the unheld claim is measured in an outbox whose slots are of every age: in the
+    // first 30 s they are young and the claim faster than at any later unheld moment (3.5
+    // ms against 4.9-5.5 ms after a hold, in one run with 30 s before it).
+    let unheld = Duration::from_secs(90).max(sizes.window * 3);
+    let after = Duration::from_secs(60);
+    let total = unheld + sizes.horizon + after;
+    let mut windows: Vec<HorizonWindow> = Vec::new();
     let mut sent: Vec<(Uuid, i64, Option<String>)> = Vec::new();
     let mut kills = 0;
-    let mut peak_backlog = 0;
+    let (mut calls, mut claim_ms) = claim_time(&c).await?;
     let started = Instant::now();
-    while started.elapsed() < sizes.horizon {
+    let mut tick = tokio::time::interval(TICK);
+    while started.elapsed() < total {
         let window_start = Instant::now();
         let delivered_before = written(&file).len();
-        while window_start.elapsed() < sizes.window && started.elapsed() < sizes.horizon {
+        while window_start.elapsed() < sizes.window && started.elapsed() < total {
+            tick.tick().await;
+            let elapsed = started.elapsed();
+            if !held && elapsed >= unheld && elapsed < unheld + sizes.horizon {
+                // The culprits: a snapshot held for the whole hold, an id for its first third.
+                holder
+                    .batch_execute(
+                        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.attempts",
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                id_holder
+                    .batch_execute("BEGIN; SELECT txid_current()")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                (held, id_held) = (true, true);
+            }
+            if id_held && elapsed >= unheld + sizes.horizon / 3 {
+                id_holder
+                    .batch_execute("ROLLBACK")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                id_held = false;
+            }
+            if held && elapsed >= unheld + sizes.horizon {
+                holder
+                    .batch_execute("ROLLBACK")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                held = false;
+            }
+            let n = RATE * i64::try_from(TICK.as_millis()).expect("tick") / 1000 - 1;
             let rows = c
                 .query(
                     "INSERT INTO outbox.messages (topic, message_key, payload) \
                      SELECT 'steady', CASE WHEN i % 10 = 0 THEN 'k' || (i % 50) END, \
                             convert_to(json_build_object('n', i)::text, 'UTF8') \
-                     FROM generate_series(1, 100) AS i RETURNING outbox_id, seq, message_key",
-                    &[],
+                     FROM generate_series(1, $1::bigint) AS i RETURNING outbox_id, seq, message_key",
+                    &[&n],
                 )
                 .await
                 .map_err(|e| e.to_string())?;
@@ -884,43 +967,38 @@ async fn horizon(sizes: &Sizes) -> Outcome {
             c.batch_execute("COMMIT").await.map_err(|e| e.to_string())?;
             let row = row.map_err(|e| e.to_string())?;
             sent.push((row.get(0), row.get(1), row.get(2)));
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let phase = if held {
+            "held"
+        } else if started.elapsed() <= unheld + sizes.window / 2 {
+            "unheld"
+        } else {
+            "after"
+        };
         let victim = rand::random_range(0..workers.len());
         workers[victim].signal("KILL");
         kills += 1;
         workers[victim] = file_worker(&db, &format!("horizon-{victim}-{kills}"), &file, &args);
-        if id_held && started.elapsed() >= sizes.horizon / 3 {
-            id_holder
-                .batch_execute("ROLLBACK")
-                .await
-                .map_err(|e| e.to_string())?;
-            id_held = false;
-        }
-        let row = c
-            .query_one(
-                "SELECT n_dead_tup, pg_table_size('outbox.messages'), \
-                        pg_indexes_size('outbox.messages') \
-                 FROM pg_stat_user_tables WHERE schemaname = 'outbox' AND relname = 'messages'",
-                &[],
-            )
+        let (table, indexes, dead) = outbox_size(&c).await?;
+        let (now_calls, now_ms) = claim_time(&c).await?;
+        let window_claim = (now_ms - claim_ms) / (now_calls - calls).max(1) as f64;
+        (calls, claim_ms) = (now_calls, now_ms);
+        windows.push(HorizonWindow {
+            phase,
+            delivered_per_sec: (written(&file).len() - delivered_before) as f64
+                / window_start.elapsed().as_secs_f64(),
+            backlog: pending(&c).await,
+            claim_ms: window_claim,
+            bytes: table + indexes,
+            dead,
+        });
+    }
+    if held {
+        holder
+            .batch_execute("ROLLBACK")
             .await
             .map_err(|e| e.to_string())?;
-        let (dead, table, indexes): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        let backlog = pending(&c).await;
-        peak_backlog = peak_backlog.max(backlog);
-        let delivered = written(&file).len() - delivered_before;
-        windows.push(format!(
-            "{:.0} msg/s, backlog {backlog}, {dead} dead tuples, table {} kB + indexes {} kB",
-            delivered as f64 / window_start.elapsed().as_secs_f64(),
-            table / 1024,
-            indexes / 1024,
-        ));
     }
-    holder
-        .batch_execute("ROLLBACK")
-        .await
-        .map_err(|e| e.to_string())?;
     if id_held {
         id_holder
             .batch_execute("ROLLBACK")
@@ -944,17 +1022,74 @@ async fn horizon(sizes: &Sizes) -> Outcome {
     check(unexplained == 0, || {
         format!("{unexplained} duplicates of messages no killed worker held")
     })?;
-    db.finish().await;
-    Ok(format!(
-        "a snapshot held {} s (and a transaction id for the first third) while about 1,000 \
-         msg/s flowed, 2 processes, {kills} kill -9 with restarts; per {} s window: {}; \
-         backlog at most {peak_backlog}; lost 0, duplicates {} (all among killed leases), \
-         first deliveries out of key order 0, gapless histories",
+
+    let report = windows
+        .iter()
+        .map(|w| {
+            format!(
+                "{} {:.0} msg/s, backlog {}, claim {:.2} ms, {} MB, {} dead",
+                w.phase,
+                w.delivered_per_sec,
+                w.backlog,
+                w.claim_ms,
+                w.bytes / 1_000_000,
+                w.dead
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" | ");
+    let of = |phase: &'static str| windows.iter().filter(move |w| w.phase == phase);
+    // The unheld baseline leaves out the first 30 s (relayers starting, caches cold, the
+    // ring's first round).
+    let young = usize::try_from((30 / sizes.window.as_secs().max(1)).max(1)).expect("windows");
+    let base: Vec<&HorizonWindow> = of("unheld").skip(young).collect();
+    let base_claim = base.iter().map(|w| w.claim_ms).sum::<f64>() / base.len().max(1) as f64;
+    let base_bytes = base.iter().map(|w| w.bytes).max().unwrap_or(0);
+    let held_windows: Vec<&HorizonWindow> = of("held").collect();
+    let worst_backlog = held_windows.iter().map(|w| w.backlog).max().unwrap_or(0);
+    let late = &held_windows[held_windows.len() * 2 / 3..];
+    let late_claim = late.iter().map(|w| w.claim_ms).sum::<f64>() / late.len().max(1) as f64;
+    let peak_bytes = held_windows.iter().map(|w| w.bytes).max().unwrap_or(0);
+    let last_after = windows.iter().rev().find(|w| w.phase == "after");
+    let after_bytes = last_after.map_or(0, |w| w.bytes);
+    let after_claim = last_after.map_or(0.0, |w| w.claim_ms);
+    let summary = format!(
+        "a snapshot held {} s (a transaction id for its first third) while about {RATE} msg/s \
+         was offered, 2 processes, {kills} kill -9 with restarts; unheld claim {base_claim:.2} ms, last third of the hold {late_claim:.2} ms ({:.2} ×), \
+         a minute after {after_claim:.2} ms; backlog at most {worst_backlog} \
+         while held; outbox {} MB unheld, at most {} MB held, {} MB a minute after; lost 0, \
+         duplicates {} (all among killed leases), first deliveries out of key order 0, \
+         gapless histories; per {} s window: {report}",
         sizes.horizon.as_secs(),
-        sizes.window.as_secs(),
-        windows.join(" | "),
+        late_claim / base_claim,
+        base_bytes / 1_000_000,
+        peak_bytes / 1_000_000,
+        after_bytes / 1_000_000,
         a.duplicates,
-    ))
+        sizes.window.as_secs(),
+    );
+    check(worst_backlog <= 5 * RATE, || {
+        format!("the backlog went over 5 s of traffic while held: {summary}")
+    })?;
+    check(late_claim <= 2.0 * base_claim, || {
+        format!(
+            "the claim's time in the last third of the hold is over 2 × its unheld time: {summary}"
+        )
+    })?;
+    // Bounded: the slots hold at most a few periods of traffic, dead or alive.
+    check(peak_bytes <= 4 * base_bytes.max(40_000_000), || {
+        format!("the outbox grew past its bound while held: {summary}")
+    })?;
+    check(
+        after_bytes <= 2 * base_bytes.max(40_000_000) && after_claim <= 2.0 * base_claim,
+        || {
+            format!(
+                "a minute after the hold, the outbox is not back to its size and speed: {summary}"
+            )
+        },
+    )?;
+    db.finish().await;
+    Ok(summary)
 }
 
 /// Messages written to `file` more than once whose lease no killed worker held (no

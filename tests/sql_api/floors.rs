@@ -53,8 +53,8 @@ async fn clock(c: &Client) -> i64 {
     .await
 }
 
-/// Entries of messages_shard_heads_idx that scans have returned so far, as the statistics
-/// count them after `c` flushed its own.
+/// Entries of messages_shard_heads_idx (over the slots) that scans have returned so far, as
+/// the statistics count them after `c` flushed its own.
 async fn heads_entries_read(c: &Client) -> i64 {
     c.batch_execute("SELECT pg_stat_force_next_flush()")
         .await
@@ -65,8 +65,10 @@ async fn heads_entries_read(c: &Client) -> i64 {
         .unwrap();
     count(
         c,
-        "SELECT idx_tup_read FROM pg_stat_user_indexes \
-         WHERE indexrelname = 'messages_shard_heads_idx'",
+        "SELECT sum(s.idx_tup_read)::bigint FROM pg_stat_user_indexes AS s \
+         WHERE s.indexrelid IN (SELECT p.relid \
+                                  FROM pg_partition_tree('outbox.messages_shard_heads_idx') AS p \
+                                 WHERE p.isleaf)",
     )
     .await
 }

@@ -9,6 +9,7 @@
 //! - [`keys`]: per-key order, runs of a key, producers committing behind a head;
 //! - [`completion`]: the lease fences of completion, extension and release;
 //! - [`repair`]: expired leases requeued or dead-lettered, and the stale worker fenced;
+//! - [`slots`]: the ring of slots of outbox.messages, rotated and truncated;
 //! - [`dead_letters`]: dead-lettering, replay and pruning the attempt history;
 //! - [`observation`]: the operator's views;
 //! - [`roles`]: what each role may do, and what a login cannot hold up;
@@ -27,6 +28,7 @@ mod keys;
 mod observation;
 mod repair;
 mod roles;
+mod slots;
 mod sources;
 
 use std::collections::HashSet;
