@@ -188,12 +188,12 @@ REVOKE ALL ON FUNCTION outbox.ring() FROM PUBLIC;
 --             lock) for the first entry of messages_shard_heads_idx from the shard's floor
 --             in each slot, leased or not, which raises the floor (raise_claim_floor); none due by the
 --             claim's start, or (with topic filters) none due within them, and the shard
---             is passed without its turn. Then the shard's turn, FOR UPDATE SKIP LOCKED; held by
---             another claim, and the shard is passed. Under the turn, the slots' copies of
---             claim_shard_candidates_slot0, in ring order (outbox.ring) and only in slots where the
---             probe found an entry, lock the shard's heads FOR UPDATE SKIP LOCKED, oldest first (a message any
---             other transaction holds is skipped, never waited for), and chooses the runs
---             behind them. The round stops as soon as the batch or the budget is full. Only
+--             is passed without its turn. Then the shard's turn, FOR UPDATE SKIP LOCKED;
+--             held by another claim, and the shard is passed. Under the turn, the slots'
+--             copies of claim_shard_candidates_slot0, in ring order (outbox.ring) and only
+--             in slots where the probe found an entry, lock the shard's heads FOR UPDATE
+--             SKIP LOCKED, oldest first (a message any other transaction holds is skipped,
+--             never waited for), and choose the runs behind them. The round stops as soon as the batch or the budget is full. Only
 --             when the round took no turn while some shard had a ready entry (every such
 --             shard held) does it go round again, waiting (FOR UPDATE) for the turn of the
 --             first shard it found with work, with no lock of its own meanwhile, and
