@@ -562,16 +562,20 @@ fn named_in(comment: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The SQL identifier at the start of `text` (letters, digits, underscores).
+fn ident(text: &str) -> String {
+    text.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
 /// The `outbox` functions a body calls, by name (`outbox.name (`).
 fn calls(body: &str) -> BTreeSet<String> {
     let code = code_of(body);
     code.match_indices("outbox.")
         .filter_map(|(at, _)| {
             let rest = &code[at + "outbox.".len()..];
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
+            let name = ident(rest);
             rest[name.len()..]
                 .trim_start()
                 .starts_with('(')
@@ -591,10 +595,7 @@ fn definitions() -> BTreeMap<(String, String), String> {
         let text = std::fs::read_to_string(&file).unwrap();
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("SELECT outbox.copy_for_slots('outbox.") {
-                let template: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
+                let template = ident(rest);
                 let stem = template
                     .strip_suffix("_slot0")
                     .unwrap_or_else(|| panic!("{shown}: {template} is not a slot 0 template"));
@@ -612,10 +613,7 @@ fn definitions() -> BTreeMap<(String, String), String> {
             for kind in ["FUNCTION", "TABLE", "VIEW"] {
                 let prefix = format!("{kind} outbox.");
                 if let Some(at) = line.find(&prefix) {
-                    let name = line[at + prefix.len()..]
-                        .chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                        .collect();
+                    let name = ident(&line[at + prefix.len()..]);
                     out.insert((kind.to_owned(), name), shown.clone());
                 }
             }

@@ -1043,19 +1043,20 @@ async fn horizon(sizes: &Sizes) -> Outcome {
     // ring's first round).
     let young = usize::try_from((30 / sizes.window.as_secs().max(1)).max(1)).expect("windows");
     let base: Vec<&HorizonWindow> = of("unheld").skip(young).collect();
-    let base_claim = base.iter().map(|w| w.claim_ms).sum::<f64>() / base.len().max(1) as f64;
+    let mean_claim =
+        |ws: &[&HorizonWindow]| ws.iter().map(|w| w.claim_ms).sum::<f64>() / ws.len().max(1) as f64;
+    let base_claim = mean_claim(&base);
     let base_bytes = base.iter().map(|w| w.bytes).max().unwrap_or(0);
     let held_windows: Vec<&HorizonWindow> = of("held").collect();
     let worst_backlog = held_windows.iter().map(|w| w.backlog).max().unwrap_or(0);
     let late = &held_windows[held_windows.len() * 2 / 3..];
-    let late_claim = late.iter().map(|w| w.claim_ms).sum::<f64>() / late.len().max(1) as f64;
+    let late_claim = mean_claim(late);
     let peak_bytes = held_windows.iter().map(|w| w.bytes).max().unwrap_or(0);
     let last_after = windows.iter().rev().find(|w| w.phase == "after");
     let after_bytes = last_after.map_or(0, |w| w.bytes);
     // The claim over the minute after the hold, its first window (the catch-up) left out.
     let settling: Vec<&HorizonWindow> = of("after").skip(1).collect();
-    let after_claim =
-        settling.iter().map(|w| w.claim_ms).sum::<f64>() / settling.len().max(1) as f64;
+    let after_claim = mean_claim(&settling);
     let summary = format!(
         "a snapshot held {} s (a transaction id for its first third) while about {RATE} msg/s \
          was offered, 2 processes, {kills} kill -9 with restarts; unheld claim \
