@@ -9,7 +9,10 @@
 --   outbox.messages                   pending work, one row per undelivered message, in 4 slots
 --   outbox.mark_behind()              trigger function: marks a keyed message behind its key
 --   outbox.settle_behind()            trigger function: at commit, keeps a key's head findable
---   outbox.attempts                   the append-only attempt log
+--   outbox.attempt_slot               sequence: the slot of outbox.attempts attempts go to
+--   outbox.attempt_slot()             that slot (default of attempts.slot)
+--   outbox.attempt_slots              when each slot became the one attempts go to
+--   outbox.attempts                   the append-only attempt log, in 4 slots and a kept one
 --   outbox.dead_letters               messages out of attempts or refused for good
 --   outbox.turns                      rows locked to take turns (claim shards, repair, observe)
 --   outbox.observations               the fleet's latest observation snapshot
@@ -456,32 +459,106 @@ CREATE CONSTRAINT TRIGGER messages_settle_behind
     EXECUTE FUNCTION outbox.settle_behind();
 
 
+-- The slots of outbox.attempts. The log is partitioned by slot into a ring of four
+-- partitions, outbox.attempts_0 … outbox.attempts_3, and a fifth, outbox.attempts_kept
+-- (slot 4). Completions and repair append to one slot of the ring at a time, the current
+-- slot. prune_attempts, the log's retention (06_repair_retention.sql), deletes old
+-- attempts of finished messages row by row, and through outbox.rotate_attempts moves the
+-- log on to the next slot once the current one has been current for half the retention,
+-- and truncates a slot once all its attempts are older than the retention, after copying
+-- to slot 4 the histories it keeps (of messages pending or dead-lettered). While a snapshot
+-- holds the MVCC horizon back, the rows that pruning deletes cannot be vacuumed; they are
+-- confined to the slots written since, and truncation removes them: the log stays within
+-- about twice the retention's attempts, dead or alive, instead of growing with the hold.
+-- Without a call of prune_attempts the log neither moves on nor shrinks.
+
+-- outbox.attempt_slot: the current slot of outbox.attempts (0 to 3), a register rather
+-- than a counter: only outbox.rotate_attempts sets it (setval), and outbox.attempt_slot()
+-- reads it. A sequence, so that reading it on every insert and setting it leave no row
+-- version behind; setval is not transactional, and takes effect at once for every writer.
+CREATE SEQUENCE outbox.attempt_slot AS smallint MINVALUE 0 MAXVALUE 3 START 0;
+
+COMMENT ON SEQUENCE outbox.attempt_slot IS
+    'The slot of outbox.attempts completions and repair append to (0 to 3); set only by rotate_attempts.';
+
+REVOKE ALL ON SEQUENCE outbox.attempt_slot FROM PUBLIC;
+
+
+-- outbox.attempt_slot(): internal; the default of outbox.attempts.slot: the current slot,
+-- as outbox.attempt_slot holds it when the row is inserted. Granted to no one (it runs as
+-- the owner, who alone inserts into the log). Raises nothing.
+CREATE OR REPLACE FUNCTION outbox.attempt_slot() RETURNS smallint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- a function call, not a scan of the sequence (see outbox.message_slot())
+    SELECT coalesce(pg_sequence_last_value('outbox.attempt_slot'::regclass), 0)::smallint
+$$;
+
+COMMENT ON FUNCTION outbox.attempt_slot() IS
+    'Internal: the slot of outbox.attempts attempts are appended to now; the default of attempts.slot. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.attempt_slot() FROM PUBLIC;
+
+
+-- outbox.attempt_slots: one row per slot of the ring: since when it is (or last was) the
+-- current slot. Written only by rotate_attempts, once per rotation; read by
+-- rotate_attempts (is the current slot's half retention over?). Owner only.
+CREATE TABLE outbox.attempt_slots (
+    slot      smallint    NOT NULL,
+    opened_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT attempt_slots_pkey PRIMARY KEY (slot),
+    CONSTRAINT attempt_slots_slot CHECK (slot BETWEEN 0 AND 3)
+);
+
+INSERT INTO outbox.attempt_slots (slot) SELECT s FROM generate_series(0, 3) AS s;
+
+COMMENT ON TABLE outbox.attempt_slots IS
+    'Since when each slot of outbox.attempts is (or last was) the one attempts are appended to; written by rotate_attempts; owner only.';
+
+REVOKE ALL ON TABLE outbox.attempt_slots FROM PUBLIC;
+
+
 -- outbox.attempts: the append-only outcome log, one row per attempt, numbered 1, 2, 3 … per
 -- message with no gap (a ZOMBIE_REQUEUE counts; a replayed message continues its numbering).
 --
 -- Written by the completions (complete_outbox_attempt, complete_outbox_batch) and by
--- repair_expired_leases; rows are never updated, and deleted only by prune_attempts, which
--- keeps the whole history of a message that is still pending or dead-lettered. Read by the
--- views recent_failures, worker_activity and attempt_rates, by the observation, and by
--- enqueue (is this id known?). Owner only.
+-- repair_expired_leases; rows are never updated, and removed only by prune_attempts (row by
+-- row, or with their slot through rotate_attempts), which keeps the whole history of a
+-- message that is still pending or dead-lettered. Read by the views recent_failures,
+-- worker_activity and attempt_rates, by the observation, and by enqueue (is this id known?).
+-- Owner only.
+--
+-- Slots: the table is partitioned by slot (LIST), outbox.attempts_0 to outbox.attempts_3
+-- and outbox.attempts_kept (the slots' section above). Reads by id or by time read every
+-- slot (five index probes or ranges): the claims and completions never read the log, and
+-- enqueue reads it only for a given id.
 --
 -- Indexes:
--- * attempts_pkey (outbox_id, attempt_no): a second attempt with the same number is
---   refused. Completions and repair rely on that refusal for a message whose id already
---   has a history of another life: they record its attempt under the next free number.
--- * attempts_created_at_idx (created_at), a B-tree: the time ranges of prune_attempts
---   (older than), attempt_rates and the observation (the last minutes). A BRIN index stays
---   small only while rows arrive on new pages; once vacuum frees pruned space, new attempts
---   go into old pages, every range covers every time, and a range query reads the whole
---   log. Measured at 10,000 msg/s with a 60 s retention pruned every 3 s: prune passes grew
---   from 1 s to over 2 minutes, held back the MVCC horizon, and deliveries fell to 2,000–
---   2,700 msg/s; with the B-tree, the slowest of 150 passes took 9.7 s. Its price is one
---   entry per attempt: without it the drain ran about 3 % faster at 2 relays, 6–9 % at 16.
--- * attempts_failures_idx (created_at DESC) WHERE state <> 'DISPATCHED': failures are rare
---   and read newest first (recent_failures), without reading the delivered attempts.
+-- * attempts_N_pkey (outbox_id, attempt_no), one per slot: a second attempt with the same
+--   number in a slot is refused. Completions and repair rely on that refusal for a message
+--   whose id already has a history of another life in the current slot: they record its
+--   attempt under the next free number (record_attempts, 05_completion.sql). A partitioned
+--   table's unique index must hold the partition's column, so uniqueness across slots is
+--   not the index's: each attempt's number is its message's attempt_count + 1 under the
+--   completion's fence, and enqueue refuses an id that has a history. Only a row inserted
+--   into outbox.messages directly, with the id of an earlier life's history in another
+--   slot, can repeat a number across slots.
+-- * attempts_created_at_idx (created_at), a B-tree in each slot (attempts_N_created_at_idx):
+--   the time ranges of prune_attempts (older than), attempt_rates and the observation (the
+--   last minutes). A BRIN index stays small only while rows arrive on new pages; once
+--   vacuum frees pruned space, new attempts go into old pages, every range covers every
+--   time, and a range query reads the whole log. Measured at 10,000 msg/s with a 60 s
+--   retention pruned every 3 s: prune passes grew from 1 s to over 2 minutes, held back the
+--   MVCC horizon, and deliveries fell to 2,000–2,700 msg/s; with the B-tree, the slowest of
+--   150 passes took 9.7 s. Its price is one entry per attempt: without it the drain ran
+--   about 3 % faster at 2 relays, 6–9 % at 16.
+-- * attempts_failures_idx (created_at DESC) WHERE state <> 'DISPATCHED', in each slot
+--   (attempts_N_failures_idx): failures are rare and read newest first (recent_failures),
+--   without reading the delivered attempts.
 --
 -- Autovacuum: the log grows by inserts. With no scale factor, a vacuum follows every
--- 100,000 inserted attempts whatever the log's size, so that marking pages all-visible and
+-- 100,000 inserted attempts whatever the slot's size, so that marking pages all-visible and
 -- freezing keep up with the inserts in small steps; space freed by pruning is vacuumed
 -- through the default dead-row thresholds. (A round figure, not a measured optimum.)
 CREATE TABLE outbox.attempts (
@@ -493,22 +570,81 @@ CREATE TABLE outbox.attempts (
     lease_token uuid                 NOT NULL,
     error       text,
     created_at  timestamptz          NOT NULL DEFAULT clock_timestamp(),
-    CONSTRAINT attempts_pkey PRIMARY KEY (outbox_id, attempt_no),
+    -- the partition: 0 to 3, the slot of the ring the attempt was appended to; 4, a
+    -- history kept when its slot was truncated
+    slot        smallint             NOT NULL DEFAULT outbox.attempt_slot(),
     CONSTRAINT attempts_attempt_no_positive CHECK (attempt_no >= 1)
-) WITH (
-    autovacuum_vacuum_insert_scale_factor = 0,
-    autovacuum_vacuum_insert_threshold = 100000
-);
+) PARTITION BY LIST (slot);
 
 CREATE INDEX attempts_created_at_idx ON outbox.attempts (created_at);
 
 CREATE INDEX attempts_failures_idx ON outbox.attempts (created_at DESC)
     WHERE state <> 'DISPATCHED';
 
+-- The partitions, one per slot and one for kept histories, each with the storage settings
+-- above, its own primary key, and the parent's two time indexes (the failures index renamed
+-- from the name Postgres gives it).
+CREATE TABLE outbox.attempts_0 PARTITION OF outbox.attempts FOR VALUES IN (0) WITH (
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 100000
+);
+ALTER TABLE outbox.attempts_0 ADD CONSTRAINT attempts_0_pkey PRIMARY KEY (outbox_id, attempt_no);
+ALTER INDEX outbox.attempts_0_created_at_idx1 RENAME TO attempts_0_failures_idx;
+
+CREATE TABLE outbox.attempts_1 PARTITION OF outbox.attempts FOR VALUES IN (1) WITH (
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 100000
+);
+ALTER TABLE outbox.attempts_1 ADD CONSTRAINT attempts_1_pkey PRIMARY KEY (outbox_id, attempt_no);
+ALTER INDEX outbox.attempts_1_created_at_idx1 RENAME TO attempts_1_failures_idx;
+
+CREATE TABLE outbox.attempts_2 PARTITION OF outbox.attempts FOR VALUES IN (2) WITH (
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 100000
+);
+ALTER TABLE outbox.attempts_2 ADD CONSTRAINT attempts_2_pkey PRIMARY KEY (outbox_id, attempt_no);
+ALTER INDEX outbox.attempts_2_created_at_idx1 RENAME TO attempts_2_failures_idx;
+
+CREATE TABLE outbox.attempts_3 PARTITION OF outbox.attempts FOR VALUES IN (3) WITH (
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 100000
+);
+ALTER TABLE outbox.attempts_3 ADD CONSTRAINT attempts_3_pkey PRIMARY KEY (outbox_id, attempt_no);
+ALTER INDEX outbox.attempts_3_created_at_idx1 RENAME TO attempts_3_failures_idx;
+
+CREATE TABLE outbox.attempts_kept PARTITION OF outbox.attempts FOR VALUES IN (4) WITH (
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 100000
+);
+ALTER TABLE outbox.attempts_kept ADD CONSTRAINT attempts_kept_pkey PRIMARY KEY (outbox_id, attempt_no);
+ALTER INDEX outbox.attempts_kept_created_at_idx1 RENAME TO attempts_kept_failures_idx;
+
 COMMENT ON TABLE outbox.attempts IS
     'Append-only outcome log: one row per attempt, numbered 1, 2, 3 … per message with no gap; written by completions and repair, pruned by prune_attempts; owner only.';
+COMMENT ON COLUMN outbox.attempts.slot IS
+    'the partition: 0 to 3, the slot of the ring the attempt was appended to; 4, a history kept when its slot was truncated';
 
 REVOKE ALL ON TABLE outbox.attempts FROM PUBLIC;
+
+COMMENT ON TABLE outbox.attempts_0 IS
+    'Slot 0 of outbox.attempts (a partition); truncated by rotate_attempts once its attempts are older than the retention; owner only.';
+REVOKE ALL ON TABLE outbox.attempts_0 FROM PUBLIC;
+
+COMMENT ON TABLE outbox.attempts_1 IS
+    'Slot 1 of outbox.attempts (a partition); truncated by rotate_attempts once its attempts are older than the retention; owner only.';
+REVOKE ALL ON TABLE outbox.attempts_1 FROM PUBLIC;
+
+COMMENT ON TABLE outbox.attempts_2 IS
+    'Slot 2 of outbox.attempts (a partition); truncated by rotate_attempts once its attempts are older than the retention; owner only.';
+REVOKE ALL ON TABLE outbox.attempts_2 FROM PUBLIC;
+
+COMMENT ON TABLE outbox.attempts_3 IS
+    'Slot 3 of outbox.attempts (a partition); truncated by rotate_attempts once its attempts are older than the retention; owner only.';
+REVOKE ALL ON TABLE outbox.attempts_3 FROM PUBLIC;
+
+COMMENT ON TABLE outbox.attempts_kept IS
+    'Slot 4 of outbox.attempts (a partition): histories of messages pending or dead-lettered when their slot was truncated; pruned row by row; owner only.';
+REVOKE ALL ON TABLE outbox.attempts_kept FROM PUBLIC;
 
 
 -- outbox.dead_letters: messages that ran out of attempts or were refused for good, kept
@@ -556,9 +692,10 @@ REVOKE ALL ON TABLE outbox.dead_letters FROM PUBLIC;
 --                       only under its turn, so two claims never walk one shard at once
 --   repair              one repair_expired_leases pass at a time across the fleet
 --   rotate              one rotate_messages pass at a time across the fleet
+--   prune               one rotate_attempts pass (prune_attempts' ring) at a time
 --   observe             one computation of the observation at a time
 -- Locked by the claims (claim_outbox_batch_seq, claim_outbox_batch), repair_expired_leases,
--- rotate_messages and observe; never updated. A missing row is a turn nobody can take: the
+-- rotate_messages, rotate_attempts and observe; never updated. A missing row is a turn nobody can take: the
 -- rows below are part of the contract.
 CREATE TABLE outbox.turns (
     name text NOT NULL,
@@ -567,10 +704,10 @@ CREATE TABLE outbox.turns (
 
 INSERT INTO outbox.turns (name)
 SELECT 'claim:' || s FROM generate_series(0, 15) AS s;
-INSERT INTO outbox.turns (name) VALUES ('repair'), ('observe'), ('rotate');
+INSERT INTO outbox.turns (name) VALUES ('repair'), ('observe'), ('rotate'), ('prune');
 
 COMMENT ON TABLE outbox.turns IS
-    'Rows locked by the claims (claim_outbox_batch_seq, claim_outbox_batch), repair_expired_leases, rotate_messages and observe to take turns; owner only.';
+    'Rows locked by the claims (claim_outbox_batch_seq, claim_outbox_batch), repair_expired_leases, rotate_messages, rotate_attempts and observe to take turns; owner only.';
 
 REVOKE ALL ON TABLE outbox.turns FROM PUBLIC;
 

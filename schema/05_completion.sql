@@ -129,9 +129,10 @@ BEGIN
                            WITH ORDINALITY AS u(id, token, error, ord)
                     ON u.id = g.outbox_id
             ), recorded AS (
-                INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, error)
-                SELECT d.outbox_id, d.attempt_no, 'DISPATCHED', p_worker_id, d.lease_token, d.error
-                  FROM done AS d
+                -- the log's current slot read once, not as each row's default
+                INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, error, slot)
+                SELECT d.outbox_id, d.attempt_no, 'DISPATCHED', p_worker_id, d.lease_token, d.error, l.slot
+                  FROM done AS d, (SELECT outbox.attempt_slot() AS slot) AS l
                  ORDER BY d.ord
             )
             SELECT array_agg(d.ord), array_agg(d.attempt_no),
@@ -785,10 +786,14 @@ REVOKE ALL ON FUNCTION outbox.apply_outcomes(uuid[], integer[], outbox.attempt_s
 -- outbox.record_attempts (internal): appends one attempt per element, in the arrays'
 -- order. Called by apply_outcomes; no role may execute it.
 --
--- Guarantees: every element is recorded. An attempt number its id already has (an
---             outbox_id with an earlier history) is not an error: that element is written
---             under the next free number of its id, with a WARNING giving how many; the
---             others keep their numbers.
+-- Guarantees: every element is recorded, in the current slot of outbox.attempts. An
+--             attempt number its id already has in that slot (an outbox_id with an earlier
+--             history) is not an error: that element is written under the next free number
+--             of its id, with a WARNING giving how many; the others keep their numbers. The
+--             numbers of one life never meet: each is its message's attempt_count + 1 under
+--             the fence. An earlier life's history in an older slot is not looked for
+--             (enqueue refuses an id that has one, 03_enqueue.sql): only a row inserted into
+--             outbox.messages directly, with the id of such a history, can repeat a number.
 -- Raises:     nothing of its own (the unique_violation of a reused id is caught).
 -- Shape:      a plain INSERT in a subtransaction, and INSERT … ON CONFLICT only after it
 --             failed: ON CONFLICT's speculative insertion per row cost 4.3–5.1 ms per 500
@@ -807,10 +812,13 @@ SET enable_seqscan = off
 AS $$
 DECLARE
     v_recorded integer;
+    -- the log's current slot read once, not as each row's default
+    v_slot smallint := outbox.attempt_slot();
 BEGIN
     BEGIN
-        INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, error)
-        SELECT * FROM unnest(p_outbox_ids, p_attempt_nos, p_states, p_worker_ids, p_lease_tokens, p_errors);
+        INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, error, slot)
+        SELECT u.*, v_slot
+          FROM unnest(p_outbox_ids, p_attempt_nos, p_states, p_worker_ids, p_lease_tokens, p_errors) AS u;
         RETURN;
     EXCEPTION WHEN unique_violation THEN
         -- An id with an earlier history is among them: written again below.
@@ -818,7 +826,7 @@ BEGIN
 
     INSERT INTO outbox.attempts AS a (outbox_id, attempt_no, state, worker_id, lease_token, error)
     SELECT * FROM unnest(p_outbox_ids, p_attempt_nos, p_states, p_worker_ids, p_lease_tokens, p_errors)
-    ON CONFLICT ON CONSTRAINT attempts_pkey DO NOTHING;
+    ON CONFLICT DO NOTHING;
     GET DIAGNOSTICS v_recorded = ROW_COUNT;
 
     IF v_recorded < cardinality(p_outbox_ids) THEN

@@ -12,7 +12,8 @@
 --       p_period old, and truncates a slot in which nothing is pending. Called by every
 --       relayer's janitor every 5 s (one call at a time across the fleet).
 --   prune_attempts(p_older_than, p_limit)
---       deletes old attempt history of finished messages. Called by the operator's
+--       deletes old attempt history of finished messages, and keeps the attempt log in its
+--       ring of slots (through the internal rotate_attempts). Called by the operator's
 --       scheduler (cron, pg_cron) and by `outbox-relay bench --sustained-rate` beside its
 --       load; the relayer itself never prunes.
 --
@@ -29,8 +30,9 @@
 --   (`FOR UPDATE SKIP LOCKED`): only the schema owner can read or lock that table, so no
 --   other login can hold a turn. A caller that finds the turn taken returns at once; the
 --   turn is released when its transaction ends. repair_expired_leases takes the 'repair'
---   turn, rotate_messages the 'rotate' turn; prune_attempts takes none (concurrent prunes
---   are safe, see its contract).
+--   turn, rotate_messages the 'rotate' turn, rotate_attempts the 'prune' turn;
+--   prune_attempts' row-by-row deletion takes none (concurrent prunes are safe, see its
+--   contract).
 -- * Every plan is index-driven and independent of statistics where the backlog can be
 --   large, except the scan for expired leases, which reads outbox.messages sequentially by
 --   design (the lease columns are in no index).
@@ -339,38 +341,47 @@ REVOKE ALL ON FUNCTION outbox.rotate_messages(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.rotate_messages(interval) TO outbox_relay;
 
 -- outbox.prune_attempts: retention for the attempt log; deletes the oldest attempts older
--- than p_older_than of messages that are finished (delivered, or dead-lettered and gone).
+-- than p_older_than of messages that are finished (delivered, or dead-lettered and gone),
+-- and keeps the log within its ring of slots (rotate_attempts).
 --
 -- Inputs:     p_older_than  age of the attempts to delete: created_at < now() - p_older_than
 --                           (now() is the start of the caller's transaction). Required,
---                           at least interval '0'.
---             p_limit       the most attempts deleted by this call, oldest first (default
---                           NULL: no limit). When set, at least 1.
--- Returns:    the number of attempts deleted (bigint). A caller with a limit calls again
---             while it gets p_limit back.
+--                           at least interval '0'. It is also the ring's retention: the
+--                           current slot is kept half of it before the log moves on.
+--             p_limit       the most attempts removed by this call (default NULL: no limit),
+--                           row by row oldest first, then with a slot whose remaining
+--                           attempts fit in what is left of it. When set, at least 1.
+-- Returns:    the number of attempts removed, row by row and by truncation (bigint), at
+--             most p_limit. A caller with a limit calls again while it gets p_limit back.
 -- Locks:      the attempt rows it deletes. It reads outbox.messages and outbox.dead_letters
---             without locking them, and takes no turn: concurrent calls select the same
---             oldest attempts, the later one waits for the earlier one's row locks and
---             then skips what that one deleted (each counts only its own deletions).
+--             without locking them, and takes no turn for the rows: concurrent calls select
+--             the same oldest attempts, the later one waits for the earlier one's row locks
+--             and then skips what that one deleted (each counts only its own deletions).
+--             Then, through rotate_attempts, the 'prune' turn (never waited for) and at
+--             most one slot it truncates, ACCESS EXCLUSIVE, waited for at most 50 ms and
+--             held until the caller commits.
 -- Guarantees: the history of a message that is pending (outbox.messages) or dead-lettered
---             (outbox.dead_letters) in the statement's snapshot is never touched, so a
+--             (outbox.dead_letters) in the statement's snapshot is never removed, so a
 --             replayed message keeps its whole history; a finished message's history may go
---             over several limited calls, oldest attempt first. Once a delivered message's
---             attempts are gone, enqueue no longer knows its id and accepts it again.
+--             over several calls, oldest attempt first. Once a delivered message's attempts
+--             are gone, enqueue no longer knows its id and accepts it again.
 -- Raises:     P7001 (p_older_than) when it is NULL or negative; P7001 (p_limit) when it is
 --             below 1.
--- Crash:      nothing: one statement in one transaction; what it deleted comes back, and the
---             next call deletes it.
+-- Crash:      nothing: one transaction; what it deleted or truncated comes back, and the
+--             next call removes it.
 -- Shape:      one plan whatever the statistics say (merge and hash joins, sequential and
 --             bitmap scans, sorts and Materialize are off, and JIT): old attempts in time
---             order from attempts_created_at_idx (a B-tree: it reads only the rows in range,
---             wherever reused pages put them), each probed in outbox.messages and
---             outbox.dead_letters by primary key, stopped at the limit, then deleted by row
---             address (attempts are never updated, so the addresses found are still theirs).
---             Its cost follows the attempts pruned, not the backlog: 24–26 ms per call of
---             10,000 beside 200,000 pending messages, with empty or fresh statistics. Call it
---             every few seconds with a limit (e.g. 10,000): one call that deletes millions is
---             one long transaction that holds back vacuum (docs/performance.md).
+--             order from each slot's attempts_N_created_at_idx (a B-tree: it reads only the
+--             rows in range, wherever reused pages put them), merged across the slots, each
+--             probed in outbox.messages and outbox.dead_letters by primary key, stopped at
+--             the limit, then deleted slot by slot by row address (attempts are never
+--             updated, so the addresses found are still theirs; an address names a row in
+--             each slot, so each is deleted from its own). Its cost follows the attempts
+--             pruned, not the backlog: 24–26 ms per call of 10,000 beside 200,000 pending
+--             messages, with empty or fresh statistics. Call it every few seconds with a
+--             limit (e.g. 10,000): one call that deletes millions is one long transaction
+--             that holds back vacuum (docs/performance.md). The truncation comes last, so
+--             that its locks are held for the truncation only.
 CREATE OR REPLACE FUNCTION outbox.prune_attempts(p_older_than interval, p_limit bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -384,7 +395,11 @@ SET enable_material = off
 SET jit = off
 AS $$
 DECLARE
-    v_count bigint;
+    v_count bigint := 0;
+    v_deleted bigint;
+    v_slots smallint[];
+    v_ctids tid[];
+    v_slot smallint;
 BEGIN
     IF p_older_than IS NULL OR p_older_than < interval '0' THEN
         PERFORM outbox.invalid_argument('p_older_than', 'must be a non-negative interval');
@@ -393,24 +408,196 @@ BEGIN
         PERFORM outbox.invalid_argument('p_limit', 'must be NULL (no limit) or at least 1');
     END IF;
     -- Attempts of messages still pending or dead-lettered are kept: a history is pruned
-    -- whole once its message is gone. Attempts are never updated, so the row addresses
-    -- found first are still theirs when the rows are deleted.
-    DELETE FROM outbox.attempts AS a
-     WHERE a.ctid = ANY (ARRAY(
-               SELECT o.ctid
-                 FROM outbox.attempts AS o
-                WHERE o.created_at < now() - p_older_than
-                  AND NOT EXISTS (SELECT 1 FROM outbox.messages AS m WHERE m.outbox_id = o.outbox_id)
-                  AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters AS d WHERE d.outbox_id = o.outbox_id)
-                ORDER BY o.created_at
-                LIMIT p_limit));
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
+    -- whole once its message is gone.
+    SELECT coalesce(array_agg(o.slot), '{}'), coalesce(array_agg(o.ctid), '{}')
+      INTO v_slots, v_ctids
+      FROM (SELECT o.slot, o.ctid
+              FROM outbox.attempts AS o
+             WHERE o.created_at < now() - p_older_than
+               AND NOT EXISTS (SELECT 1 FROM outbox.messages AS m WHERE m.outbox_id = o.outbox_id)
+               AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters AS d WHERE d.outbox_id = o.outbox_id)
+             ORDER BY o.created_at
+             LIMIT p_limit) AS o;
+    FOR v_slot IN SELECT DISTINCT u.s FROM unnest(v_slots) AS u(s) LOOP
+        DELETE FROM outbox.attempts AS a
+         WHERE a.slot = v_slot
+           AND a.ctid = ANY (ARRAY(SELECT u.t
+                                     FROM unnest(v_slots, v_ctids) AS u(s, t)
+                                    WHERE u.s = v_slot));
+        GET DIAGNOSTICS v_deleted = ROW_COUNT;
+        v_count := v_count + v_deleted;
+    END LOOP;
+    RETURN v_count + outbox.rotate_attempts(p_older_than, p_limit - v_count);
 END;
 $$;
 
 COMMENT ON FUNCTION outbox.prune_attempts(interval, bigint) IS
-    'Deletes up to p_limit (NULL: all) of the oldest attempts older than p_older_than of messages neither pending nor dead-lettered; returns how many; call again while it returns p_limit; P7001 on a bad argument.';
+    'Removes up to p_limit (NULL: all) of the oldest attempts older than p_older_than of messages neither pending nor dead-lettered, row by row, then keeps the log''s ring of slots, truncating its oldest slot once older than that (rotate_attempts); returns how many; call again while it returns p_limit; P7001 on a bad argument.';
 
 REVOKE ALL ON FUNCTION outbox.prune_attempts(interval, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.prune_attempts(interval, bigint) TO outbox_relay;
+
+
+-- outbox.rotate_attempts (internal): keeps outbox.attempts within its ring of slots
+-- (01_tables.sql, "The slots of outbox.attempts"). Called by prune_attempts with its
+-- retention; no role may execute it.
+--
+-- Inputs:     p_older_than  the retention: a slot is truncated once its attempts are all
+--                           older than now() - p_older_than, and the current slot is kept
+--                           p_older_than / 2 before the log moves on.
+--             p_budget      the most attempts the truncation may remove (what is left of
+--                           prune_attempts' limit), or NULL: no limit. A slot with more
+--                           (not kept) is left to the row-by-row deletion until it fits.
+-- Returns:    the number of attempts it removed (those of the truncated slot, less the kept
+--             histories it copied out). 0 at once when another call holds the turn, or
+--             when the caller's transaction is not READ COMMITTED (its snapshot would not
+--             see what committed after it started).
+-- Locks:      1. the 'prune' row of outbox.turns, FOR UPDATE SKIP LOCKED: one call at a time
+--                across the fleet; a caller that does not get it returns 0 at once.
+--             2. at most one slot, after the rotation: the oldest slot after the current
+--                one that has pages, once its attempts are all older than the retention.
+--                SHARE (no attempt can be appended to it or deleted from it meanwhile)
+--                while it copies the kept histories and counts, then ACCESS EXCLUSIVE for
+--                the truncation; each waited for at most 50 ms (lock_timeout), and held
+--                until the caller commits. The truncation is the call's last step: the
+--                ACCESS EXCLUSIVE lock keeps out readers of the whole log (the views, an
+--                enqueue of a given id), no writer, since nothing is appended to a slot that
+--                is not current. A slot that cannot be locked in time is left for the next
+--                call: a session that read the log (a view, an enqueue of a given id) and
+--                has not ended holds it open until it ends.
+-- Guarantees: * The current slot is never truncated, and a slot only once every attempt in
+--               it, read under its SHARE lock, is older than the retention.
+--             * Nothing of a message pending or dead-lettered is removed: before the
+--               truncation, every attempt in the slot of an id pending in outbox.messages
+--               or present in outbox.dead_letters is copied to slot 4 (outbox.attempts_kept)
+--               with its number, state, worker, lease token, error and time. Slot 4 is
+--               never truncated; prune_attempts deletes from it row by row. A kept attempt
+--               whose number its id already has in slot 4 (possible only for an id with an
+--               earlier life's history, see record_attempts) stops the copy: the slot is
+--               kept, with a WARNING naming it, and row-by-row retention goes on.
+--             * The log moves on only to the next slot of the ring, and only once that slot
+--               has no page in a committed state: the rotation comes before the
+--               truncation, so never to a slot this call truncates. The slots after the
+--               current one are in the order they were written, oldest first.
+--             * A WARNING says so when the log cannot move on although its current slot
+--               has been current for the whole retention (the next slot is held open, or
+--               kept as above).
+--             * A transaction whose snapshot is older than a truncation sees the slot empty
+--               and the copied histories not at all (TRUNCATE is not MVCC-safe): only a
+--               caller that reads the log across a prune in one REPEATABLE READ or
+--               SERIALIZABLE transaction can see it.
+-- Raises:     nothing (a lock not granted in time, and the duplicate number above, are
+--             caught).
+-- Crash:      nothing: the caller's transaction. The current slot is set (setval) outside
+--             the transaction: if the caller rolls back afterwards, the log has still moved
+--             on, to a slot with no page.
+-- Shape:      while a snapshot holds the MVCC horizon back, vacuum may remove nothing that
+--             the row-by-row deletions leave; truncation gives a slot's table and index space
+--             back at once, whatever snapshot is held, so that the log stays within about
+--             twice the retention's attempts, dead or alive. The slot's checks and copy read
+--             its live rows sequentially (sequential and bitmap scans are on again, which
+--             prune_attempts turns off): by then prune_attempts has deleted the finished
+--             messages' attempts older than the retention, so few rows are live.
+CREATE OR REPLACE FUNCTION outbox.rotate_attempts(p_older_than interval, p_budget bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '50ms'
+SET enable_seqscan = on
+SET enable_bitmapscan = on
+SET jit = off
+AS $$
+DECLARE
+    v_cutoff timestamptz := now() - p_older_than;
+    v_current integer;
+    v_next integer;
+    v_oldest integer;
+    v_newest timestamptz;
+    v_rows bigint;
+    v_kept bigint;
+    v_opened timestamptz;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'prune' FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    v_current := outbox.attempt_slot();
+
+    -- Rotation: once the current slot has been current for half the retention, the log
+    -- moves on to the next slot, if it has no page.
+    BEGIN
+        SELECT s.opened_at INTO v_opened FROM outbox.attempt_slots AS s WHERE s.slot = v_current;
+        v_next := (v_current + 1) % 4;
+        IF v_opened IS NULL OR v_opened <= clock_timestamp() - p_older_than / 2 THEN
+            IF pg_relation_size(format('outbox.attempts_%s', v_next)::regclass) = 0 THEN
+                UPDATE outbox.attempt_slots AS s SET opened_at = clock_timestamp() WHERE s.slot = v_next;
+                PERFORM setval('outbox.attempt_slot', v_next);
+                v_current := v_next;
+            ELSIF v_opened <= clock_timestamp() - p_older_than THEN
+                RAISE WARNING 'outbox: the attempt log stays in slot % (current since %): slot % is not truncated yet; a session that keeps outbox.attempts open holds it',
+                              v_current, v_opened, v_next;
+            END IF;
+        END IF;
+    EXCEPTION WHEN lock_not_available THEN
+        -- The next slot is locked by another session: the next call tries again.
+    END;
+
+    -- Truncation, last: the oldest slot after the current one that has pages, once its
+    -- attempts are all older than the retention. Each statement reads a snapshot taken
+    -- when it starts, so what is read under a lock sees every row committed before the
+    -- lock was granted.
+    BEGIN
+        FOR v_i IN 1 .. 3 LOOP
+            IF pg_relation_size(format('outbox.attempts_%s', (v_current + v_i) % 4)::regclass) > 0 THEN
+                v_oldest := (v_current + v_i) % 4;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_oldest IS NULL THEN
+            RETURN 0;
+        END IF;
+        EXECUTE format('SELECT max(a.created_at) FROM outbox.attempts_%s AS a', v_oldest) INTO v_newest;
+        IF v_newest >= v_cutoff THEN
+            RETURN 0;
+        END IF;
+        EXECUTE format('LOCK TABLE outbox.attempts_%s IN SHARE MODE', v_oldest);
+        EXECUTE format(
+            'SELECT max(a.created_at), count(*),
+                    count(*) FILTER (WHERE EXISTS (SELECT 1 FROM outbox.messages AS m WHERE m.outbox_id = a.outbox_id)
+                                        OR EXISTS (SELECT 1 FROM outbox.dead_letters AS d WHERE d.outbox_id = a.outbox_id))
+               FROM outbox.attempts_%s AS a',
+            v_oldest)
+           INTO v_newest, v_rows, v_kept;
+        IF v_newest >= v_cutoff OR v_rows - v_kept > p_budget THEN
+            RETURN 0;
+        END IF;
+        EXECUTE format(
+            'INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, error, created_at, slot)
+             SELECT a.outbox_id, a.attempt_no, a.state, a.worker_id, a.lease_token, a.error, a.created_at, 4
+               FROM outbox.attempts_%s AS a
+              WHERE EXISTS (SELECT 1 FROM outbox.messages AS m WHERE m.outbox_id = a.outbox_id)
+                 OR EXISTS (SELECT 1 FROM outbox.dead_letters AS d WHERE d.outbox_id = a.outbox_id)',
+            v_oldest);
+        GET DIAGNOSTICS v_kept = ROW_COUNT;
+        EXECUTE format('LOCK TABLE outbox.attempts_%s IN ACCESS EXCLUSIVE MODE', v_oldest);
+        EXECUTE format('TRUNCATE outbox.attempts_%s', v_oldest);
+        RETURN v_rows - v_kept;
+    EXCEPTION
+        WHEN lock_not_available THEN
+            -- Held open by another session: the next call tries again.
+            RETURN 0;
+        WHEN unique_violation THEN
+            RAISE WARNING 'outbox: slot % of outbox.attempts is kept: a history it holds repeats an attempt number already in slot 4 (%)',
+                          v_oldest, SQLERRM;
+            RETURN 0;
+    END;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.rotate_attempts(interval, bigint) IS
+    'Internal (prune_attempts): moves the log to the next empty slot of outbox.attempts every p_older_than / 2, then truncates the oldest slot whose attempts are all older than p_older_than (at most p_budget of them), after copying the histories of messages pending or dead-lettered to slot 4; one call at a time (''prune'' turn); returns the attempts removed. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.rotate_attempts(interval, bigint) FROM PUBLIC;

@@ -313,7 +313,8 @@ async fn an_old_schema_is_named_by_every_verb_and_readyz_until_migrated() {
          applied V29__claim_floors\n\
          applied V30__repair_in_one_scan\n\
          applied V31__cheaper_idle_claims\n\
-         applied V32__messages_in_a_ring_of_slots\n"
+         applied V32__messages_in_a_ring_of_slots\n\
+         applied V33__attempts_in_a_ring_of_slots\n"
     );
     eventually(MINUTE, "readiness after the migration", || async {
         probe(&format!("127.0.0.1:{port}"), "/readyz")

@@ -258,8 +258,8 @@ async fn hot_path_plans_are_index_driven_at_any_backlog_and_any_statistics() {
 
 /// Adds 50,000 histories of finished messages two hours old and 50,000 new ones, prunes
 /// those older than an hour in calls of 10,000 (as a retention job does) and checks the
-/// plan of the prune's DELETE: old attempts in time order from the time index, each probed
-/// in outbox.messages by primary key, stopped at the limit.
+/// plans of the prune: old attempts in time order from the time index, each probed in
+/// outbox.messages by primary key, stopped at the limit, then deleted by row address.
 async fn assert_retention_probes_per_old_attempt(shape: &str, url: &str, c: &Client) {
     c.batch_execute(
         "INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, created_at)
@@ -292,31 +292,43 @@ async fn assert_retention_probes_per_old_attempt(shape: &str, url: &str, c: &Cli
         "{shape}: the old histories of finished messages are pruned"
     );
     let plans = plans.lock().unwrap().clone();
-    let delete = plans
+    let select = plans
         .iter()
-        .find(|p| p.contains("Delete on attempts"))
-        .unwrap_or_else(|| panic!("{shape}: no plan of the prune's DELETE among {plans:?}"));
-    let delete = short(delete);
+        .find(|p| p.contains("array_agg(o.slot)"))
+        .unwrap_or_else(|| panic!("{shape}: no plan of the prune's selection among {plans:?}"));
+    let select = short(select);
     for whole in [
         "Seq Scan on messages",
         "Hash Anti Join",
         "Merge Anti Join",
         "Materialize",
-        "Sort",
+        // a Sort node, not the Merge Append's sort key
+        "Sort  (",
         "Bitmap Heap Scan on attempts",
+        "Seq Scan on attempts",
     ] {
         assert!(
-            !delete.contains(whole),
-            "{shape}: the prune reads the whole backlog or the whole log ({whole}):\n{delete}"
+            !select.contains(whole),
+            "{shape}: the prune reads the whole backlog or the whole log ({whole}):\n{select}"
         );
     }
     assert!(
-        delete.contains("Index Cond: (outbox_id = o.outbox_id)"),
-        "{shape}: the prune does not probe outbox.messages per old attempt:\n{delete}"
+        select.contains("Index Cond: (outbox_id = o.outbox_id)"),
+        "{shape}: the prune does not probe outbox.messages per old attempt:\n{select}"
     );
     assert!(
-        delete.contains("Index Scan using attempts_created_at_idx"),
-        "{shape}: the prune does not take old attempts in order from the time index:\n{delete}"
+        select.contains("Index Scan using attempts_0_created_at_idx"),
+        "{shape}: the prune does not take old attempts in order from the time index:\n{select}"
+    );
+    // The deletion finds each selected attempt by its address in its own slot.
+    let delete = plans
+        .iter()
+        .find(|p| p.contains("Delete on attempts"))
+        .unwrap_or_else(|| panic!("{shape}: no plan of the prune's DELETE among {plans:?}"));
+    let delete = short(delete);
+    assert!(
+        delete.contains("Tid Scan on attempts_0") && !delete.contains("Seq Scan"),
+        "{shape}: the prune does not delete by row address:\n{delete}"
     );
 }
 

@@ -187,6 +187,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             backlog,
             claim_ms,
             messages_bytes: sizes.0 + sizes.1,
+            attempts_bytes: sizes.2,
         });
     }
     if let Some((_, _, holder)) = hold {
@@ -259,6 +260,8 @@ struct Window {
     claim_ms: f64,
     /// outbox.messages and its indexes.
     messages_bytes: i64,
+    /// outbox.attempts and its indexes.
+    attempts_bytes: i64,
 }
 
 /// The figures of the held-horizon target: the claim's time held against unheld, the
@@ -281,17 +284,26 @@ fn summarize_hold(windows: &[Window], rate: u64) {
         .map(|w| w.messages_bytes)
         .max()
         .unwrap_or_default();
+    let largest_log = windows
+        .iter()
+        .map(|w| w.attempts_bytes)
+        .max()
+        .unwrap_or_default();
     outln!(
         "held horizon: claim {:.1} ms unheld, at most {worst_claim:.1} ms held ({:.1} ×); \
          backlog at most {worst_backlog} while held ({:.1} s of traffic at {rate} msg/s); \
-         messages and indexes {} MB before, {} MB at most, {} MB at the end ({} windows \
-         after the hold, claim {:.1} ms in the last)",
+         messages and indexes {} MB before, {} MB at most, {} MB at the end; attempt log \
+         {} MB before, {} MB at most, {} MB at the end ({} windows after the hold, claim \
+         {:.1} ms in the last)",
         unheld.claim_ms,
         worst_claim / unheld.claim_ms.max(0.001),
         worst_backlog as f64 / rate.max(1) as f64,
         unheld.messages_bytes >> 20,
         largest >> 20,
         last.messages_bytes >> 20,
+        unheld.attempts_bytes >> 20,
+        largest_log >> 20,
+        last.attempts_bytes >> 20,
         after,
         last.claim_ms,
     );
@@ -310,13 +322,14 @@ async fn claim_calls(sql: &tokio_postgres::Client) -> Result<(i64, f64)> {
     Ok((row.get(0), row.get(1)))
 }
 
-/// Bytes of outbox.messages (its slots), of its indexes, and of outbox.attempts with its
-/// indexes.
+/// Bytes of outbox.messages (its slots), of its indexes, and of outbox.attempts (its slots)
+/// with its indexes.
 async fn sizes(sql: &tokio_postgres::Client) -> Result<(i64, i64, i64)> {
     let row = sql
         .query_one(
             "SELECT sum(pg_relation_size(p.relid))::bigint, sum(pg_indexes_size(p.relid))::bigint, \
-                    pg_total_relation_size('outbox.attempts') \
+                    (SELECT sum(pg_total_relation_size(a.relid))::bigint \
+                       FROM pg_partition_tree('outbox.attempts') AS a WHERE a.isleaf) \
                FROM pg_partition_tree('outbox.messages') AS p WHERE p.isleaf",
             &[],
         )

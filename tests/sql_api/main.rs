@@ -19,6 +19,7 @@
 mod common;
 
 mod arguments;
+mod attempt_slots;
 mod claim;
 mod completion;
 mod dead_letters;

@@ -44,6 +44,17 @@ async fn pages(c: &Client, slot: i32) -> i64 {
     .await
 }
 
+/// A session holding its snapshot (REPEATABLE READ, one read, idle in transaction) until
+/// it commits; it reads no outbox table, so it keeps no slot open.
+pub(crate) async fn snapshot_holder(db: &TestDb) -> Client {
+    let holder = db.client().await;
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    holder
+}
+
 /// Claims and delivers every ready message; returns how many.
 async fn deliver_all(c: &Client) -> usize {
     let mut delivered = 0;
@@ -94,11 +105,7 @@ async fn a_slot_is_truncated_once_nothing_in_it_is_pending_while_a_snapshot_is_h
     let db = TestDb::new().await;
     let c = db.client().await;
     // A reader holding its snapshot: vacuum may remove nothing deleted from now on.
-    let holder = db.client().await;
-    holder
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
-        .await
-        .unwrap();
+    let holder = snapshot_holder(&db).await;
 
     let ids = fill(&c, "t", 2_000, Some(10)).await;
     end_period(&c).await;
