@@ -271,9 +271,16 @@ async fn audit(c: &Client, file: &Path, order: &HashMap<Uuid, (i64, Option<Strin
 
 /// Messages whose attempt numbers are not 1, 2, 3 … without a gap.
 async fn broken_histories(c: &Client) -> i64 {
+    broken_histories_in(c, "outbox.attempts").await
+}
+
+/// [`broken_histories`] in `log`, a table with the attempt log's outbox_id and attempt_no.
+async fn broken_histories_in(c: &Client, log: &str) -> i64 {
     c.query_one(
-        "SELECT count(*) FROM (SELECT min(attempt_no) AS lo, max(attempt_no) AS hi, count(*) AS n \
-         FROM outbox.attempts GROUP BY outbox_id) AS h WHERE lo <> 1 OR hi <> n",
+        &format!(
+            "SELECT count(*) FROM (SELECT min(attempt_no) AS lo, max(attempt_no) AS hi, count(*) AS n \
+             FROM {log} GROUP BY outbox_id) AS h WHERE lo <> 1 OR hi <> n"
+        ),
         &[],
     )
     .await
@@ -327,7 +334,7 @@ async fn kill_storm(sizes: &Sizes) -> Outcome {
     let a = audit(&c, &file, &order).await;
     let broken = broken_histories(&c).await;
     // A duplicate is only allowed for a message whose lease a killed worker held.
-    let unexplained = unexplained_duplicates(&c, &file).await;
+    let unexplained = unexplained_duplicates(&c, &file, "outbox.attempts").await;
     drop(workers);
     guarantees(&a, broken)?;
     check(unexplained == 0, || {
@@ -809,13 +816,15 @@ async fn hot_key(sizes: &Sizes) -> Outcome {
     ))
 }
 
-/// The outbox's size while the horizon is held: table (every slot) and indexes, in bytes,
-/// and its dead tuples.
-async fn outbox_size(c: &Client) -> Result<(i64, i64, i64), String> {
+/// The outbox's size while the horizon is held: outbox.messages' table (every slot) and
+/// indexes, in bytes, its dead tuples, and the attempt log (every slot) with its indexes.
+async fn outbox_size(c: &Client) -> Result<(i64, i64, i64, i64), String> {
     let row = c
         .query_one(
             "SELECT sum(pg_table_size(p.relid))::bigint, sum(pg_indexes_size(p.relid))::bigint, \
-                    coalesce(sum(s.n_dead_tup), 0)::bigint \
+                    coalesce(sum(s.n_dead_tup), 0)::bigint, \
+                    (SELECT sum(pg_total_relation_size(a.relid))::bigint \
+                       FROM pg_partition_tree('outbox.attempts') AS a WHERE a.isleaf) \
              FROM pg_partition_tree('outbox.messages') AS p \
              LEFT JOIN pg_stat_user_tables AS s ON s.relid = p.relid \
              WHERE p.isleaf",
@@ -823,7 +832,32 @@ async fn outbox_size(c: &Client) -> Result<(i64, i64, i64), String> {
         )
         .await
         .map_err(|e| e.to_string())?;
-    Ok((row.get(0), row.get(1), row.get(2)))
+    Ok((row.get(0), row.get(1), row.get(2), row.get(3)))
+}
+
+/// Every 3 s until `stop`, retention as an operator's job runs it: `prune_attempts` of what
+/// is older than 60 s, in calls of 10,000 while calls come back full; returns the attempts
+/// it removed.
+async fn prune_every_3s(c: Client, stop: Arc<AtomicBool>) -> Result<i64, String> {
+    let mut pruned = 0;
+    while !stop.load(Ordering::SeqCst) {
+        loop {
+            let n: i64 = c
+                .query_one(
+                    "SELECT outbox.prune_attempts(interval '60 seconds', 10000)",
+                    &[],
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .get(0);
+            pruned += n;
+            if n < 10_000 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    Ok(pruned)
 }
 
 /// Calls of the claim function and their total time in ms, as Postgres counts them
@@ -852,16 +886,22 @@ struct HorizonWindow {
     claim_ms: f64,
     bytes: i64,
     dead: i64,
+    /// the attempt log with its indexes
+    log_bytes: i64,
 }
 
 /// A snapshot held for `sizes.horizon`, and for its first third a transaction holding a
 /// transaction id (which holds the claim floors' bound back), while a producer offers about
 /// 2,000 msg/s (a tenth keyed, and now and then a message dated in the past, which lowers
 /// its shard's floor) and one of two relayers is killed with -9 and restarted every window.
+/// Retention runs as an operator's job would (`prune_attempts` of what is older than 60 s,
+/// every 3 s), so the audit reads the attempts from the scenario's own record of them: a
+/// trigger copies each appended attempt to a table outside the outbox.
 /// Checked window by window against the windows before the hold: the backlog under 5 s of
-/// traffic, the claim's time within 2 × in the hold's last third, the outbox's size bounded
-/// and back a minute after; fails as well on a lost message, a first delivery out of key
-/// order, a duplicate no killed worker explains or a gap in an attempt history.
+/// traffic, the claim's time within 2 × in the hold's last third, the outbox's size (the
+/// attempt log's too) bounded and back a minute after; fails as well on a lost message, a
+/// first delivery out of key order, a duplicate no killed worker explains or a gap in an
+/// attempt history.
 async fn horizon(sizes: &Sizes) -> Outcome {
     const RATE: i64 = 2_000;
     const TICK: Duration = Duration::from_millis(100);
@@ -873,6 +913,22 @@ async fn horizon(sizes: &Sizes) -> Outcome {
     ))
     .await
     .map_err(|e| e.to_string())?;
+    // Appended attempts, not the histories retention copies to the kept slot (4).
+    c.batch_execute(
+        "CREATE TABLE public.attempts_seen (outbox_id uuid NOT NULL, attempt_no integer NOT NULL, \
+                                            state outbox.attempt_state NOT NULL);
+         CREATE FUNCTION public.see_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.attempts_seen VALUES (NEW.outbox_id, NEW.attempt_no, NEW.state);
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER attempts_seen AFTER INSERT ON outbox.attempts
+             FOR EACH ROW WHEN (NEW.slot <> 4) EXECUTE FUNCTION public.see_attempt();",
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let stop_pruning = Arc::new(AtomicBool::new(false));
+    let pruner = tokio::spawn(prune_every_3s(db.client().await, stop_pruning.clone()));
     let file = db.scratch_dir().join("horizon.jsonl");
     let args = ["--lease-secs", "5"];
     let mut workers: Vec<Relayer> = (0..2)
@@ -905,7 +961,7 @@ async fn horizon(sizes: &Sizes) -> Outcome {
                 // The culprits: a snapshot held for the whole hold, an id for its first third.
                 holder
                     .batch_execute(
-                        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.attempts",
+                        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.dead_letters",
                     )
                     .await
                     .map_err(|e| e.to_string())?;
@@ -979,7 +1035,7 @@ async fn horizon(sizes: &Sizes) -> Outcome {
         workers[victim].signal("KILL");
         kills += 1;
         workers[victim] = file_worker(&db, &format!("horizon-{victim}-{kills}"), &file, &args);
-        let (table, indexes, dead) = outbox_size(&c).await?;
+        let (table, indexes, dead, log_bytes) = outbox_size(&c).await?;
         let (now_calls, now_ms) = claim_time(&c).await?;
         let window_claim = (now_ms - claim_ms) / (now_calls - calls).max(1) as f64;
         (calls, claim_ms) = (now_calls, now_ms);
@@ -991,6 +1047,7 @@ async fn horizon(sizes: &Sizes) -> Outcome {
             claim_ms: window_claim,
             bytes: table + indexes,
             dead,
+            log_bytes,
         });
     }
     if held {
@@ -1016,9 +1073,11 @@ async fn horizon(sizes: &Sizes) -> Outcome {
         .map(|(id, seq, key)| (id, (seq, key)))
         .collect();
     let a = audit(&c, &file, &order).await;
-    let unexplained = unexplained_duplicates(&c, &file).await;
+    stop_pruning.store(true, Ordering::SeqCst);
+    let pruned = pruner.await.map_err(|e| e.to_string())??;
+    let unexplained = unexplained_duplicates(&c, &file, "public.attempts_seen").await;
     drop(workers);
-    guarantees(&a, broken_histories(&c).await)?;
+    guarantees(&a, broken_histories_in(&c, "public.attempts_seen").await)?;
     check(unexplained == 0, || {
         format!("{unexplained} duplicates of messages no killed worker held")
     })?;
@@ -1027,13 +1086,14 @@ async fn horizon(sizes: &Sizes) -> Outcome {
         .iter()
         .map(|w| {
             format!(
-                "{} {:.0} msg/s, backlog {}, claim {:.2} ms, {} MB, {} dead",
+                "{} {:.0} msg/s, backlog {}, claim {:.2} ms, {} MB, {} dead, log {} MB",
                 w.phase,
                 w.delivered_per_sec,
                 w.backlog,
                 w.claim_ms,
                 w.bytes / 1_000_000,
-                w.dead
+                w.dead,
+                w.log_bytes / 1_000_000
             )
         })
         .collect::<Vec<_>>()
@@ -1054,6 +1114,9 @@ async fn horizon(sizes: &Sizes) -> Outcome {
     let peak_bytes = held_windows.iter().map(|w| w.bytes).max().unwrap_or(0);
     let last_after = windows.iter().rev().find(|w| w.phase == "after");
     let after_bytes = last_after.map_or(0, |w| w.bytes);
+    let base_log = base.iter().map(|w| w.log_bytes).max().unwrap_or(0);
+    let peak_log = held_windows.iter().map(|w| w.log_bytes).max().unwrap_or(0);
+    let after_log = last_after.map_or(0, |w| w.log_bytes);
     // The claim over the minute after the hold, its first window (the catch-up) left out.
     let settling: Vec<&HorizonWindow> = of("after").skip(1).collect();
     let after_claim = mean_claim(&settling);
@@ -1062,15 +1125,19 @@ async fn horizon(sizes: &Sizes) -> Outcome {
          was offered, 2 processes, {kills} kill -9 with restarts; unheld claim \
          {base_claim:.2} ms, last third of the hold {late_claim:.2} ms ({:.2} ×), the minute \
          after {after_claim:.2} ms ({:.2} ×; target 2 ×); backlog at most {worst_backlog} \
-         while held; outbox {} MB unheld, at most {} MB held, {} MB a minute after; lost 0, \
-         duplicates {} (all among killed leases), first deliveries out of key order 0, \
-         gapless histories; per {} s window: {report}",
+         while held; outbox {} MB unheld, at most {} MB held, {} MB a minute after; attempt \
+         log (60 s retention, {pruned} attempts pruned) {} MB unheld, at most {} MB held, {} MB \
+         a minute after; lost 0, duplicates {} (all among killed leases), first deliveries out \
+         of key order 0, gapless histories; per {} s window: {report}",
         sizes.horizon.as_secs(),
         late_claim / base_claim,
         after_claim / base_claim,
         base_bytes / 1_000_000,
         peak_bytes / 1_000_000,
         after_bytes / 1_000_000,
+        base_log / 1_000_000,
+        peak_log / 1_000_000,
+        after_log / 1_000_000,
         a.duplicates,
         sizes.window.as_secs(),
     );
@@ -1092,6 +1159,12 @@ async fn horizon(sizes: &Sizes) -> Outcome {
     check(peak_bytes <= 4 * base_bytes.max(40_000_000), || {
         format!("the outbox grew past its bound while held: {summary}")
     })?;
+    // The log's ring holds about twice the retention's attempts, dead or alive (without it
+    // the log grew by 8-9 MB per 30 s while held).
+    check(
+        peak_log <= 3 * base_log.max(20_000_000) && after_log <= 3 * base_log.max(20_000_000),
+        || format!("the attempt log grew past its bound while held: {summary}"),
+    )?;
     check(
         after_bytes <= 2 * base_bytes.max(40_000_000) && after_claim <= CLAIM_BOUND * base_claim,
         || {
@@ -1105,8 +1178,8 @@ async fn horizon(sizes: &Sizes) -> Outcome {
 }
 
 /// Messages written to `file` more than once whose lease no killed worker held (no
-/// ZOMBIE_REQUEUE attempt): the guarantees allow a duplicate only for those.
-async fn unexplained_duplicates(c: &Client, file: &Path) -> i64 {
+/// ZOMBIE_REQUEUE attempt in `log`): the guarantees allow a duplicate only for those.
+async fn unexplained_duplicates(c: &Client, file: &Path, log: &str) -> i64 {
     let mut count: HashMap<Uuid, usize> = HashMap::new();
     for id in written(file) {
         *count.entry(id).or_default() += 1;
@@ -1117,8 +1190,10 @@ async fn unexplained_duplicates(c: &Client, file: &Path) -> i64 {
         .map(|(id, _)| id)
         .collect();
     c.query_one(
-        "SELECT count(*) FROM unnest($1::uuid[]) AS d(id) WHERE NOT EXISTS \
-         (SELECT 1 FROM outbox.attempts AS a WHERE a.outbox_id = d.id AND a.state = 'ZOMBIE_REQUEUE')",
+        &format!(
+            "SELECT count(*) FROM unnest($1::uuid[]) AS d(id) WHERE NOT EXISTS \
+             (SELECT 1 FROM {log} AS a WHERE a.outbox_id = d.id AND a.state = 'ZOMBIE_REQUEUE')"
+        ),
         &[&dup],
     )
     .await
