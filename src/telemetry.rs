@@ -37,6 +37,7 @@ pub const LISTENER_HEALTHY: &str = "outbox_listener_healthy";
 pub const UNNAMED_STATEMENTS: &str = "outbox_unnamed_statements";
 pub const SOURCES: &str = "outbox_sources";
 pub const PINNED_SLOTS: &str = "outbox_message_slots_pinned";
+pub const HELD_OPEN_SLOTS: &str = "outbox_message_slots_held_open_total";
 /// The `state` label values of [`SOURCES`].
 pub const SOURCE_STATES: [&str; 5] = ["starting", "serving", "standby", "over_budget", "down"];
 // Fleet gauges, rendered from the latest observation (by `observe`).
@@ -174,6 +175,13 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Slots of outbox.messages other than the current one that hold a pending message, as \
          this process's last rotation found them: at 3 the ring is stopped and a held horizon's \
          dead rows are no longer given back.",
+    ),
+    (
+        HELD_OPEN_SLOTS,
+        Kind::Counter,
+        "Rotations of this process that found a slot of outbox.messages with nothing pending \
+         but could not truncate it within 50 ms because a session held it open; rising at \
+         every rotation (about one per 5 s across the fleet), the ring is stopped.",
     ),
     (
         SOURCES,
@@ -626,6 +634,10 @@ pub fn rotated(
             "truncated a slot of outbox.messages");
     }
     if let Some(slot) = busy {
+        match source.label() {
+            None => counter!(HELD_OPEN_SLOTS).increment(1),
+            Some(label) => counter!(HELD_OPEN_SLOTS, "source" => label.to_owned()).increment(1),
+        }
         tracing::debug!(worker_id = %worker, source = source.name(), slot,
             "a slot of outbox.messages with nothing pending was held open; truncated later");
     }

@@ -135,6 +135,7 @@ async fn current_slot(c: &Client) -> i16 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_relayers_rotate_the_slots_and_truncate_the_one_they_emptied() {
+    // ... and count the rotations that find it held open by a session, until it ends.
     let db = TestDb::new().await;
     let c = db.client().await;
     // Slot 0 stays current until the test ends its period, however slow the machine.
@@ -146,15 +147,32 @@ async fn the_relayers_rotate_the_slots_and_truncate_the_one_they_emptied() {
         .into_iter()
         .collect();
     let out = db.scratch_dir().join("out.jsonl");
-    let args = file_args(&out);
+    // With telemetry, for the counter of slots held open.
+    let args: Vec<String> = file_args(&out)
+        .into_iter()
+        .filter(|a| a != "--no-telemetry")
+        .collect();
     let mut workers: Vec<Relayer> = (0..2)
-        .map(|i| start(&db, &format!("slots-{i}"), &args))
+        .map(|i| {
+            let telemetry = format!("127.0.0.1:{}", free_port());
+            start(
+                &db,
+                &format!("slots-{i}"),
+                &with(&args, &["--telemetry-addr", &telemetry]),
+            )
+        })
         .collect();
     eventually(MINUTE, "the first messages to be delivered", || async {
         pending(&c).await == 0
     })
     .await;
     assert_eq!(current_slot(&c).await, 0, "slot 0's period is not over");
+    // A session idle in a transaction that read outbox.messages: it holds every slot open.
+    let holder = db.client().await;
+    holder
+        .batch_execute("BEGIN; SELECT count(*) FROM outbox.messages")
+        .await
+        .unwrap();
     // Only a truncation gives the slot a new file (vacuum may also empty the old one).
     let filenode = || async {
         c.query_one(
@@ -177,6 +195,22 @@ async fn the_relayers_rotate_the_slots_and_truncate_the_one_they_emptied() {
     })
     .await;
     let second: HashSet<Uuid> = fill(&c, "load", 1_000, None).await.into_iter().collect();
+    let held_open = || async {
+        let mut sum = 0.0;
+        for w in &workers {
+            sum += w
+                .metric("outbox_message_slots_held_open_total")
+                .await
+                .unwrap_or(0.0);
+        }
+        sum
+    };
+    eventually(MINUTE, "a rotation to find slot 0 held open", || async {
+        held_open().await >= 2.0
+    })
+    .await;
+    assert_eq!(filenode().await, before, "slot 0 is kept while it is held");
+    holder.batch_execute("COMMIT").await.unwrap();
     eventually(MINUTE, "slot 0 to be truncated", || async {
         filenode().await != before
     })
