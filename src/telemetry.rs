@@ -435,10 +435,16 @@ impl Source {
     /// `name` = `value`, and `source` when there is one.
     fn with(&self, name: &'static str, value: &str) -> Vec<Label> {
         let mut labels = vec![Label::new(name, value.to_owned())];
-        if let Some(source) = self.label() {
-            labels.push(Label::new("source", source.to_owned()));
-        }
+        labels.extend(self.only());
         labels
+    }
+
+    /// `source` when there is one; no label with one database.
+    fn only(&self) -> Vec<Label> {
+        self.label()
+            .map(|source| Label::new("source", source.to_owned()))
+            .into_iter()
+            .collect()
     }
 }
 
@@ -615,12 +621,7 @@ pub fn rotated(
     pinned: Option<i32>,
 ) {
     if let Some(pinned) = pinned {
-        match source.label() {
-            None => gauge!(PINNED_SLOTS).set(f64::from(pinned)),
-            Some(label) => {
-                gauge!(PINNED_SLOTS, "source" => label.to_owned()).set(f64::from(pinned));
-            }
-        }
+        gauge!(PINNED_SLOTS, source.only()).set(f64::from(pinned));
         if pinned >= 3 {
             tracing::warn!(worker_id = %worker, source = source.name(), current_slot = current,
                 "every slot of outbox.messages but the current one holds a pending message \
@@ -634,10 +635,7 @@ pub fn rotated(
             "truncated a slot of outbox.messages");
     }
     if let Some(slot) = busy {
-        match source.label() {
-            None => counter!(HELD_OPEN_SLOTS).increment(1),
-            Some(label) => counter!(HELD_OPEN_SLOTS, "source" => label.to_owned()).increment(1),
-        }
+        counter!(HELD_OPEN_SLOTS, source.only()).increment(1);
         tracing::debug!(worker_id = %worker, source = source.name(), slot,
             "a slot of outbox.messages with nothing pending was held open; truncated later");
     }

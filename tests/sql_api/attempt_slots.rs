@@ -67,6 +67,18 @@ async fn rows_of(c: &Client, id: Uuid) -> Vec<(i16, i32, String, String)> {
     .collect()
 }
 
+/// [`rows_of`] each id, in turn.
+async fn rows_of_all(
+    c: &Client,
+    ids: impl Iterator<Item = &Uuid>,
+) -> Vec<(i16, i32, String, String)> {
+    let mut rows = Vec::new();
+    for id in ids {
+        rows.extend(rows_of(c, *id).await);
+    }
+    rows
+}
+
 /// 300 messages claimed and reported: 200 delivered, 50 retried in an hour (pending), 50
 /// failed (dead-lettered); returns the ids of the retried and of the failed.
 async fn outcomes(c: &Client) -> (Vec<Uuid>, Vec<Uuid>) {
@@ -116,10 +128,7 @@ async fn a_slot_older_than_the_retention_is_truncated_while_a_snapshot_is_held()
     assert_eq!(rows_of(&c, new_enough).await[0].0, 1, "appended to slot 1");
 
     age(&c, "attempts_0").await;
-    let mut kept_before = Vec::new();
-    for id in retried.iter().chain(&failed) {
-        kept_before.extend(rows_of(&c, *id).await);
-    }
+    let kept_before = rows_of_all(&c, retried.iter().chain(&failed)).await;
     assert_eq!(kept_before.len(), 100);
     assert_eq!(
         prune(&c, "1 hour").await,
@@ -131,10 +140,7 @@ async fn a_slot_older_than_the_retention_is_truncated_while_a_snapshot_is_held()
         0,
         "slot 0 gave its pages back, dead rows and all, though a snapshot is held"
     );
-    let mut kept_after = Vec::new();
-    for id in retried.iter().chain(&failed) {
-        kept_after.extend(rows_of(&c, *id).await);
-    }
+    let kept_after = rows_of_all(&c, retried.iter().chain(&failed)).await;
     assert_eq!(
         kept_after
             .iter()
