@@ -3,8 +3,10 @@
 CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
-.PHONY: help build test lint fmt verify run migrate bench bench-peers check-deploy chaos chaos-short \
-	schema-check sql-api-doc pin-migrations clean-demo package-check
+PHASE := scripts/phase.sh
+
+.PHONY: help build check test test-services lint fmt verify run migrate bench bench-peers check-deploy \
+	chaos chaos-short schema-check sql-api-doc pin-migrations clean-demo package-check test-count
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -12,31 +14,41 @@ help: ## list the targets
 build: ## build the relayer (release)
 	$(CARGO) build --release
 
-test: ## run every test against a real Postgres and brokers (started if down, stopped after; see scripts/test-services.sh)
-	scripts/with-test-services.sh sh -c '$(WITH_PG) $(CARGO) test --all-targets && $(CARGO) test --doc'
+check: ## the first tier, in minutes: pins, links, workflows, fmt, clippy, one build of every test, the unit tests and the Postgres suites
+	$(PHASE) guards sh -c 'scripts/pin-migrations.sh --check && scripts/check-doc-links.py && scripts/lint-workflows.sh && scripts/build-deps.sh'
+	$(PHASE) fmt $(CARGO) fmt --all -- --check
+	$(PHASE) clippy sh -c '$(CARGO) clippy --all-targets -- -D warnings && $(CARGO) clippy --test chaos -- -D warnings'
+	$(PHASE) build sh -c '$(CARGO) nextest run --no-run && $(CARGO) build --test chaos'
+	$(PHASE) tests-postgres $(WITH_PG) scripts/run-tests.sh check
 
-lint: ## cargo fmt --check, clippy with warnings as errors, no import cycle between modules, every migration pinned, workflows (actionlint), links of README.md and docs/
+test: check test-services ## every test: `make check`, then the suites that need brokers, emulators, PgBouncer, shells and the producers' toolchains (started or installed, stopped after; see scripts/test-services.sh)
+
+test-services: ## the second tier alone: tests/process, tests/destinations and the doctests, with their servers
+	$(PHASE) tests-services scripts/with-test-services.sh $(WITH_PG) scripts/run-tests.sh services
+
+test-count: ## print how many tests each tier runs
+	scripts/run-tests.sh list
+
+lint: ## the guards that need no build (pinned migrations checked, doc links, workflows), fmt, the layers test and clippy with warnings as errors
 	scripts/pin-migrations.sh --check
 	scripts/check-doc-links.py
+	scripts/lint-workflows.sh
 	$(CARGO) fmt --all -- --check
-	$(CARGO) test --quiet --test layers
+	$(CARGO) test --quiet --test model layers
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --test chaos -- -D warnings
-	scripts/lint-workflows.sh
 
-package-check: ## cargo publish --dry-run: the crate packages and builds from what it ships
-	# A target directory of its own: the verification build would otherwise overwrite
-	# target/debug/outbox-relay, which the tests run, with the packaged copy's.
-	$(CARGO) publish --dry-run --locked --allow-dirty --target-dir target/package-check
+package-check: ## the crate as published: its file list checked, and the packaged copy built in target/ (only the crate itself compiles)
+	scripts/package-check.sh
 
 check-deploy: ## validate deploy/kubernetes and the Dockerfile offline (kubernetes-validate)
 	scripts/check-deploy.sh
 
 schema-check: ## the SQL contract's guards alone: area files = migrations, pinned checksums, comments, grants, docs/sql-api.md
-	$(WITH_PG) $(CARGO) test --test schema_contract
+	$(WITH_PG) $(CARGO) test --test database schema_contract
 
 sql-api-doc: ## regenerate docs/sql-api.md from the catalogue of a freshly migrated database
-	$(WITH_PG) env UPDATE_SQL_API_DOC=1 $(CARGO) test --test schema_contract -- sql_api_reference
+	$(WITH_PG) env UPDATE_SQL_API_DOC=1 $(CARGO) test --test database -- sql_api_reference
 
 pin-migrations: ## pin the SHA-256 of migrations not pinned yet in schema/migrations.sha256 (do it as they land)
 	scripts/pin-migrations.sh
@@ -44,7 +56,7 @@ pin-migrations: ## pin the SHA-256 of migrations not pinned yet in schema/migrat
 fmt: ## format the code
 	$(CARGO) fmt --all
 
-verify: lint test ## lint, then test
+verify: test ## the same as make test (which starts with make check)
 
 migrate: ## apply the schema migrations to DATABASE_URL (or the local Postgres)
 	$(WITH_PG) $(CARGO) run --release -- migrate
@@ -68,5 +80,5 @@ CHAOS_ARGS ?=
 chaos: ## fault injection: kills, restarts, freezes, outages, hostile input (~20 min; CHAOS_ARGS=...)
 	scripts/chaos.sh $(CHAOS_ARGS)
 
-chaos-short: ## the CI-sized chaos run: kill storm, freezes, a 10-minute held horizon, hostile input (~15 min)
+chaos-short: ## the CI-sized chaos run: kill storm, freezes, a 3-minute held horizon, hostile input (~10 min)
 	scripts/chaos.sh --short

@@ -186,7 +186,7 @@ REVOKE ALL ON TABLE outbox.message_slots FROM PUBLIC;
 --   a vacuum is due after 5,000 dead rows, after 20,000 inserts (a burst of enqueues is
 --   vacuumed at the same pace before anything deletes it) and runs with no cost delay, at
 --   any backlog. The statistics are analyzed every 20,000 changed rows; the statements on
---   the hot path do not depend on them (their plans are pinned and tests/plans.rs reads them
+--   the hot path do not depend on them (their plans are pinned and tests/database/plans.rs reads them
 --   at 0-row statistics), since a drained queue is often analyzed empty.
 --   What these settings cannot change is how often autovacuum visits the database
 --   (autovacuum_naptime, a server setting, default 1 minute): at 20,000 msg/s the first

@@ -54,7 +54,7 @@
 --   into a join), or one scan of messages_pkey for the listed ids (sequential and bitmap
 --   scans off in the completions). extend_outbox_leases and release_outbox_leases leave
 --   the planner its defaults: on a table the planner knows to be small it may read it
---   sequentially, which costs nothing there (tests/plans.rs checks their plans at real
+--   sequentially, which costs nothing there (tests/database/plans.rs checks their plans at real
 --   sizes).
 -- * Arrays are parallel, one element per message. Ids and tokens are checked by
 --   outbox.check_leases: both present, the same length, no NULL, no id twice.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make chaos`: runs the fault-injection suite (tests/chaos) against a throwaway Postgres
 # cluster of its own, which the pg-restart scenario restarts and stops, and never the
-# machine's shared one. The release binary and the suite are built first; the
-# rolling-upgrade scenario also builds the previous release's binary from git, once per
-# commit, under target/rolling-upgrade/ (see tests/chaos/rolling_upgrade.rs).
+# machine's shared one. The binary and the suite are built first, with the tests' profile and
+# target directory (one build serves both); the rolling-upgrade scenario also builds the
+# previous release's binary from git, once per commit, under target/rolling-upgrade/ (see
+# tests/chaos/rolling_upgrade.rs).
 #   scripts/chaos.sh [--short] [--only NAME,NAME] [--messages N] [--outage-secs S] [--previous REF] ...
 # The cluster runs with fsync=off: the scenarios kill Postgres processes, not the machine,
 # and a process crash loses nothing the kernel already has.
@@ -19,7 +20,7 @@ if [ -z "$bindir" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1;
 fi
 [ -n "$bindir" ] || { echo "chaos: no Postgres binaries under /usr/lib/postgresql" >&2; exit 1; }
 
-cargo build --release --bin outbox-relay --test chaos
+cargo build --bin outbox-relay --test chaos
 
 as_owner=()
 [ "$(id -u)" = 0 ] && as_owner=(runuser -u postgres --)
@@ -46,4 +47,4 @@ CONF
 $pg_ctl -w start >/dev/null
 
 DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres" CHAOS_PG_CTL="$pg_ctl" \
-    cargo test --release --quiet --test chaos -- "$@"
+    cargo test --quiet --test chaos -- "$@"

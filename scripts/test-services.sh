@@ -3,9 +3,9 @@
 #   - redis-server and nats-server binaries (destination tests start servers of their own);
 #   - RabbitMQ answering on 127.0.0.1:5672 (tests put a proxy of their own in front of it);
 #   - promtool (a test checks a live /metrics with `promtool check metrics`);
-#   - pgbouncer (tests/poolers.rs starts PgBouncers of its own; the Debian package's service
+#   - pgbouncer (tests/process/poolers.rs starts PgBouncers of its own; the Debian package's service
 #     is not started);
-#   - zsh and fish (tests/cli.rs completes command lines with each shell's own completion
+#   - zsh and fish (tests/process/cli.rs completes command lines with each shell's own completion
 #     engine: zsh in a pseudo-terminal, fish with `complete -C`);
 #   - tansu, a Kafka-protocol broker (Kafka tests start brokers of their own), and kcat, the
 #     independent client they read back with;
@@ -14,7 +14,7 @@
 #   - the Google Cloud Pub/Sub emulator and Java 17 (Pub/Sub tests start emulators of their
 #     own and read them back with python3's standard library);
 #   - what the build needs (scripts/build-deps.sh);
-#   - the toolchains and drivers of the README's producer snippets (tests/producers.rs): Go
+#   - the toolchains and drivers of the README's producer snippets (tests/process/producers.rs): Go
 #     and pgx v4 (Debian's golang-go and golang-github-jackc-pgx-v4-dev: the Go module
 #     proxy is not reachable from every machine, Debian's packages are), psycopg in a
 #     virtual environment at target/venv, and pg (npm) in target/node_modules;
@@ -25,7 +25,8 @@
 # target/test-services.started so that scripts/stop-test-services.sh (the end of `make
 # test`) stops those and nothing else. Installs with apt-get what Debian packages (each
 # announced on stderr with its reason and expected time) and tansu with `cargo install
-# --root target/tools` (once per checkout) when missing; nothing else goes outside target/.
+# --locked` into ~/.cargo/bin (once per machine) when missing; nothing else goes outside
+# target/, and no installed package is upgraded (see below).
 # Anything still missing fails here, naming the server and the command that provides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,10 +38,14 @@ started="$target/test-services.started"
 : >"$started"
 
 TANSU_VERSION=0.6.0
-# tansu is installed under target/tools (cargo install --root), never into ~/.cargo/bin; one
-# of the right version that the machine already has in ~/.cargo/bin is used as it is.
+# tansu is compiled once per machine, not once per checkout: `cargo install` puts it in
+# cargo's own bin directory (~/.cargo/bin), outside every clone, where the next clone finds
+# it. One of the right version a checkout installed under target/tools is used too.
 TANSU="${CARGO_HOME:-$HOME/.cargo}/bin/tansu"
-"$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION" || TANSU="$PWD/target/tools/bin/tansu"
+if ! "$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION" \
+    && "$PWD/target/tools/bin/tansu" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+    TANSU="$PWD/target/tools/bin/tansu"
+fi
 
 answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 missing=()
@@ -76,7 +81,7 @@ if ! command -v promtool >/dev/null 2>&1; then
     apt_packages+=(prometheus); reasons+=("promtool checks a live /metrics")
 fi
 if [ ! -x /usr/sbin/pgbouncer ]; then
-    apt_packages+=(pgbouncer); reasons+=("tests/poolers.rs runs PgBouncers of its own in front of Postgres")
+    apt_packages+=(pgbouncer); reasons+=("tests/process/poolers.rs runs PgBouncers of its own in front of Postgres")
 fi
 if ! command -v kcat >/dev/null 2>&1; then
     apt_packages+=(kcat); reasons+=("kcat reads back what the Kafka tests published")
@@ -90,34 +95,78 @@ fi
 if ! command -v go >/dev/null 2>&1; then
     apt_packages+=(golang-go); reasons+=("go runs the README's Go producer snippet")
 fi
-if [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ]; then
+if [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] \
+    && [ ! -d "$target/debs/root/usr/share/gocode/src/github.com/jackc/pgx/v4" ]; then
     apt_packages+=(golang-github-jackc-pgx-v4-dev)
     reasons+=("pgx v4, the driver of the README's Go producer snippet")
 fi
 if ! command -v zsh >/dev/null 2>&1; then
     apt_packages+=(zsh); reasons+=("zsh completes command lines with the generated zsh completion script")
 fi
-if ! command -v fish >/dev/null 2>&1; then
+if ! command -v fish >/dev/null 2>&1 && [ ! -x "$target/debs/bin/fish" ]; then
     apt_packages+=(fish); reasons+=("fish completes command lines with the generated fish completion script")
 fi
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
     apt_packages+=(python3-venv); reasons+=("a virtual environment holds psycopg under $target/")
 fi
+# A test run never upgrades what the machine already has. Each package is simulated first
+# (apt-get -s); those whose install upgrades nothing are installed. For one that would
+# upgrade an installed package (the Go driver's packages pull a newer libsystemd0 and
+# systemd; fish a newer libpcre2-8-0), what apt would add new is unpacked under
+# $target/debs instead (dpkg-deb -x, nothing registered with dpkg) and the upgrade is not
+# made: its programs run from $target/debs/bin (scripts/with-test-services.sh puts it first
+# in PATH) with their libraries, and Go sources from $target/debs/root/usr/share/gocode.
+debs="$target/debs"
+upgrades() { apt-get -s install --no-install-recommends "$@" 2>/dev/null | awk '/^Inst [^ ]+ \[/ {print $2}'; }
+unpack_locally() { # package: unpack what its install would add, without the upgrades
+    local package=$1 new
+    new=$(apt-get -s install --no-install-recommends "$package" 2>/dev/null \
+        | awk '/^Inst [^ ]+ \(/ {print $2}')
+    echo "test-services: $package would upgrade $(upgrades "$package" | tr '\n' ' ')(installed" \
+         "packages, left as they are): unpacking $(wc -w <<<"$new") new packages under" \
+         "$debs instead (about a minute)" >&2
+    mkdir -p "$debs/download" "$debs/root" "$debs/bin"
+    # shellcheck disable=SC2086
+    (cd "$debs/download" && apt-get download $new >/dev/null 2>&1)
+    for deb in "$debs"/download/*.deb; do dpkg-deb -x "$deb" "$debs/root"; done
+    rm -rf "$debs/download"
+    local libs="$debs/root/usr/lib/x86_64-linux-gnu:$debs/root/lib/x86_64-linux-gnu"
+    for program in "$debs"/root/usr/bin/* "$debs"/root/usr/sbin/*; do
+        [ -f "$program" ] && [ -x "$program" ] || continue
+        local extra=""
+        # fish reads its functions and completions from the directory it was built for.
+        [ "$(basename "$program")" = fish ] && extra="--init-command 'set -p fish_function_path $debs/root/usr/share/fish/functions; set -p fish_complete_path $debs/root/usr/share/fish/completions'"
+        printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s %s "$@"\n' \
+            "$libs" "$program" "$extra" >"$debs/bin/$(basename "$program")"
+        chmod +x "$debs/bin/$(basename "$program")"
+    done
+}
+export PATH="$debs/bin:$PATH"
 if [ ${#apt_packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "test-services: installing ${apt_packages[*]} with apt-get (system packages; about" \
-         "1-3 minutes):" >&2
-    printf 'test-services:   - %s\n' "${reasons[@]}" >&2
     apt-get update -qq || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+    clean=()
+    local_reasons=()
+    for i in "${!apt_packages[@]}"; do
+        if [ -z "$(upgrades "${apt_packages[$i]}")" ]; then
+            clean+=("${apt_packages[$i]}")
+        else
+            local_reasons+=("${apt_packages[$i]}")
+        fi
+    done
+    if [ ${#clean[@]} -gt 0 ]; then
+        echo "test-services: installing ${clean[*]} with apt-get (system packages, none of them" \
+             "an upgrade; about 1-3 minutes):" >&2
+        printf 'test-services:   - %s\n' "${reasons[@]}" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${clean[@]}" >/dev/null
+    fi
+    for package in "${local_reasons[@]}"; do unpack_locally "$package"; done
 fi
 if ! "$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
-    # The in-memory storage engine is the `dynostore` feature. Some minutes of compiling,
-    # once per machine.
+    # The in-memory storage engine is the `dynostore` feature.
     echo "test-services: installing tansu $TANSU_VERSION with cargo install into" \
-         "target/tools (the Kafka tests' broker; 5-20 minutes of compiling, once per" \
-         "checkout)" >&2
-    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked \
-        --root target/tools
+         "${CARGO_HOME:-$HOME/.cargo}/bin (the Kafka tests' broker; 5-20 minutes of" \
+         "compiling, once per machine)" >&2
+    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
 fi
 if ! answers 9092 && [ -x "$TANSU" ]; then
     echo "test-services: starting tansu (Kafka protocol) on 127.0.0.1:9092" >&2
@@ -129,7 +178,7 @@ if ! answers 9092 && [ -x "$TANSU" ]; then
     echo "tansu $! $scratch" >>"$started"
 fi
 
-# The README's producer snippets run with the languages' own drivers (tests/producers.rs),
+# The README's producer snippets run with the languages' own drivers (tests/process/producers.rs),
 # installed under the target directory, never into the machine's Python or Node.
 if [ ! -x "$target/venv/bin/python" ] || ! "$target/venv/bin/python" -c 'import psycopg' 2>/dev/null; then
     echo "test-services: installing psycopg (PyPI) into the virtual environment $target/venv" \
@@ -161,10 +210,11 @@ command -v kcat >/dev/null 2>&1 || missing+=("kcat (apt-get install kcat)")
 [ -x /usr/sbin/mosquitto ] || missing+=("/usr/sbin/mosquitto (apt-get install mosquitto)")
 command -v mosquitto_sub >/dev/null 2>&1 || missing+=("mosquitto_sub (apt-get install mosquitto-clients)")
 [ -x /usr/sbin/pgbouncer ] || missing+=("/usr/sbin/pgbouncer (apt-get install pgbouncer)")
-[ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore --root target/tools)")
+[ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore --locked)")
 answers 9092 || missing+=("a Kafka-protocol broker on 127.0.0.1:9092 (tansu broker, see above)")
 command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")
 [ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] \
+    || [ -d "$target/debs/root/usr/share/gocode/src/github.com/jackc/pgx/v4" ] \
     || missing+=("pgx v4 for Go (apt-get install golang-github-jackc-pgx-v4-dev)")
 command -v node >/dev/null 2>&1 || missing+=("node and npm (apt-get install nodejs npm)")
 command -v zsh >/dev/null 2>&1 || missing+=("zsh (apt-get install zsh)")

@@ -29,6 +29,10 @@ trap finish EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 scripts/test-services.sh
+# Programs test-services.sh unpacked under the target directory instead of upgrading an
+# installed package (see there).
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+export PATH="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/debs/bin:$PATH"
 # The AWS destination tests run against moto servers of their own, which check no signature;
 # the relayer's AWS SDK still signs, with these (never the caller's own credentials).
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing

@@ -31,7 +31,7 @@
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
-//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay`; `sources`; `http`; `config` on top. `tests/layers.rs`
+//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay`; `sources`; `http`; `config` on top. `tests/model/layers.rs`
 //! fails on an import cycle between them.
 
 pub mod circuit_reports;

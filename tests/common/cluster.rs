@@ -258,7 +258,7 @@ fn parent_dir() -> PathBuf {
 }
 
 /// The room `/dev/shm` must have for a cluster to go there: the 62 databases of
-/// `tests/sources.rs` filled 0.9 GB.
+/// `tests/sources/fleet.rs` filled 0.9 GB.
 const SHM_ROOM: u64 = 4 << 30;
 
 /// The directory of the server binaries; a panic saying what to install when there is none.

@@ -1,5 +1,5 @@
-//! PgBouncers of a test's own in front of the test Postgres (tests/poolers.rs, and the
-//! producer snippets through a pooler in tests/producers.rs).
+//! PgBouncers of a test's own in front of the test Postgres (tests/process/poolers.rs, and the
+//! producer snippets through a pooler in tests/process/producers.rs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

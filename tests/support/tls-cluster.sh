@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts a throwaway Postgres that accepts TLS connections only, for tests/postgres_tls.rs.
+# Starts a throwaway Postgres that accepts TLS connections only, for tests/process/postgres_tls.rs.
 #   tls-cluster.sh DIR PORT OWNER_PID
 # Writes into DIR: ca.crt (the trusted CA), other-ca.crt (a CA the server does not use),
 # client.crt/client.key (user certuser, signed by ca.crt). The server's certificate names

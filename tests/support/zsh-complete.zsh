@@ -6,7 +6,7 @@
 # that is not defined, a syntax error) is printed on standard error.
 #
 # Usage: zsh -f tests/support/zsh-complete.zsh SCRIPT 'LINE'
-# Exits 1 when the completion did not finish within 30 s. Used by tests/cli.rs.
+# Exits 1 when the completion did not finish within 30 s. Used by tests/process/cli.rs.
 
 if (( $# != 2 )); then
     print -u2 "usage: zsh -f $0 SCRIPT 'LINE'"

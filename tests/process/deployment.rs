@@ -4,7 +4,7 @@
 //! names the way out, a least-privilege login that relays but cannot migrate, and secrets
 //! that come from the environment or files and never show up in logs or `/readyz`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

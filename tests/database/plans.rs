@@ -8,7 +8,7 @@
 //! attempt log's retention beside a large backlog: its cost follows the attempts pruned,
 //! not the backlog.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

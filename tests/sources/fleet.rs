@@ -6,7 +6,7 @@
 //! (by `/readyz` and `status --all-sources`) while the others flow; the connections stay
 //! within the server's budget; and a stopping process gives its sources back.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@
 //! sources, fetching nothing (the Go module proxy is not reachable from every machine), with
 //! its build cache in `target/go`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

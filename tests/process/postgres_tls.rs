@@ -3,7 +3,7 @@
 //! for `certuser`, a password for `pwuser`). Each case runs the built binary as a user would
 //! and asserts what it prints, word for word where the message is the point.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! as relayer processes report it (open while the destination is down, closed once it is
 //! back, stale once a killed relayer stops renewing) and when delayed messages are due.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

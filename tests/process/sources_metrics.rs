@@ -6,7 +6,7 @@
 //! passes `promtool check metrics`; and a
 //! one-database process exports the series it always did, without a `source` label.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! its own wake-up channel; a schema that belongs to something else is never migrated into;
 //! a missing one is named.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! as it says (read back with SQL), and exits 2 naming the missing source after trying the
 //! others; `--source` with `--all-sources` is refused.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

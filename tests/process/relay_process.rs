@@ -3,7 +3,7 @@
 //! left in the outbox, the file sink's output and the relayer's /metrics (never its log
 //! wording).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

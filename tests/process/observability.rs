@@ -3,7 +3,7 @@
 //! exports (read from the code's one list, `telemetry::METRICS`), and a live `/metrics` with
 //! the fleet gauges passes `promtool check metrics`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -15,7 +15,7 @@
 //! Each guard also runs once against a deliberately broken input and asserts that it fails
 //! and names the culprit, so none of them can pass by checking nothing.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -755,7 +755,7 @@ async fn reference(c: &Client) -> String {
          {version}: each function's signature, its one-line contract (its `COMMENT`), the \
          SQLSTATEs it may raise (those its body raises, those its contract names, and those \
          of the `outbox` functions it calls, whether or not its own arguments can reach \
-         them), and the roles that may call it. A test (`tests/schema_contract.rs`) fails when this page and \
+         them), and the roles that may call it. A test (`tests/database/schema_contract.rs`) fails when this page and \
          the catalogue disagree. The full contract of each function (inputs, locks, \
          guarantees, errors, what a crash costs, why it has its shape) is the comment above \
          its definition in the area file named here.\n\n\

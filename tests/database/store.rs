@@ -1,7 +1,7 @@
 //! The store's mapping of the SQL API: typed errors for P7002 and P7001, idempotent
 //! migrations, and round trips of the domain types.
 
-mod common;
+use crate::common;
 
 use common::TestDb;
 use outbox_relay::message::{AttemptState, Completion, LeaseToken, NewMessage, WorkerId};

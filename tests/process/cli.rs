@@ -4,7 +4,7 @@
 //! `man` pages for every verb, generated from the same definitions as the parser; `replay` with filters, a dry run and its audit row; the
 //! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`).
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};

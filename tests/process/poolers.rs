@@ -4,7 +4,7 @@
 //! Postgres and stops them when it ends. `make test` installs PgBouncer when it is missing
 //! (scripts/test-services.sh); without it these tests fail, naming the package.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

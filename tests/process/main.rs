@@ -1,0 +1,27 @@
+//! The built binary as operators and producers meet it, beside the servers it works with:
+//! real processes, real connections, real kills. These need more than Postgres (brokers,
+//! PgBouncer, shells, the producers' toolchains), which `make test` starts or installs.
+//!
+//! - [`relay_process`]: the relayer run, killed, frozen and restarted;
+//! - [`cli`]: the operator verbs and the shells' completions;
+//! - [`deployment`]: probes, the schema version check, the telemetry port;
+//! - [`observability`]: alert rules and dashboards against a live `/metrics`;
+//! - [`observe`]: the fleet gauges and the MVCC watchdog;
+//! - [`poolers`]: the relayer, `migrate` and producers behind PgBouncer;
+//! - [`postgres_tls`]: TLS to Postgres and connection errors;
+//! - [`producers`]: the README's producer snippets in their own languages;
+//! - [`sources_metrics`]: what a many-source process tells Prometheus (checked with
+//!   promtool).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli;
+mod deployment;
+mod observability;
+mod observe;
+mod poolers;
+mod postgres_tls;
+mod producers;
+mod relay_process;
+mod sources_metrics;
