@@ -1,5 +1,5 @@
 -- A prototype of insert-only outbox storage in a ring of partitions, to measure what a
--- held MVCC horizon does to it (docs/performance.md, "A ring of insert-only partitions:
+-- held MVCC horizon does to it (docs/performance-history.md, "A ring of insert-only partitions:
 -- a prototype"). Not the product's schema: schema/ is. It keeps what the measurement
 -- needs of the product's hot path (per-message fenced leases, a completion record per
 -- attempt, per-key first-delivery order, shards with turns, claim floors outside MVCC)
