@@ -145,21 +145,24 @@ export PATH="$debs/bin:$PATH"
 if [ ${#apt_packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq || true
     clean=()
-    local_reasons=()
+    clean_reasons=()
+    unpacked=()
     for i in "${!apt_packages[@]}"; do
         if [ -z "$(upgrades "${apt_packages[$i]}")" ]; then
             clean+=("${apt_packages[$i]}")
+            clean_reasons+=("${reasons[$i]}")
         else
-            local_reasons+=("${apt_packages[$i]}")
+            echo "test-services: ${apt_packages[$i]}: ${reasons[$i]}" >&2
+            unpacked+=("${apt_packages[$i]}")
         fi
     done
     if [ ${#clean[@]} -gt 0 ]; then
         echo "test-services: installing ${clean[*]} with apt-get (system packages, none of them" \
              "an upgrade; about 1-3 minutes):" >&2
-        printf 'test-services:   - %s\n' "${reasons[@]}" >&2
+        printf 'test-services:   - %s\n' "${clean_reasons[@]}" >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${clean[@]}" >/dev/null
     fi
-    for package in "${local_reasons[@]}"; do unpack_locally "$package"; done
+    for package in "${unpacked[@]}"; do unpack_locally "$package"; done
 fi
 if ! "$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
     # The in-memory storage engine is the `dynostore` feature.

@@ -264,7 +264,8 @@ async fn a_worker_killed_with_leases_loses_nothing() {
     let busy_sessions = || async {
         c.query_one(
             "SELECT count(*) FROM pg_stat_activity \
-              WHERE application_name = 'victim' AND state <> 'idle'",
+              WHERE datname = current_database() AND application_name = 'victim' \
+                AND state <> 'idle'",
             &[],
         )
         .await
@@ -292,7 +293,8 @@ async fn a_worker_killed_with_leases_loses_nothing() {
     // killed batch is what it holds once those sessions have ended.
     eventually(MINUTE, "the victim's database sessions to end", || async {
         c.query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'victim'",
+            "SELECT count(*) FROM pg_stat_activity \
+              WHERE datname = current_database() AND application_name = 'victim'",
             &[],
         )
         .await
@@ -493,7 +495,8 @@ async fn a_worker_frozen_between_claim_and_publish_does_not_publish_when_it_wake
         || async {
             c.query_one(
                 "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND query LIKE '%claim_outbox_batch%'",
+             WHERE datname = current_database() AND wait_event_type = 'Lock' \
+               AND query LIKE '%claim_outbox_batch%'",
                 &[],
             )
             .await
