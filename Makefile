@@ -44,8 +44,8 @@ package-check: ## the crate as published: its file list checked, and the package
 check-deploy: ## validate deploy/kubernetes and the Dockerfile offline (kubernetes-validate)
 	scripts/check-deploy.sh
 
-schema-check: ## the SQL contract's guards alone: area files = migrations, pinned checksums, comments, grants, docs/sql-api.md
-	$(WITH_PG) $(CARGO) test --test database schema_contract
+schema-check: ## the SQL contract's guards alone: area files = migrations, pinned checksums, comments, grants, docs/sql-api.md, the previous release's statements
+	$(WITH_PG) $(CARGO) test --test database -- schema_contract previous_release
 
 sql-api-doc: ## regenerate docs/sql-api.md from the catalogue of a freshly migrated database
 	$(WITH_PG) env UPDATE_SQL_API_DOC=1 $(CARGO) test --test database -- sql_api_reference

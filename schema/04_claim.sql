@@ -1,16 +1,18 @@
 -- The claim: a worker leases a batch of ready messages, and gets with each one the lease
 -- token that fences every later call about it (05_completion.sql).
 --
--- Called by: outbox_relay, through claim_outbox_batch_seq (the relayer of this release) or
--- claim_outbox_batch (kept for relayers of the previous release, which call it with prepared
--- statements of its row type; docs/upgrades.md). The other functions are internal: the
--- claims call them, and no role may execute them.
+-- Called by: outbox_relay, through claim_outbox_batch_seq (the relayer) or
+-- claim_outbox_batch (the same claim without seq, kept for callers of the claim before seq,
+-- which prepare statements of its row type; docs/upgrades.md). The other functions are
+-- internal: the claims call them, and no role may execute them.
 --
 -- Functions:
 --   outbox.claim_outbox_batch_seq  leases up to a batch of ready messages to one worker,
 --                                  with each message's seq
---   outbox.claim_outbox_batch      the same without seq; kept for the previous release
---   outbox.copy_for_slots          internal: copies a slot 0 function for slots 1 to 3
+--   outbox.claim_outbox_batch      the same without seq, by calling it; kept for callers of
+--                                  the claim before seq
+--   outbox.copy_for_slots          internal: copies a slot 0 template for slots 1 to 3
+--   outbox.dispatch_for_slots      internal: writes out the slot dispatches of its callers
 --   outbox.token_slot, token_keyed internal: what a lease token says of its message
 --   outbox.ring                    internal: the four slots, oldest first
 --   outbox.claim_shard_candidates_slot0 (and _slot1 … _slot3)
@@ -55,8 +57,11 @@
 --   walk and its lease read and write each slot's own table (outbox.messages_0 … _3), not
 --   the partitioned parent: through the parent they cost the drain 11–13 %. (A claim with
 --   topic filters checks a shard for due entries within them through the parent, before
---   the shard's turn.) Such a function is written once for slot 0 and copied for the
---   others by copy_for_slots when the schema is loaded. A claim takes a shard's candidates
+--   the shard's turn.) Such a function is written once, for slot 0 (a template named
+--   <stem>_slot0), and copied for the others by copy_for_slots when the schema is loaded;
+--   a function that calls the copies writes the arm for slot 0 of each dispatch, and
+--   dispatch_for_slots writes the other arms. Both check the rule they copy by, and refuse
+--   a function that does not follow it (below). A claim takes a shard's candidates
 --   slot by slot in ring order from the slot after the current one (outbox.ring), which is
 --   the oldest first unless a rotation passed over a slot still pending.
 -- * Leases: claimed_by, lease_token and lease_expires_at are set together (CHECK
@@ -78,38 +83,203 @@
 --   (set_config(…, true)); see Crash.
 
 
--- outbox.copy_for_slots (internal): creates the copies for slots 1 to 3 of a function
--- written for slot 0: its definition with every `outbox.messages_0 AS` and every name
--- ending in _slot0 renumbered, its comment, and no grant.
+-- outbox.copy_for_slots (internal): creates the copies for slots 1 to 3 of a slot 0
+-- template, or refuses a function that does not follow the copying rule.
+--
+-- The rule: a slot 0 template is a function named <stem>_slot0 that names slot 0's table
+-- only as `outbox.messages_0 AS <alias>`, and no table or function of slots 1 to 3. Its
+-- copy for slot n is its definition with every `outbox.messages_0 AS` reading
+-- `outbox.messages_n AS`, and every name ending in _slot0 (its own, and those of the slot 0
+-- templates it calls) ending in _slotn; with its comment (`slot 0` reading `slot n`) and
+-- no grant. Called once per template by the area file (and the migration) that creates it.
+--
+-- Raises:     42P13 (invalid_function_definition), naming the function and what the rule
+--             expected, and creating nothing, when the name does not end in _slot0; when
+--             the template names messages_0 other than as `outbox.messages_0 AS alias`
+--             (a copy would keep it, reading slot 0 whatever its slot); when it names a
+--             table or function of slots 1 to 3 (every copy would keep it); or when it
+--             names neither slot 0's table nor a slot 0 function (its copies would be
+--             itself).
 CREATE FUNCTION outbox.copy_for_slots(p_template regprocedure) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_def text := pg_get_functiondef(p_template);
+    v_rule constant text := 'A slot 0 template is named <stem>_slot0 and names slot 0''s table '
+        'only as `outbox.messages_0 AS alias`, and no table or function of slots 1 to 3; '
+        'each copy renumbers both (outbox.copy_for_slots, schema/04_claim.sql).';
+    v_name text;
+    v_def text;
+    v_body text;
+    v_found text;
     v_copy text;
-    v_oid oid;
+    v_oid regprocedure;
 BEGIN
-    IF v_def !~ '_slot0\(' THEN
-        RAISE EXCEPTION 'copy_for_slots: % is not a slot 0 template', p_template;
+    SELECT p.proname, pg_get_functiondef(p.oid), p.prosrc
+      INTO v_name, v_def, v_body
+      FROM pg_proc AS p
+     WHERE p.oid = p_template;
+    IF v_name NOT LIKE '%\_slot0' THEN
+        RAISE EXCEPTION 'copy_for_slots: % is not a slot 0 template: its name does not end in _slot0',
+                        p_template
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
+    END IF;
+    -- slot 0's table named other than `outbox.messages_0 AS alias`: a copy would keep it
+    SELECT l INTO v_found
+      FROM regexp_split_to_table(v_body, E'\n') AS l
+     WHERE regexp_replace(l, '\moutbox\.messages_0 AS ', '', 'g') ~ '\mmessages_0\M'
+     LIMIT 1;
+    IF v_found IS NOT NULL THEN
+        RAISE EXCEPTION 'copy_for_slots: % names messages_0 other than as `outbox.messages_0 AS alias`, which each copy renumbers',
+                        p_template
+              USING ERRCODE = 'invalid_function_definition',
+                    DETAIL = format('In the line: %s', btrim(v_found)), HINT = v_rule;
+    END IF;
+    v_found := substring(v_body FROM '\m(messages_[1-3]|[a-z0-9_]+_slot[1-3])\M');
+    IF v_found IS NOT NULL THEN
+        RAISE EXCEPTION 'copy_for_slots: % names %, of slot %: every copy would keep it',
+                        p_template, v_found, right(v_found, 1)
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
+    END IF;
+    IF v_body !~ '\moutbox\.messages_0 AS |_slot0\M' THEN
+        RAISE EXCEPTION 'copy_for_slots: % names neither `outbox.messages_0 AS alias` nor a slot 0 function: its copies would be the same function',
+                        p_template
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
     END IF;
     FOR v_slot IN 1 .. 3 LOOP
-        -- the template's own table is written `outbox.messages_0 AS alias`; a reference to
-        -- one given slot is written without AS and kept
-        v_copy := regexp_replace(v_def, '\mmessages_0 AS ', 'messages_' || v_slot || ' AS ', 'g');
+        v_copy := regexp_replace(v_def, '\moutbox\.messages_0 AS ', 'outbox.messages_' || v_slot || ' AS ', 'g');
         v_copy := regexp_replace(v_copy, '_slot0\M', '_slot' || v_slot, 'g');
         EXECUTE v_copy;
         v_oid := to_regprocedure(regexp_replace(p_template::text, '_slot0\(', '_slot' || v_slot || '('));
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_oid::regprocedure);
-        EXECUTE format('COMMENT ON FUNCTION %s IS %L', v_oid::regprocedure,
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_oid);
+        EXECUTE format('COMMENT ON FUNCTION %s IS %L', v_oid,
                        replace(obj_description(p_template, 'pg_proc'), 'slot 0', 'slot ' || v_slot));
     END LOOP;
 END;
 $$;
 
 COMMENT ON FUNCTION outbox.copy_for_slots(regprocedure) IS
-    'Internal: creates the copies for slots 1 to 3 of a function written for slot 0.';
+    'Internal: creates the copies for slots 1 to 3 of a slot 0 template (<stem>_slot0, naming slot 0''s table only as `outbox.messages_0 AS alias`); 42P13 naming the function for one that does not follow that rule.';
 REVOKE ALL ON FUNCTION outbox.copy_for_slots(regprocedure) FROM PUBLIC;
+
+
+-- outbox.dispatch_for_slots (internal): writes out the slot dispatches of a function that
+-- calls slot 0 templates, or refuses one that does not follow the dispatch rule.
+--
+-- The rule: a function that calls the copies of a slot 0 template chooses the slot in a
+-- dispatch written with the arm for slot 0 alone, each of these lines on a line of its own:
+--
+--     CASE <the slot>
+--     WHEN 0 THEN
+--         <statements calling <stem>_slot0 functions>
+--     END CASE;
+--
+-- (END CASE; at the indentation of its CASE). This function re-creates the function with
+-- each dispatch holding four arms, WHEN 0 to WHEN 3, the arm of slot n being the arm of
+-- slot 0 with every name ending in _slot0 ending in _slotn; a slot outside 0 to 3 raises
+-- CASE_NOT_FOUND (20000). Its comment and grants are kept. Called once per function by the
+-- area file (and the migration) that creates it, after its CREATE.
+--
+-- Raises:     42P13 (invalid_function_definition), naming the function and what the rule
+--             expected, and changing nothing, when the function is itself a slot 0
+--             template; names a function or table of slots 1 to 3 (an arm written by hand,
+--             or a dispatch already written out); names a slot 0 function outside a
+--             dispatch, in its code (it would run for slot 0 whatever the slot); holds a dispatch with no
+--             END CASE; at its CASE's indentation, or whose arm calls no slot 0 function;
+--             or holds no dispatch.
+CREATE FUNCTION outbox.dispatch_for_slots(p_function regprocedure) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_rule constant text := 'A slot dispatch is written `CASE <the slot>`, `WHEN 0 THEN`, the arm '
+        'for slot 0 (calling <stem>_slot0 functions) and `END CASE;` at the CASE''s indentation, '
+        'each on a line of its own; outbox.dispatch_for_slots writes the arms of slots 1 to 3 '
+        '(schema/04_claim.sql).';
+    v_name text;
+    v_def text;
+    v_body text;
+    v_lines text[];
+    v_out text[] := '{}';
+    v_i integer := 1;
+    v_end integer;
+    v_indent text;
+    v_when text;
+    v_arm text;
+    v_found text;
+    v_dispatches integer := 0;
+BEGIN
+    SELECT p.proname, pg_get_functiondef(p.oid), p.prosrc
+      INTO v_name, v_def, v_body
+      FROM pg_proc AS p
+     WHERE p.oid = p_function;
+    IF v_name LIKE '%\_slot0' THEN
+        RAISE EXCEPTION 'dispatch_for_slots: % is a slot 0 template: outbox.copy_for_slots makes its copies',
+                        p_function
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
+    END IF;
+    v_found := substring(v_body FROM '\m(messages_[1-3]|[a-z0-9_]+_slot[1-3])\M');
+    IF v_found IS NOT NULL THEN
+        RAISE EXCEPTION 'dispatch_for_slots: % names %, of slot %: expected the arm for slot 0 alone in each dispatch',
+                        p_function, v_found, right(v_found, 1)
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
+    END IF;
+    v_lines := string_to_array(v_body, E'\n');
+    WHILE v_i <= cardinality(v_lines) LOOP
+        IF v_lines[v_i] ~ '^\s*CASE \S' AND v_lines[v_i + 1] ~ '^\s*WHEN 0 THEN$' THEN
+            v_indent := substring(v_lines[v_i] FROM '^\s*');
+            v_when := substring(v_lines[v_i + 1] FROM '^\s*');
+            v_end := NULL;
+            FOR v_j IN v_i + 2 .. cardinality(v_lines) LOOP
+                IF v_lines[v_j] = v_indent || 'END CASE;' THEN
+                    v_end := v_j;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF v_end IS NULL THEN
+                RAISE EXCEPTION 'dispatch_for_slots: % holds a dispatch with no `END CASE;` at its CASE''s indentation',
+                                p_function
+                      USING ERRCODE = 'invalid_function_definition',
+                            DETAIL = format('The dispatch: %s', btrim(v_lines[v_i])), HINT = v_rule;
+            END IF;
+            v_arm := array_to_string(v_lines[v_i + 2 : v_end - 1], E'\n');
+            IF v_arm IS NULL OR v_arm !~ '_slot0\M' THEN
+                RAISE EXCEPTION 'dispatch_for_slots: % holds a dispatch whose arm calls no slot 0 function',
+                                p_function
+                      USING ERRCODE = 'invalid_function_definition',
+                            DETAIL = format('The dispatch: %s', btrim(v_lines[v_i])), HINT = v_rule;
+            END IF;
+            v_out := v_out || v_lines[v_i : v_end - 1];
+            FOR v_slot IN 1 .. 3 LOOP
+                v_out := v_out || (v_when || 'WHEN ' || v_slot || ' THEN')
+                               || string_to_array(regexp_replace(v_arm, '_slot0\M', '_slot' || v_slot, 'g'), E'\n');
+            END LOOP;
+            v_out := v_out || v_lines[v_end];
+            v_dispatches := v_dispatches + 1;
+            v_i := v_end + 1;
+        ELSE
+            -- (comments aside)
+            IF regexp_replace(v_lines[v_i], '--.*$', '') ~ '_slot0\M' THEN
+                RAISE EXCEPTION 'dispatch_for_slots: % names a slot 0 function outside a dispatch: it would run for slot 0 whatever the slot',
+                                p_function
+                      USING ERRCODE = 'invalid_function_definition',
+                            DETAIL = format('In the line: %s', btrim(v_lines[v_i])), HINT = v_rule;
+            END IF;
+            v_out := v_out || v_lines[v_i];
+            v_i := v_i + 1;
+        END IF;
+    END LOOP;
+    IF v_dispatches = 0 THEN
+        RAISE EXCEPTION 'dispatch_for_slots: % holds no slot dispatch', p_function
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
+    END IF;
+    EXECUTE replace(v_def, v_body, array_to_string(v_out, E'\n'));
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.dispatch_for_slots(regprocedure) IS
+    'Internal: writes out the slot dispatches of a function (each written `CASE <slot>` / `WHEN 0 THEN` / the arm for slot 0 / `END CASE;`) with the arms of slots 1 to 3; 42P13 naming the function for one that does not follow that rule.';
+REVOKE ALL ON FUNCTION outbox.dispatch_for_slots(regprocedure) FROM PUBLIC;
 
 -- Lease tokens. A claim's token is random but for its last hex digit, which says where
 -- the message is: bits 0 and 1 its slot, bit 2 whether it has a key (so that a completion
@@ -371,7 +541,9 @@ BEGIN
                 CONTINUE WHEN v_probes[v_slot + 1] IS NULL OR v_probes[v_slot + 1] > v_now;
                 -- Keys are checked in the other slots only where the shard has entries.
                 v_other := num_nonnulls(v_probes[1], v_probes[2], v_probes[3], v_probes[4]) > 1;
-                IF v_slot = 0 THEN
+                -- the arm for slot 0; outbox.dispatch_for_slots writes the others
+                CASE v_slot
+                WHEN 0 THEN
                     SELECT v_ids || s.ids, v_ctids || s.ctids,
                            v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
                            v_bytes + s.bytes
@@ -379,31 +551,7 @@ BEGIN
                       FROM outbox.claim_shard_candidates_slot0(v_shard, v_floors[v_shard + 1], v_now,
                                p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
                                p_max_bytes, p_max_message_bytes, v_other) AS s;
-                ELSIF v_slot = 1 THEN
-                    SELECT v_ids || s.ids, v_ctids || s.ctids,
-                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
-                           v_bytes + s.bytes
-                      INTO v_ids, v_ctids, v_slots, v_bytes
-                      FROM outbox.claim_shard_candidates_slot1(v_shard, v_floors[v_shard + 1], v_now,
-                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
-                               p_max_bytes, p_max_message_bytes, v_other) AS s;
-                ELSIF v_slot = 2 THEN
-                    SELECT v_ids || s.ids, v_ctids || s.ctids,
-                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
-                           v_bytes + s.bytes
-                      INTO v_ids, v_ctids, v_slots, v_bytes
-                      FROM outbox.claim_shard_candidates_slot2(v_shard, v_floors[v_shard + 1], v_now,
-                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
-                               p_max_bytes, p_max_message_bytes, v_other) AS s;
-                ELSIF v_slot = 3 THEN
-                    SELECT v_ids || s.ids, v_ctids || s.ctids,
-                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
-                           v_bytes + s.bytes
-                      INTO v_ids, v_ctids, v_slots, v_bytes
-                      FROM outbox.claim_shard_candidates_slot3(v_shard, v_floors[v_shard + 1], v_now,
-                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
-                               p_max_bytes, p_max_message_bytes, v_other) AS s;
-                END IF;
+                END CASE;
             END LOOP;
             EXIT WHEN cardinality(v_ids) >= p_batch_size
                    OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
@@ -414,34 +562,18 @@ BEGIN
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
-    -- The lease, in each slot by tuple address.
+    -- The lease, in each slot by tuple address: in one slot's copy of lease_slot0 (the arm
+    -- for slot 0; outbox.dispatch_for_slots writes the others), or slot by slot.
     v_slot := v_slots[1];
     IF v_slot = ALL (v_slots) THEN
-    IF v_slot = 0 THEN
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
-          FROM outbox.lease_slot0(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    ELSIF v_slot = 1 THEN
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
-          FROM outbox.lease_slot1(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    ELSIF v_slot = 2 THEN
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
-          FROM outbox.lease_slot2(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    ELSIF v_slot = 3 THEN
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
-          FROM outbox.lease_slot3(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    END IF;
+        CASE v_slot
+        WHEN 0 THEN
+            RETURN QUERY
+            SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
+                   l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes, l.seq
+              FROM outbox.lease_slot0(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
+             ORDER BY l.seq;
+        END CASE;
     ELSE
         RETURN QUERY
         SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
@@ -458,14 +590,16 @@ COMMENT ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[]
 
 REVOKE ALL ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint) TO outbox_relay;
+SELECT outbox.dispatch_for_slots('outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint)');
 
 
--- outbox.claim_outbox_batch: claim_outbox_batch_seq without the seq column, for relayers of
--- the previous release, which call it during a rolling upgrade (docs/upgrades.md). Its
--- inputs, locks, guarantees, errors and crash behaviour are those of
--- claim_outbox_batch_seq above; its body is the same but for the seq it does not return,
--- and a change to one is made to both. A later release's migration drops it, once no
--- relayer of a release that calls it can still be running.
+-- outbox.claim_outbox_batch: claim_outbox_batch_seq without the seq column, kept for the
+-- callers of the claim's signature before seq (relayers of releases before V25, which
+-- prepare statements of its row type: docs/upgrades.md). It calls claim_outbox_batch_seq and
+-- returns its rows in the same order (enqueue order) less seq: its inputs, locks,
+-- guarantees, errors and crash behaviour are claim_outbox_batch_seq's, and it has no rule
+-- of its own. A later release's migration drops it, once nothing that calls it can still
+-- be running.
 CREATE OR REPLACE FUNCTION outbox.claim_outbox_batch(
     p_batch_size integer,
     p_worker_id text,
@@ -487,183 +621,17 @@ CREATE OR REPLACE FUNCTION outbox.claim_outbox_batch(
     lease_expires_at timestamptz,
     payload_bytes bigint
 )
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET enable_sort = off
-SET jit = off
 AS $$
-DECLARE
-    v_start integer;
-    v_shard integer;
-    v_busy integer;
-    v_turns integer := 0;
-    v_ids uuid[] := '{}';
-    v_ctids tid[] := '{}';
-    v_slots smallint[] := '{}';
-    v_slot integer;
-    v_ring integer[] := outbox.ring();
-    v_probes timestamptz[];
-    v_other boolean;
-    v_bytes bigint := 0;
-    v_now timestamptz := clock_timestamp();
-    v_floors timestamptz[];
-    v_bound timestamptz;
-    v_first timestamptz;
-    v_raised timestamptz;
-    -- each statement reads a snapshot newer than the bound: floors may be raised
-    v_fresh boolean := current_setting('transaction_isolation') = 'read committed';
-BEGIN
-    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
-        PERFORM outbox.invalid_argument('p_batch_size', format('must be between 1 and 10000, got %s', p_batch_size));
-    END IF;
-    PERFORM outbox.check_worker_id(p_worker_id);
-    IF p_lease_seconds IS NULL OR p_lease_seconds < 1 OR p_lease_seconds > 86400 THEN
-        PERFORM outbox.invalid_argument('p_lease_seconds', format('must be between 1 and 86400, got %s', p_lease_seconds));
-    END IF;
-    IF p_max_bytes IS NOT NULL AND p_max_bytes < 1 THEN
-        PERFORM outbox.invalid_argument('p_max_bytes', format('must be at least 1 or NULL, got %s', p_max_bytes));
-    END IF;
-    IF p_max_message_bytes IS NOT NULL AND p_max_message_bytes < 1 THEN
-        PERFORM outbox.invalid_argument('p_max_message_bytes', format('must be at least 1 or NULL, got %s', p_max_message_bytes));
-    END IF;
-    PERFORM set_config('synchronous_commit', 'off', true);
-    v_floors := outbox.claim_floors();
-    v_bound := outbox.claim_floor_bound();
-
-    -- The shards in turn from a random one. Each is probed for a ready entry before its
-    -- turn is taken, so that an idle queue costs no turn; the probe is a hint only (it
-    -- stops at the first entry, leased or not): the shard is read again under its turn.
-    -- Shards that other claims hold are skipped. Only when pass 1 took no turn while some
-    -- shard has work (all such shards are held) does pass 2 wait, for the turn of the first
-    -- shard it found with work, and then go on round the others, skipping those held.
-    v_start := floor(random() * 16)::integer;
-    FOR v_pass IN 1 .. 2 LOOP
-        EXIT WHEN v_turns > 0 OR (v_pass = 2 AND v_busy IS NULL);
-        FOR v_i IN 0 .. 15 LOOP
-            v_shard := (v_start + v_i) % 16;
-            IF v_pass = 2 AND v_shard = v_busy THEN
-                PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE;
-            ELSE
-                -- The shard's first entry from its floor, leased or not: it raises the floor
-                -- (claim_floor_bound), and no entry due by now means no work.
-                v_probes := outbox.claim_probe_slots(v_shard, v_floors[v_shard + 1]);
-                v_first := least(v_probes[1], v_probes[2], v_probes[3], v_probes[4]);
-                v_raised := least(coalesce(v_first, 'infinity'), v_bound);
-                IF v_raised > v_floors[v_shard + 1] AND v_fresh THEN
-                    v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_floors[v_shard + 1], v_raised);
-                END IF;
-                CONTINUE WHEN v_first IS NULL OR v_first > v_now;
-                CONTINUE WHEN (p_topics IS NOT NULL OR p_exclude_topics IS NOT NULL) AND NOT EXISTS (
-                    SELECT 1
-                      FROM outbox.messages AS c
-                     WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = v_shard
-                       AND NOT c.behind
-                       AND c.available_at >= v_floors[v_shard + 1]
-                       AND c.available_at <= v_now
-                       AND (p_topics IS NULL OR c.topic = ANY (p_topics))
-                       AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics)));
-                v_busy := coalesce(v_busy, v_shard);
-                PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE SKIP LOCKED;
-                CONTINUE WHEN NOT FOUND;
-            END IF;
-            v_turns := v_turns + 1;
-            IF v_pass = 2 THEN
-                v_probes := outbox.claim_probe_slots(v_shard, v_floors[v_shard + 1]);
-            END IF;
-            -- The shard's candidates slot by slot, oldest first, in the slots it has work in.
-            FOREACH v_slot IN ARRAY v_ring LOOP
-                EXIT WHEN cardinality(v_ids) >= p_batch_size
-                       OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
-                CONTINUE WHEN v_probes[v_slot + 1] IS NULL OR v_probes[v_slot + 1] > v_now;
-                -- Keys are checked in the other slots only where the shard has entries.
-                v_other := num_nonnulls(v_probes[1], v_probes[2], v_probes[3], v_probes[4]) > 1;
-                IF v_slot = 0 THEN
-                    SELECT v_ids || s.ids, v_ctids || s.ctids,
-                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
-                           v_bytes + s.bytes
-                      INTO v_ids, v_ctids, v_slots, v_bytes
-                      FROM outbox.claim_shard_candidates_slot0(v_shard, v_floors[v_shard + 1], v_now,
-                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
-                               p_max_bytes, p_max_message_bytes, v_other) AS s;
-                ELSIF v_slot = 1 THEN
-                    SELECT v_ids || s.ids, v_ctids || s.ctids,
-                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
-                           v_bytes + s.bytes
-                      INTO v_ids, v_ctids, v_slots, v_bytes
-                      FROM outbox.claim_shard_candidates_slot1(v_shard, v_floors[v_shard + 1], v_now,
-                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
-                               p_max_bytes, p_max_message_bytes, v_other) AS s;
-                ELSIF v_slot = 2 THEN
-                    SELECT v_ids || s.ids, v_ctids || s.ctids,
-                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
-                           v_bytes + s.bytes
-                      INTO v_ids, v_ctids, v_slots, v_bytes
-                      FROM outbox.claim_shard_candidates_slot2(v_shard, v_floors[v_shard + 1], v_now,
-                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
-                               p_max_bytes, p_max_message_bytes, v_other) AS s;
-                ELSIF v_slot = 3 THEN
-                    SELECT v_ids || s.ids, v_ctids || s.ctids,
-                           v_slots || array_fill(v_slot::smallint, ARRAY[cardinality(s.ids)]),
-                           v_bytes + s.bytes
-                      INTO v_ids, v_ctids, v_slots, v_bytes
-                      FROM outbox.claim_shard_candidates_slot3(v_shard, v_floors[v_shard + 1], v_now,
-                               p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
-                               p_max_bytes, p_max_message_bytes, v_other) AS s;
-                END IF;
-            END LOOP;
-            EXIT WHEN cardinality(v_ids) >= p_batch_size
-                   OR (p_max_bytes IS NOT NULL AND v_bytes >= p_max_bytes);
-        END LOOP;
-    END LOOP;
-
-    -- Nothing chosen: nothing to lease (and no UPDATE to plan).
-    IF cardinality(v_ids) = 0 THEN
-        RETURN;
-    END IF;
-    -- The lease, in each slot by tuple address.
-    v_slot := v_slots[1];
-    IF v_slot = ALL (v_slots) THEN
-    IF v_slot = 0 THEN
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
-          FROM outbox.lease_slot0(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    ELSIF v_slot = 1 THEN
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
-          FROM outbox.lease_slot1(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    ELSIF v_slot = 2 THEN
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
-          FROM outbox.lease_slot2(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    ELSIF v_slot = 3 THEN
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
-          FROM outbox.lease_slot3(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    END IF;
-    ELSE
-        RETURN QUERY
-        SELECT l.outbox_id, l.lease_token, l.topic, l.message_key, l.payload, l.content_type,
-               l.headers, l.attempt_no, l.created_at, l.lease_expires_at, l.payload_bytes
-          FROM outbox.lease_candidates(v_ids, v_ctids, v_slots, p_worker_id, p_lease_seconds,
-                                       p_max_message_bytes) AS l
-         ORDER BY l.seq;
-    END IF;
-END;
+    SELECT c.outbox_id, c.lease_token, c.topic, c.message_key, c.payload, c.content_type,
+           c.headers, c.attempt_no, c.created_at, c.lease_expires_at, c.payload_bytes
+      FROM outbox.claim_outbox_batch_seq(p_batch_size, p_worker_id, p_lease_seconds, p_topics,
+                                         p_exclude_topics, p_max_bytes, p_max_message_bytes) AS c
 $$;
 
 COMMENT ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) IS
-    'Kept for relayers of the previous release: claim_outbox_batch_seq without the seq column (same leases, rows in enqueue order; P7001 on a bad argument). Dropped by a later release.';
+    'Kept for callers of the claim before seq: claim_outbox_batch_seq, which it calls, without the seq column (same leases, rows in enqueue order; P7001 on a bad argument). Dropped by a later release.';
 
 REVOKE ALL ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) TO outbox_relay;
@@ -672,7 +640,7 @@ GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text
 -- outbox.claim_shard_candidates_slot0 (internal): chooses the messages one claim takes from
 -- one shard in slot 0 and locks its heads; outbox.copy_for_slots makes the same function for
 -- slots 1 to 3 (claim_shard_candidates_slot1 … _slot3, each on its slot's table). Called
--- only by claim_outbox_batch_seq and claim_outbox_batch, while the claim holds the shard's
+-- only by claim_outbox_batch_seq, while the claim holds the shard's
 -- turn, slot by slot in ring order (outbox.ring); no role may execute it.
 --
 -- Inputs:     p_shard (0 to 15); p_floor, the shard's floor, where the walk starts; p_now,
@@ -891,15 +859,11 @@ BEGIN
         SELECT array_agg(u.id), array_agg(u.ctid) INTO v_ids, v_ctids
           FROM unnest(p_ids, p_ctids, p_slots) AS u(id, ctid, slot)
          WHERE u.slot = v_slot;
-        IF v_slot = 0 THEN
+        -- the arm for slot 0; outbox.dispatch_for_slots writes the others
+        CASE v_slot
+        WHEN 0 THEN
             RETURN QUERY SELECT * FROM outbox.lease_slot0(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
-        ELSIF v_slot = 1 THEN
-            RETURN QUERY SELECT * FROM outbox.lease_slot1(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
-        ELSIF v_slot = 2 THEN
-            RETURN QUERY SELECT * FROM outbox.lease_slot2(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
-        ELSE
-            RETURN QUERY SELECT * FROM outbox.lease_slot3(v_ids, v_ctids, p_worker_id, p_lease_seconds, p_max_message_bytes);
-        END IF;
+        END CASE;
     END LOOP;
 END;
 $$;
@@ -907,6 +871,7 @@ $$;
 COMMENT ON FUNCTION outbox.lease_candidates(uuid[], tid[], smallint[], text, integer, bigint) IS
     'Internal: leases a claim''s chosen rows slot by slot, in slot order.';
 REVOKE ALL ON FUNCTION outbox.lease_candidates(uuid[], tid[], smallint[], text, integer, bigint) FROM PUBLIC;
+SELECT outbox.dispatch_for_slots('outbox.lease_candidates(uuid[], tid[], smallint[], text, integer, bigint)');
 
 
 -- outbox.key_pending_before (internal): whether a message of p_key with a seq below p_seq

@@ -38,8 +38,10 @@
 --   the message's, is a lost lease. The completion's fence, the deletion of delivered
 --   messages, the key locks and the promotion of next heads read and write one slot's own
 --   table, by functions written for slot 0 and copied for slots 1 to 3
---   (outbox.copy_for_slots); a completion whose tokens all name one slot, nearly every one,
---   is that slot's copy called once. The heartbeat, the release and the other outcomes
+--   (outbox.copy_for_slots, which checks the rule it copies by; 04_claim.sql), reached
+--   through dispatches written with the arm for slot 0 (outbox.dispatch_for_slots writes
+--   the others); a completion whose tokens all name one slot, nearly every one, is that
+--   slot's copy called once. The heartbeat, the release and the other outcomes
 --   (apply_outcomes: retries, dead letters) go through the partitioned parent, the first
 --   two matching each row in the slot its token names, apply_outcomes by id (enqueue keeps
 --   an id to one pending row: 03_enqueue.sql).
@@ -359,19 +361,12 @@ BEGIN
     IF v_slot < 4 AND NOT EXISTS (SELECT 1
                                      FROM unnest(p_lease_tokens) AS u(token)
                                     WHERE outbox.token_slot(u.token) <> v_slot) THEN
-        IF v_slot = 0 THEN
+        -- the arm for slot 0; outbox.dispatch_for_slots writes the others
+        CASE v_slot
+        WHEN 0 THEN
             RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slot0(p_worker_id, p_outbox_ids,
                              p_lease_tokens, p_states, p_errors, p_retry_ats);
-        ELSIF v_slot = 1 THEN
-            RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slot1(p_worker_id, p_outbox_ids,
-                             p_lease_tokens, p_states, p_errors, p_retry_ats);
-        ELSIF v_slot = 2 THEN
-            RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slot2(p_worker_id, p_outbox_ids,
-                             p_lease_tokens, p_states, p_errors, p_retry_ats);
-        ELSIF v_slot = 3 THEN
-            RETURN QUERY SELECT * FROM outbox.complete_outbox_batch_slot3(p_worker_id, p_outbox_ids,
-                             p_lease_tokens, p_states, p_errors, p_retry_ats);
-        END IF;
+        END CASE;
         RETURN;
     END IF;
     SELECT array_agg(DISTINCT outbox.token_slot(u.token) ORDER BY outbox.token_slot(u.token))
@@ -398,31 +393,14 @@ BEGIN
         IF p_retry_ats IS NULL THEN
             v_retry_ats := NULL;
         END IF;
-        IF v_slot = 0 THEN
+        CASE v_slot
+        WHEN 0 THEN
             SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
                    v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
               INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
               FROM outbox.complete_outbox_batch_slot0(p_worker_id, v_ids, v_tokens, v_states,
                                                       v_errors, v_retry_ats) AS r;
-        ELSIF v_slot = 1 THEN
-            SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
-                   v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
-              INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
-              FROM outbox.complete_outbox_batch_slot1(p_worker_id, v_ids, v_tokens, v_states,
-                                                      v_errors, v_retry_ats) AS r;
-        ELSIF v_slot = 2 THEN
-            SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
-                   v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
-              INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
-              FROM outbox.complete_outbox_batch_slot2(p_worker_id, v_ids, v_tokens, v_states,
-                                                      v_errors, v_retry_ats) AS r;
-        ELSIF v_slot = 3 THEN
-            SELECT v_out_ids || array_agg(r.outbox_id), v_out_nos || array_agg(r.attempt_no),
-                   v_out_lost || array_agg(r.lease_lost), v_out_dead || array_agg(r.dead_lettered)
-              INTO v_out_ids, v_out_nos, v_out_lost, v_out_dead
-              FROM outbox.complete_outbox_batch_slot3(p_worker_id, v_ids, v_tokens, v_states,
-                                                      v_errors, v_retry_ats) AS r;
-        END IF;
+        END CASE;
     END LOOP;
     RETURN QUERY
     SELECT u.id, r.attempt_no, coalesce(r.lease_lost, true), coalesce(r.dead_lettered, false)
@@ -438,6 +416,7 @@ COMMENT ON FUNCTION outbox.complete_outbox_batch(text, uuid[], uuid[], outbox.at
 
 REVOKE ALL ON FUNCTION outbox.complete_outbox_batch(text, uuid[], uuid[], outbox.attempt_state[], text[], timestamptz[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.complete_outbox_batch(text, uuid[], uuid[], outbox.attempt_state[], text[], timestamptz[]) TO outbox_relay;
+SELECT outbox.dispatch_for_slots('outbox.complete_outbox_batch(text, uuid[], uuid[], outbox.attempt_state[], text[], timestamptz[])');
 
 
 -- outbox.complete_outbox_attempt: records the outcome of one message whose lease
