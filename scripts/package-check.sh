@@ -29,7 +29,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "package-check: the package lacks ${missing[*]} (the include list of Cargo.toml)" >&2
     exit 1
 fi
-stray=$(grep -E '^(tests|docs|deploy|target|examples|\.ci|\.github)/|^scripts/(?!peers/peers\.mjs)' -P <<<"$list" || true)
+stray=$(grep -P '^(tests|docs|deploy|target|examples|\.ci|\.github|\.config)/|^scripts/(?!peers/peers\.mjs$)' <<<"$list" || true)
 if [ -n "$stray" ]; then
     echo "package-check: the package ships files that stay in the repository:" >&2
     echo "$stray" >&2
@@ -42,8 +42,10 @@ dir=target/package-check
 rm -rf "$dir/$name"
 mkdir -p "$dir"
 tar -xzf "target/package/$name.crate" -C "$dir"
-cargo build --locked --manifest-path "$dir/$name/Cargo.toml" --target-dir target
+# --all-targets: the unit tests' targets bring in the dev-dependencies' features, as the
+# tests' build did, so that the same dependency builds serve both.
+cargo build --locked --all-targets --manifest-path "$dir/$name/Cargo.toml" --target-dir target
 rm -rf "$dir/$name"
 # The checkout's binary back in target/debug (the tests and `make chaos` run it).
-cargo build --locked --bin outbox-relay
+cargo build --locked --all-targets
 echo "package-check: the packaged $name builds"
