@@ -26,12 +26,12 @@
 //! - [`observe`]: reads `outbox.observe` into fleet gauges and the MVCC watchdog, with a
 //!   diagnosis.
 //! - [`telemetry`]: metric names and one log-and-count function per event, taking plain values.
-//! - [`http`]: the /metrics, /healthz, /readyz and /debug/health listener.
+//! - [`probes`]: the probe server: the /metrics, /healthz, /readyz and /debug/health listener.
 //! - [`logging`]: human or JSON logs on stderr.
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
-//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay`; `sources`; `http`; `config` on top. `tests/model/layers.rs`
+//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay`; `sources`; `probes`; `config` on top. `tests/model/layers.rs`
 //! fails on an import cycle between them.
 
 pub mod circuit_reports;
@@ -40,11 +40,11 @@ pub mod connection;
 pub mod destination;
 pub mod dispatch;
 pub mod error;
-pub mod http;
 pub mod janitor;
 pub mod logging;
 pub mod message;
 pub mod observe;
+pub mod probes;
 pub mod relay;
 pub mod retry;
 pub mod schema;

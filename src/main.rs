@@ -25,7 +25,7 @@ use outbox_relay::dispatch::Dispatcher;
 use outbox_relay::relay::Relay;
 use outbox_relay::secret::{read_secret_file, redact_url};
 use outbox_relay::store::{Store, StoreError};
-use outbox_relay::{http, logging, observe, telemetry};
+use outbox_relay::{logging, observe, probes, telemetry};
 
 /// The heading of the options every verb takes, listed after the verb's own.
 const GLOBAL: &str = "Global options";
@@ -286,7 +286,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Healthcheck { addr, ready } => {
             let addr = addr.as_deref().unwrap_or("127.0.0.1:9187");
             let path = if *ready { "/readyz" } else { "/healthz" };
-            let (status, body) = http::probe(addr, path).await?;
+            let (status, body) = probes::probe(addr, path).await?;
             out!("{body}");
             if status != 200 {
                 bail!("{path} on {addr} answered HTTP {status}");
@@ -377,10 +377,10 @@ async fn run(settings: Settings, migrate: bool) -> Result<()> {
     // the database), and /readyz says why the relayer is not ready while it waits.
     let listener = match settings.telemetry_addr {
         Some(addr) => Some(
-            http::serve(
+            probes::serve(
                 addr,
                 metrics,
-                http::Served::One(store.clone()),
+                probes::Served::One(store.clone()),
                 dispatcher.clone(),
                 latest.clone(),
                 shutdown.clone(),
@@ -446,10 +446,10 @@ async fn run_sources(settings: Settings, migrate: bool, shutdown: CancellationTo
     );
     let listener = match settings.telemetry_addr {
         Some(addr) => Some(
-            http::serve(
+            probes::serve(
                 addr,
                 metrics,
-                http::Served::Many(fleet.board.clone()),
+                probes::Served::Many(fleet.board.clone()),
                 dispatcher,
                 observe::Latest::new(settings.observe),
                 shutdown.clone(),
