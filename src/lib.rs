@@ -16,13 +16,12 @@
 //!   behind one small trait.
 //! - [`dispatch`]: routes, circuit breakers, the claim filter, per-destination deadlines and
 //!   budgets: what stands between the relay and the destinations.
-//! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down.
+//! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down; and
+//!   the helpers each relay runs beside it: lease repair and slot rotation (the janitor),
+//!   each destination's circuit state reported to the database for `status`.
 //! - [`sources`]: many outboxes, one fleet: discovery, the slots through which processes
 //!   share the sources, one relay per served source.
 //! - [`retry`]: backoff with full jitter for retryable failures.
-//! - [`janitor`]: periodic repair of expired leases.
-//! - [`circuit_reports`]: each destination's circuit state, reported to the database as it
-//!   changes, for `status`.
 //! - [`observe`]: reads `outbox.observe` into fleet gauges and the MVCC watchdog, with a
 //!   diagnosis.
 //! - [`telemetry`]: metric names and one log-and-count function per event, taking plain values.
@@ -31,16 +30,14 @@
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
-//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay`; `sources`; `probes`; `config` on top. `tests/model/layers.rs`
-//! fails on an import cycle between them.
+//! `dispatch`, `observe`; `relay`; `sources`; `probes` and `config` on top.
+//! `tests/model/layers.rs` fails on an import cycle between them.
 
-pub mod circuit_reports;
 pub mod config;
 pub mod connection;
 pub mod destination;
 pub mod dispatch;
 pub mod error;
-pub mod janitor;
 pub mod logging;
 pub mod message;
 pub mod observe;
