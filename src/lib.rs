@@ -32,6 +32,10 @@
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
 //! `dispatch`, `observe`; `relay`; `sources`; `probes` and `config` on top.
 //! `tests/model/layers.rs` fails on an import cycle between them.
+//!
+//! The command line is not among them: `src/bin/outbox-relay/` holds the binary (`main.rs`,
+//! the parser; one `*_verb.rs` file per verb; `bench/`, `outbox-relay bench`), above every
+//! layer here. It uses the library; the library never uses it.
 
 pub mod config;
 pub mod connection;

@@ -6,7 +6,7 @@
 //! expressions) and every `super::…` path that climbs to the crate root is an edge from the
 //! top-level module of the file it is in to the top-level module it names. Comments and
 //! string literals are not read. Only the modules `src/lib.rs` declares count (the binary's
-//! own modules, `main.rs` and `bench/` among them, sit above the library and are left out).
+//! own tree, `src/bin/outbox-relay/`, sits above the library and is left out).
 //! The order the layers form, bottom up, is printed on success.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -140,14 +140,14 @@ fn edges(modules: &BTreeSet<String>, files: &[(String, String)]) -> Edges {
 }
 
 /// `store.rs` and `store/mod.rs` are `[store]`, `dispatch/circuit.rs` is
-/// `[dispatch, circuit]`; `lib.rs` and `main.rs` are the crate roots (None).
+/// `[dispatch, circuit]`; `lib.rs`, the crate root, is None.
 fn module_path(path: &str) -> Option<Vec<String>> {
     let trimmed = path.strip_suffix(".rs")?;
     let mut parts: Vec<String> = trimmed.split('/').map(str::to_owned).collect();
     if parts.last().is_some_and(|p| p == "mod") {
         parts.pop();
     }
-    if parts.len() == 1 && (parts[0] == "lib" || parts[0] == "main") {
+    if parts.len() == 1 && parts[0] == "lib" {
         return None;
     }
     Some(parts)

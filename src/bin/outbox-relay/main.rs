@@ -1,0 +1,315 @@
+//! The `outbox-relay` command line: `run` the relayer, and the operator verbs around it.
+//! The binary's own tree, above the library (`outbox_relay`), which it uses and which
+//! never uses it. This file holds the parser (every verb and its flags, the global options)
+//! and the settings the verbs share, and hands each verb to its file: `run_verb.rs`,
+//! `migrate_verb.rs`, `enqueue_verb.rs`, `status_verb.rs`, `repair_verb.rs`,
+//! `dead_letters_verb.rs`, `replay_verb.rs`, `bench/`, `healthcheck_verb.rs`, and
+//! `manual.rs` for `completions` and `man`. `all_sources.rs` is what the verbs share to
+//! work across the sources of `--all-sources` or on the one of `--source NAME`;
+//! `output.rs` writes standard output as Unix tools do.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use clap::{CommandFactory, Parser, Subcommand};
+
+#[macro_use]
+mod output;
+
+mod all_sources;
+mod bench;
+mod dead_letters_verb;
+mod enqueue_verb;
+mod healthcheck_verb;
+mod manual;
+mod migrate_verb;
+mod repair_verb;
+mod replay_verb;
+mod run_verb;
+mod status_verb;
+
+use outbox_relay::config::{RawConfig, Settings};
+use outbox_relay::secret::read_secret_file;
+use outbox_relay::store::{Store, StoreError};
+
+/// The heading of the options every verb takes, listed after the verb's own.
+const GLOBAL: &str = "Global options";
+
+#[derive(Parser)]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Relays a Postgres transactional outbox to a destination"
+)]
+struct Cli {
+    /// Postgres URL of the database holding the outbox [default: postgres://postgres@127.0.0.1:5432/postgres].
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true, help_heading = GLOBAL, display_order = 1000)]
+    database_url: Option<String>,
+    /// File holding the Postgres URL (a mounted secret); also read from OUTBOX_DATABASE_URL_FILE.
+    #[arg(long, env = "DATABASE_URL_FILE", global = true, help_heading = GLOBAL, display_order = 1000)]
+    database_url_file: Option<PathBuf>,
+    /// TOML file with settings (the `run` flags in snake_case, plus database_url).
+    #[arg(long, env = "OUTBOX_CONFIG", global = true, help_heading = GLOBAL, display_order = 1000)]
+    config: Option<PathBuf>,
+    /// A source of a many-source configuration, by name: the verb works on its database
+    /// instead of --database-url.
+    #[arg(long, global = true, help_heading = GLOBAL, display_order = 1000)]
+    source: Option<String>,
+    /// The schema that holds the outbox, in the database and in every source that names
+    /// none of its own [default: outbox].
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true, help_heading = GLOBAL, display_order = 1000)]
+    outbox_schema: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the relayer until SIGINT/SIGTERM.
+    Run {
+        #[command(flatten)]
+        settings: Box<RawConfig>,
+        /// Apply the schema migrations before starting.
+        #[arg(long)]
+        migrate: bool,
+    },
+    /// Apply the embedded schema migrations (idempotent); prints what it applied.
+    Migrate {
+        /// Migrate every source of a many-source configuration instead of --database-url,
+        /// a line per source; exits non-zero when any failed.
+        #[arg(long)]
+        all_sources: bool,
+        /// Sources migrated at once with --all-sources, 1..=64.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        parallel: u16,
+    },
+    /// Enqueue one message; prints its outbox_id.
+    Enqueue(Box<enqueue_verb::Args>),
+    /// Per topic: ready, delayed, in flight, expired leases, dead letters and oldest ready
+    /// age; the fleet's rates; what is wrong (a held MVCC horizon, dead tuples) and what to do.
+    Status(Box<status_verb::Args>),
+    /// Run one lease repair pass and print what it did (for cron).
+    Repair {
+        /// Expired leases to handle in this pass (in each source with --all-sources).
+        #[arg(long, default_value_t = 1000)]
+        limit: i32,
+        /// Repair every source of a many-source configuration instead of --database-url,
+        /// a line per source with what it did; exits non-zero naming the sources that
+        /// failed, after trying them all.
+        #[arg(long)]
+        all_sources: bool,
+        /// Sources repaired at once with --all-sources, 1..=64.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        parallel: u16,
+    },
+    /// Look at dead letters: list, count, or show one in full (of every source with
+    /// --all-sources).
+    #[command(subcommand)]
+    DeadLetters(dead_letters_verb::Verb),
+    /// Move dead letters back into the outbox with a fresh attempt budget (audited in
+    /// outbox.replay_log; preview with --dry-run).
+    Replay(Box<replay_verb::Args>),
+    /// Measure drain throughput, latency and memory (see `make bench`).
+    Bench(bench::Options),
+    /// Ask a running relayer's /healthz (or /readyz) and exit 0 when it answers 200 (for
+    /// container HEALTHCHECKs: the image has no curl).
+    Healthcheck {
+        /// The relayer's telemetry address [default: OUTBOX_TELEMETRY_ADDR or 127.0.0.1:9187].
+        #[arg(long, env = "OUTBOX_TELEMETRY_ADDR")]
+        addr: Option<String>,
+        /// Ask /readyz instead of /healthz.
+        #[arg(long)]
+        ready: bool,
+    },
+    /// Print a shell completion script, e.g.
+    /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`.
+    Completions { shell: clap_complete::Shell },
+    /// Print a manual page (roff): `outbox-relay man | man -l -` for the command and its
+    /// files, environment and exit statuses, `outbox-relay man replay` for a verb's page.
+    Man {
+        /// The verb (`replay`, `dead-letters list`) [default: the top page].
+        verb: Vec<String>,
+        /// Write every page into this directory instead (`outbox-relay.1`,
+        /// `outbox-relay-run.1`, …), e.g. for /usr/local/share/man/man1.
+        #[arg(long, conflicts_with = "verb")]
+        out_dir: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(dispatch(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", report(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The error and its causes, down to the first storage error: that one already says in
+/// words what its causes are (Postgres' message, SQLSTATE, the host), so the chain under it
+/// would only repeat it.
+fn report(e: &anyhow::Error) -> String {
+    let mut parts = Vec::new();
+    for cause in e.chain() {
+        parts.push(cause.to_string());
+        if cause.downcast_ref::<StoreError>().is_some() {
+            break;
+        }
+    }
+    parts.join(": ")
+}
+
+/// The database URL from `--database-url`/`DATABASE_URL`, or from the file named by
+/// `--database-url-file`/`DATABASE_URL_FILE`/`OUTBOX_DATABASE_URL_FILE`; not both.
+fn database_url(cli: &Cli) -> Result<Option<String>> {
+    let file = cli.database_url_file.clone().or_else(|| {
+        std::env::var_os("OUTBOX_DATABASE_URL_FILE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    match (&cli.database_url, file) {
+        (Some(_), Some(_)) => bail!(
+            "invalid setting database_url: give the URL (--database-url / DATABASE_URL) or a file \
+             holding it (--database-url-file / DATABASE_URL_FILE / OUTBOX_DATABASE_URL_FILE), \
+             not both"
+        ),
+        (Some(url), None) => Ok(Some(url.clone())),
+        (None, Some(path)) => read_secret_file(&path)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("invalid setting database_url_file: {e}")),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Flags and environment over the config file over defaults.
+fn settings(cli: &Cli, flags: RawConfig) -> Result<Settings> {
+    let mut raw = RawConfig {
+        database_url: database_url(cli)?,
+        outbox_schema: cli.outbox_schema.clone(),
+        ..flags
+    };
+    if let Some(path) = &cli.config {
+        raw = raw.or(RawConfig::from_file(path)?);
+    }
+    Ok(Settings::from_raw(raw)?)
+}
+
+async fn dispatch(cli: Cli) -> Result<()> {
+    // A store for the operator verbs, once the schema is known to be what this build needs.
+    let quick_store = async |cli: &Cli| -> Result<Store> {
+        let s = settings(cli, RawConfig::default())?;
+        let mut store = Store::connect(&verb_database_url(cli).await?, 2)?;
+        // The relayers' listen URL (environment or config file), for status's wake-up test.
+        if let Some(url) = std::env::var("OUTBOX_LISTEN_URL").ok().or(s.listen_url) {
+            store = store.with_listen_url(&url)?;
+        }
+        store.check_schema().await?;
+        Ok(store)
+    };
+    match &cli.command {
+        Command::Run {
+            settings: flags,
+            migrate,
+        } => {
+            if cli.source.is_some() {
+                bail!(
+                    "--source names a source for the operator verbs; `run` serves every \
+                     source of its configuration"
+                );
+            }
+            let settings = settings(&cli, (**flags).clone())?;
+            run_verb::run(settings, *migrate).await
+        }
+        Command::Migrate {
+            all_sources: true,
+            parallel,
+        } => migrate_verb::run_all(&all_sources_settings(&cli)?, usize::from(*parallel)).await,
+        Command::Migrate { .. } => migrate_verb::run(&verb_database_url(&cli).await?).await,
+        Command::Enqueue(args) => {
+            let message = args.message()?;
+            enqueue_verb::run(&quick_store(&cli).await?, &message).await
+        }
+        Command::DeadLetters(verb) if verb.all_sources() => {
+            dead_letters_verb::run_all(&all_sources_settings(&cli)?, verb).await
+        }
+        Command::DeadLetters(verb) => dead_letters_verb::run(&quick_store(&cli).await?, verb).await,
+        Command::Completions { shell } => {
+            out!("{}", manual::completions(Cli::command(), *shell));
+            Ok(())
+        }
+        Command::Man { verb, out_dir } => {
+            match out_dir {
+                Some(dir) => {
+                    for path in manual::write_all(Cli::command(), dir)? {
+                        outln!("{}", path.display());
+                    }
+                }
+                None => out!("{}", manual::page(Cli::command(), verb)?),
+            }
+            Ok(())
+        }
+        Command::Status(args) if args.all_sources => {
+            status_verb::run_all(&all_sources_settings(&cli)?, args.json).await
+        }
+        Command::Status(args) => status_verb::run(&quick_store(&cli).await?, args).await,
+        Command::Repair {
+            limit,
+            all_sources: true,
+            parallel,
+        } => {
+            repair_verb::run_all(&all_sources_settings(&cli)?, *limit, usize::from(*parallel)).await
+        }
+        Command::Repair { limit, .. } => repair_verb::run(&quick_store(&cli).await?, *limit).await,
+        Command::Replay(args) if args.all_sources => {
+            replay_verb::run_all(&all_sources_settings(&cli)?, args).await
+        }
+        Command::Replay(args) => replay_verb::run(&quick_store(&cli).await?, args).await,
+        Command::Bench(options) => {
+            let s = settings(&cli, RawConfig::default())?;
+            bench::run(&s.database_url, options).await
+        }
+        Command::Healthcheck { addr, ready } => {
+            healthcheck_verb::run(addr.as_deref(), *ready).await
+        }
+    }
+}
+
+/// The database an operator verb works on: that of `--source NAME` (found as `run` finds
+/// the sources), else `--database-url`.
+async fn verb_database_url(cli: &Cli) -> Result<String> {
+    match &cli.source {
+        Some(name) => all_sources::one(&sources_settings(cli)?, name).await,
+        None => Ok(settings(cli, RawConfig::default())?.database_url),
+    }
+}
+
+/// [`sources_settings`] for a verb given `--all-sources`, which `--source` contradicts.
+fn all_sources_settings(cli: &Cli) -> Result<outbox_relay::sources::SourcesSettings> {
+    if let Some(name) = &cli.source {
+        bail!(
+            "give --source NAME or --all-sources, not both (--source {name} works on that \
+             source alone, --all-sources on every source)"
+        );
+    }
+    sources_settings(cli)
+}
+
+/// The sources of a many-source configuration, for the verbs: the config file's, and the
+/// `OUTBOX_SOURCES_*` variables.
+fn sources_settings(cli: &Cli) -> Result<outbox_relay::sources::SourcesSettings> {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let raw = RawConfig {
+        sources_server_url: env("OUTBOX_SOURCES_SERVER_URL"),
+        sources_catalogue_url: env("OUTBOX_SOURCES_CATALOGUE_URL"),
+        sources_catalogue_query: env("OUTBOX_SOURCES_CATALOGUE_QUERY"),
+        ..RawConfig::default()
+    };
+    Ok(settings(cli, raw)?.sources)
+}
