@@ -9,12 +9,13 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # Dependencies first, in their own layer, so a source change does not rebuild them.
 COPY Cargo.toml Cargo.lock build.rs ./
-RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+RUN mkdir -p src/bin/outbox-relay && echo 'fn main() {}' > src/bin/outbox-relay/main.rs \
+    && touch src/lib.rs \
     && mkdir schema && cargo build --release --locked \
     && rm -rf src schema
 COPY schema schema
 COPY src src
-RUN touch src/main.rs src/lib.rs build.rs && cargo build --release --locked \
+RUN touch src/bin/outbox-relay/main.rs src/lib.rs build.rs && cargo build --release --locked \
     && strip target/release/outbox-relay
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -16,7 +16,7 @@ name=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys
 list=$(cargo package --list --locked --allow-dirty)
 
 missing=()
-for f in Cargo.toml Cargo.lock README.md build.rs src/lib.rs src/main.rs scripts/peers/peers.mjs; do
+for f in Cargo.toml Cargo.lock README.md build.rs src/lib.rs src/bin/outbox-relay/main.rs scripts/peers/peers.mjs; do
     grep -qxF "$f" <<<"$list" || missing+=("$f")
 done
 for f in schema/migrations/*.sql schema/[0-9]*.sql schema/migrations.sha256; do

@@ -16,35 +16,36 @@
 //!   behind one small trait.
 //! - [`dispatch`]: routes, circuit breakers, the claim filter, per-destination deadlines and
 //!   budgets: what stands between the relay and the destinations.
-//! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down.
+//! - [`relay`]: the worker pool: claim, dispatch, complete, keep leases, shut down; and
+//!   the helpers each relay runs beside it: lease repair and slot rotation (the janitor),
+//!   each destination's circuit state reported to the database for `status`.
 //! - [`sources`]: many outboxes, one fleet: discovery, the slots through which processes
 //!   share the sources, one relay per served source.
 //! - [`retry`]: backoff with full jitter for retryable failures.
-//! - [`janitor`]: periodic repair of expired leases.
-//! - [`circuit_reports`]: each destination's circuit state, reported to the database as it
-//!   changes, for `status`.
 //! - [`observe`]: reads `outbox.observe` into fleet gauges and the MVCC watchdog, with a
 //!   diagnosis.
 //! - [`telemetry`]: metric names and one log-and-count function per event, taking plain values.
-//! - [`http`]: the /metrics, /healthz, /readyz and /debug/health listener.
+//! - [`probes`]: the probe server: the /metrics, /healthz, /readyz and /debug/health listener.
 //! - [`logging`]: human or JSON logs on stderr.
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
-//! `dispatch`, `observe`, `janitor`; `circuit_reports`; `relay`; `sources`; `http`; `config` on top. `tests/model/layers.rs`
-//! fails on an import cycle between them.
+//! `dispatch`, `observe`; `relay`; `sources`; `probes` and `config` on top.
+//! `tests/model/layers.rs` fails on an import cycle between them.
+//!
+//! The command line is not among them: `src/bin/outbox-relay/` holds the binary (`main.rs`,
+//! the parser; one `*_verb.rs` file per verb; `bench/`, `outbox-relay bench`), above every
+//! layer here. It uses the library; the library never uses it.
 
-pub mod circuit_reports;
 pub mod config;
 pub mod connection;
 pub mod destination;
 pub mod dispatch;
 pub mod error;
-pub mod http;
-pub mod janitor;
 pub mod logging;
 pub mod message;
 pub mod observe;
+pub mod probes;
 pub mod relay;
 pub mod retry;
 pub mod schema;

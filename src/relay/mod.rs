@@ -15,10 +15,15 @@
 //! `leases.rs` keeps the book of leases in flight and the lease keeper; `complete.rs` is
 //! the completer; `settings.rs` holds [`RelaySettings`], all the relay reads of the
 //! process's configuration; `gate.rs` is the [`Gate`] that stops the claims of a relay
-//! whose source's slot lease may have lapsed (many sources).
+//! whose source's slot lease may have lapsed (many sources). Two helpers run beside the
+//! loop for as long as it runs: `janitor.rs` (lease repair and the rotation of the
+//! message slots) and `circuit_reports.rs` (each destination's circuit state, reported to
+//! the database for `status`).
 
+mod circuit_reports;
 mod complete;
 mod gate;
+mod janitor;
 mod leases;
 mod settings;
 
@@ -38,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dispatch::{ClaimFilter, Dispatcher, Part};
 use crate::message::{ClaimedMessage, Outcome, WorkerId};
 use crate::store::{ClaimSizes, Store, StoreError};
-use crate::{circuit_reports, janitor, telemetry};
+use crate::telemetry;
 
 /// What the relay did with the messages it claimed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

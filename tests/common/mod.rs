@@ -576,7 +576,7 @@ pub async fn pending(c: &Client) -> i64 {
 /// The sum of the samples of metric `name` (over its labels) on the /metrics of the
 /// telemetry listener at `addr`; `None` while it does not answer.
 pub async fn metric(addr: &str, name: &str) -> Option<f64> {
-    let (status, body) = outbox_relay::http::probe(addr, "/metrics").await.ok()?;
+    let (status, body) = outbox_relay::probes::probe(addr, "/metrics").await.ok()?;
     assert_eq!(status, 200, "/metrics on {addr}: {body}");
     Some(
         body.lines()

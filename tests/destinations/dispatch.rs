@@ -43,7 +43,7 @@ async fn an_outage_costs_one_attempt_per_failure_and_probe_and_no_message_two() 
     // The sleep is the behaviour: an outage of 8 s of a real process's time, over which the
     // attempts below are counted (one half-open probe per 1 s cool-down).
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let (status, body) = outbox_relay::http::probe(&telemetry, "/readyz")
+    let (status, body) = outbox_relay::probes::probe(&telemetry, "/readyz")
         .await
         .unwrap();
     assert_eq!(
@@ -281,12 +281,12 @@ async fn metrics_are_described_start_at_zero_carry_the_destination_and_pass_prom
         &["--telemetry-addr", &telemetry],
     );
     eventually(MINUTE, "the telemetry listener", || async {
-        outbox_relay::http::probe(&telemetry, "/healthz")
+        outbox_relay::probes::probe(&telemetry, "/healthz")
             .await
             .is_ok()
     })
     .await;
-    let (_, scrape) = outbox_relay::http::probe(&telemetry, "/metrics")
+    let (_, scrape) = outbox_relay::probes::probe(&telemetry, "/metrics")
         .await
         .unwrap();
     // Counters and gauges exist from the start (histograms appear with their first sample,
@@ -321,7 +321,7 @@ async fn metrics_are_described_start_at_zero_carry_the_destination_and_pass_prom
     .await
     .unwrap();
     drained(&c).await;
-    let (_, scrape) = outbox_relay::http::probe(&telemetry, "/metrics")
+    let (_, scrape) = outbox_relay::probes::probe(&telemetry, "/metrics")
         .await
         .unwrap();
     assert_eq!(

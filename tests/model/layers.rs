@@ -6,8 +6,12 @@
 //! expressions) and every `super::…` path that climbs to the crate root is an edge from the
 //! top-level module of the file it is in to the top-level module it names. Comments and
 //! string literals are not read. Only the modules `src/lib.rs` declares count (the binary's
-//! own modules, `main.rs` and `bench/` among them, sit above the library and are left out).
+//! own tree, `src/bin/outbox-relay/`, sits above the library and is left out).
 //! The order the layers form, bottom up, is printed on success.
+//!
+//! Two checks keep the layout readable from the paths alone (issue 51): the top of `src/`
+//! holds the library's modules and one folder for the binary, and no two files of different
+//! modules share a name, but for the names every module may have for the same job.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -42,6 +46,60 @@ fn the_library_modules_have_no_import_cycle() {
     println!(
         "layers, bottom up: {}",
         layers(&modules, &edges).join(" < ")
+    );
+}
+
+/// The top of `src/` is `lib.rs`, the modules it declares, and `bin/`, the binary's tree:
+/// a file or folder beside them is either compiled by nobody or a piece of the command
+/// line among the library's modules.
+#[test]
+fn the_top_of_src_is_the_library_and_one_folder_for_the_binary() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules = declared_modules(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
+    let mut strays: Vec<String> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| {
+            let module = name.strip_suffix(".rs").unwrap_or(name);
+            name != "lib.rs" && name != "bin" && !modules.contains(module)
+        })
+        .collect();
+    strays.sort();
+    assert!(
+        strays.is_empty(),
+        "src/ holds {strays:?}, which src/lib.rs does not declare: the library's modules are \
+         declared in src/lib.rs, the command line's files go under src/bin/outbox-relay/"
+    );
+}
+
+/// Names every module may use for the same job: a folder module's root, the settings a
+/// layer owns, a destination's settings.
+const SHARED_NAMES: [&str; 3] = ["mod.rs", "settings.rs", "config.rs"];
+
+/// No two files under `src/` share a name (but for [`SHARED_NAMES`]): a name says which
+/// file it is, in a stack trace, an editor's tab or a review, without its folder.
+#[test]
+fn no_two_files_share_a_name() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    read_tree(&src, &src, &mut files);
+    let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (path, _) in &files {
+        let name = path.rsplit('/').next().unwrap().to_owned();
+        if !SHARED_NAMES.contains(&name.as_str()) {
+            by_name.entry(name).or_default().push(format!("src/{path}"));
+        }
+    }
+    let shared: Vec<String> = by_name
+        .into_values()
+        .filter(|paths| paths.len() > 1)
+        .map(|paths| paths.join(" and "))
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "files that share a name: {}; give each a name that says its job (a verb's file ends \
+         in _verb.rs)",
+        shared.join("; ")
     );
 }
 
@@ -140,14 +198,14 @@ fn edges(modules: &BTreeSet<String>, files: &[(String, String)]) -> Edges {
 }
 
 /// `store.rs` and `store/mod.rs` are `[store]`, `dispatch/circuit.rs` is
-/// `[dispatch, circuit]`; `lib.rs` and `main.rs` are the crate roots (None).
+/// `[dispatch, circuit]`; `lib.rs`, the crate root, is None.
 fn module_path(path: &str) -> Option<Vec<String>> {
     let trimmed = path.strip_suffix(".rs")?;
     let mut parts: Vec<String> = trimmed.split('/').map(str::to_owned).collect();
     if parts.last().is_some_and(|p| p == "mod") {
         parts.pop();
     }
-    if parts.len() == 1 && (parts[0] == "lib" || parts[0] == "main") {
+    if parts.len() == 1 && parts[0] == "lib" {
         return None;
     }
     Some(parts)

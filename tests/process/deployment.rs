@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{ClosedPort, Relayer, TestDb, eventually, free_port, text, verb};
-use outbox_relay::http::probe;
+use outbox_relay::probes::probe;
 use outbox_relay::store::with_database;
 
 const MINUTE: Duration = Duration::from_secs(60);

@@ -158,7 +158,7 @@ async fn a_live_scrape_with_the_fleet_gauges_passes_promtool_check_metrics() {
         Duration::from_secs(60),
         "delivery and a later observation",
         || async {
-            let (_, body) = outbox_relay::http::probe(&addr, "/metrics")
+            let (_, body) = outbox_relay::probes::probe(&addr, "/metrics")
                 .await
                 .unwrap_or_default();
             // Delivered, and observed since: the topic has left the gauges.
@@ -168,7 +168,9 @@ async fn a_live_scrape_with_the_fleet_gauges_passes_promtool_check_metrics() {
         },
     )
     .await;
-    let (_, scrape) = outbox_relay::http::probe(&addr, "/metrics").await.unwrap();
+    let (_, scrape) = outbox_relay::probes::probe(&addr, "/metrics")
+        .await
+        .unwrap();
     for line in [
         "outbox_backlog_messages{topic=\"later\",state=\"delayed\"} 1",
         "outbox_build_info{version=\"",

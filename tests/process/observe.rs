@@ -10,8 +10,8 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{Relayer, TestDb, eventually, free_port, text, verb};
-use outbox_relay::http::probe;
 use outbox_relay::observe::fetch;
+use outbox_relay::probes::probe;
 
 const MINUTE: Duration = Duration::from_secs(60);
 

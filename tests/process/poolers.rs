@@ -25,7 +25,7 @@ async fn gauge(relayer: &Relayer, name: &str) -> f64 {
         .telemetry
         .as_deref()
         .expect("a relayer with telemetry");
-    let (_, body) = outbox_relay::http::probe(addr, "/metrics")
+    let (_, body) = outbox_relay::probes::probe(addr, "/metrics")
         .await
         .expect("/metrics");
     body.lines()
@@ -295,7 +295,7 @@ async fn through_a_transaction_pooler_the_relayer_detects_it_sends_unnamed_state
         "LISTEN through a transaction pooler is reported deaf"
     );
     let (status, body) =
-        outbox_relay::http::probe(relayer.telemetry.as_deref().unwrap(), "/readyz")
+        outbox_relay::probes::probe(relayer.telemetry.as_deref().unwrap(), "/readyz")
             .await
             .unwrap();
     assert_eq!(

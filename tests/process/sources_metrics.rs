@@ -85,7 +85,7 @@ fn promtool_check_metrics(scrape: &str) {
 }
 
 async fn scrape(addr: &str) -> String {
-    match outbox_relay::http::probe(addr, "/metrics").await {
+    match outbox_relay::probes::probe(addr, "/metrics").await {
         Ok((200, body)) => body,
         _ => String::new(),
     }

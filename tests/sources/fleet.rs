@@ -481,7 +481,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
     );
 
     let readyz = |addr: String| async move {
-        outbox_relay::http::probe(&addr, "/readyz")
+        outbox_relay::probes::probe(&addr, "/readyz")
             .await
             .map(|(_, body)| body)
             .unwrap_or_default()

@@ -1,31 +1,37 @@
 //! The `outbox-relay` command line: `run` the relayer, and the operator verbs around it.
+//! The binary's own tree, above the library (`outbox_relay`), which it uses and which
+//! never uses it. This file holds the parser (every verb and its flags, the global options)
+//! and the settings the verbs share, and hands each verb to its file: `run_verb.rs`,
+//! `migrate_verb.rs`, `enqueue_verb.rs`, `status_verb.rs`, `repair_verb.rs`,
+//! `dead_letters_verb.rs`, `replay_verb.rs`, `bench/`, `healthcheck_verb.rs`, and
+//! `manual.rs` for `completions` and `man`. `all_sources.rs` is what the verbs share to
+//! work across the sources of `--all-sources` or on the one of `--source NAME`;
+//! `output.rs` writes standard output as Unix tools do.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::{CommandFactory, Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 
 #[macro_use]
 mod output;
 
 mod all_sources;
 mod bench;
-mod dead_letters;
-mod enqueue;
+mod dead_letters_verb;
+mod enqueue_verb;
+mod healthcheck_verb;
 mod manual;
-mod replay;
-mod status;
+mod migrate_verb;
+mod repair_verb;
+mod replay_verb;
+mod run_verb;
+mod status_verb;
 
 use outbox_relay::config::{RawConfig, Settings};
-use outbox_relay::dispatch::Dispatcher;
-use outbox_relay::relay::Relay;
-use outbox_relay::secret::{read_secret_file, redact_url};
+use outbox_relay::secret::read_secret_file;
 use outbox_relay::store::{Store, StoreError};
-use outbox_relay::{http, logging, observe, telemetry};
 
 /// The heading of the options every verb takes, listed after the verb's own.
 const GLOBAL: &str = "Global options";
@@ -79,10 +85,10 @@ enum Command {
         parallel: u16,
     },
     /// Enqueue one message; prints its outbox_id.
-    Enqueue(Box<enqueue::Args>),
+    Enqueue(Box<enqueue_verb::Args>),
     /// Per topic: ready, delayed, in flight, expired leases, dead letters and oldest ready
     /// age; the fleet's rates; what is wrong (a held MVCC horizon, dead tuples) and what to do.
-    Status(Box<status::Args>),
+    Status(Box<status_verb::Args>),
     /// Run one lease repair pass and print what it did (for cron).
     Repair {
         /// Expired leases to handle in this pass (in each source with --all-sources).
@@ -100,10 +106,10 @@ enum Command {
     /// Look at dead letters: list, count, or show one in full (of every source with
     /// --all-sources).
     #[command(subcommand)]
-    DeadLetters(dead_letters::Verb),
+    DeadLetters(dead_letters_verb::Verb),
     /// Move dead letters back into the outbox with a fresh attempt budget (audited in
     /// outbox.replay_log; preview with --dry-run).
-    Replay(Box<replay::Args>),
+    Replay(Box<replay_verb::Args>),
     /// Measure drain throughput, latency and memory (see `make bench`).
     Bench(bench::Options),
     /// Ask a running relayer's /healthz (or /readyz) and exit 0 when it answers 200 (for
@@ -219,27 +225,21 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 );
             }
             let settings = settings(&cli, (**flags).clone())?;
-            run(settings, *migrate).await
+            run_verb::run(settings, *migrate).await
         }
         Command::Migrate {
             all_sources: true,
             parallel,
-        } => all_sources::migrate(&all_sources_settings(&cli)?, usize::from(*parallel)).await,
-        Command::Migrate { .. } => migrate_one(&verb_database_url(&cli).await?).await,
+        } => migrate_verb::run_all(&all_sources_settings(&cli)?, usize::from(*parallel)).await,
+        Command::Migrate { .. } => migrate_verb::run(&verb_database_url(&cli).await?).await,
         Command::Enqueue(args) => {
             let message = args.message()?;
-            let id = quick_store(&cli)
-                .await?
-                .enqueue(&message)
-                .await
-                .context("enqueue")?;
-            outln!("{id}");
-            Ok(())
+            enqueue_verb::run(&quick_store(&cli).await?, &message).await
         }
         Command::DeadLetters(verb) if verb.all_sources() => {
-            dead_letters::run_all(&all_sources_settings(&cli)?, verb).await
+            dead_letters_verb::run_all(&all_sources_settings(&cli)?, verb).await
         }
-        Command::DeadLetters(verb) => dead_letters::run(&quick_store(&cli).await?, verb).await,
+        Command::DeadLetters(verb) => dead_letters_verb::run(&quick_store(&cli).await?, verb).await,
         Command::Completions { shell } => {
             out!("{}", manual::completions(Cli::command(), *shell));
             Ok(())
@@ -256,56 +256,29 @@ async fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Status(args) if args.all_sources => {
-            all_sources::status(&all_sources_settings(&cli)?, args.json).await
+            status_verb::run_all(&all_sources_settings(&cli)?, args.json).await
         }
-        Command::Status(args) => status::run(&quick_store(&cli).await?, args).await,
+        Command::Status(args) => status_verb::run(&quick_store(&cli).await?, args).await,
         Command::Repair {
             limit,
             all_sources: true,
             parallel,
         } => {
-            all_sources::repair(&all_sources_settings(&cli)?, *limit, usize::from(*parallel)).await
+            repair_verb::run_all(&all_sources_settings(&cli)?, *limit, usize::from(*parallel)).await
         }
-        Command::Repair { limit, .. } => {
-            let r = quick_store(&cli)
-                .await?
-                .repair(*limit)
-                .await
-                .context("repair")?;
-            outln!("requeued {} dead_lettered {}", r.requeued, r.dead_lettered);
-            Ok(())
-        }
+        Command::Repair { limit, .. } => repair_verb::run(&quick_store(&cli).await?, *limit).await,
         Command::Replay(args) if args.all_sources => {
-            replay::run_all(&all_sources_settings(&cli)?, args).await
+            replay_verb::run_all(&all_sources_settings(&cli)?, args).await
         }
-        Command::Replay(args) => replay::run(&quick_store(&cli).await?, args).await,
+        Command::Replay(args) => replay_verb::run(&quick_store(&cli).await?, args).await,
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;
             bench::run(&s.database_url, options).await
         }
         Command::Healthcheck { addr, ready } => {
-            let addr = addr.as_deref().unwrap_or("127.0.0.1:9187");
-            let path = if *ready { "/readyz" } else { "/healthz" };
-            let (status, body) = http::probe(addr, path).await?;
-            out!("{body}");
-            if status != 200 {
-                bail!("{path} on {addr} answered HTTP {status}");
-            }
-            Ok(())
+            healthcheck_verb::run(addr.as_deref(), *ready).await
         }
     }
-}
-
-/// Applies the migrations to the database of `url`, a line per migration applied.
-async fn migrate_one(url: &str) -> Result<()> {
-    let applied = Store::connect(url, 2)?.migrate().await.context("migrate")?;
-    if applied.is_empty() {
-        outln!("schema is up to date");
-    }
-    for name in applied {
-        outln!("applied {name}");
-    }
-    Ok(())
 }
 
 /// The database an operator verb works on: that of `--source NAME` (found as `run` finds
@@ -339,223 +312,4 @@ fn sources_settings(cli: &Cli) -> Result<outbox_relay::sources::SourcesSettings>
         ..RawConfig::default()
     };
     Ok(settings(cli, raw)?.sources)
-}
-
-async fn run(settings: Settings, migrate: bool) -> Result<()> {
-    logging::init(settings.log_format);
-    let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone())?;
-    if settings.sources.is_many() {
-        return run_sources(settings, migrate, shutdown).await;
-    }
-
-    let mut store = Store::connect(&settings.database_url, settings.pool_size)?
-        .with_statements(settings.statements);
-    if let Some(url) = &settings.listen_url {
-        store = store.with_listen_url(url)?;
-    }
-    let destinations: Vec<&str> = settings
-        .dispatch
-        .destinations
-        .iter()
-        .map(|d| d.name.as_str())
-        .collect();
-    tracing::info!(worker_id = %settings.relay.worker_id, database = %redact_url(&settings.database_url),
-        sslmode = store.target().mode.as_str(), destinations = destinations.join(","),
-        batch_size = settings.relay.batch_size, lease_secs = settings.relay.lease_secs, "starting");
-    // On loopback or a Unix socket nobody can sit in the middle: no warning for a demo.
-    if let Some(weakness) = store.target().weakness()
-        && !local_only(&store.target().config)
-    {
-        tracing::warn!("{weakness}");
-    }
-    let metrics = telemetry::install();
-    let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
-    tokio::spawn(report_unusable_destinations(dispatcher.clone()));
-    let latest = observe::Latest::new(settings.observe);
-    // The listener comes first: /healthz answers from the start (liveness must not depend on
-    // the database), and /readyz says why the relayer is not ready while it waits.
-    let listener = match settings.telemetry_addr {
-        Some(addr) => Some(
-            http::serve(
-                addr,
-                metrics,
-                http::Served::One(store.clone()),
-                dispatcher.clone(),
-                latest.clone(),
-                shutdown.clone(),
-            )
-            .await?,
-        ),
-        None => None,
-    };
-    wait_for_database(&store, migrate, &shutdown).await?;
-    if !shutdown.is_cancelled() {
-        let observer = tokio::spawn(observe::run(
-            store.clone(),
-            settings.relay.worker_id.clone(),
-            outbox_relay::telemetry::Source::default(),
-            latest,
-            shutdown.clone(),
-        ));
-        Relay::new(settings.relay, store, dispatcher)
-            .run(shutdown)
-            .await;
-        observer.abort();
-    }
-    if let Some(listener) = listener {
-        listener.abort();
-    }
-    Ok(())
-}
-
-/// Many sources: one relay per source this process holds a slot on (see
-/// [`outbox_relay::sources`]); `database_url` is not used.
-async fn run_sources(settings: Settings, migrate: bool, shutdown: CancellationToken) -> Result<()> {
-    if migrate {
-        bail!(
-            "invalid setting migrate: with many sources, migrate each source with \
-             `outbox-relay migrate --database-url URL` before it is served (an unmigrated \
-             source is reported and retried)"
-        );
-    }
-    let destinations: Vec<&str> = settings
-        .dispatch
-        .destinations
-        .iter()
-        .map(|d| d.name.as_str())
-        .collect();
-    let s = &settings.sources;
-    tracing::info!(worker_id = %settings.relay.worker_id, listed = s.listed.len(),
-        server = s.server_url.as_deref().map(redact_url).unwrap_or_default(),
-        catalogue = s.catalogue.as_ref().map(|(url, _)| redact_url(url)).unwrap_or_default(),
-        discover_interval_secs = s.discover_interval.as_secs(),
-        source_lease_secs = s.lease.as_secs(), destinations = destinations.join(","),
-        batch_size = settings.relay.batch_size, "starting with many sources");
-    let metrics = telemetry::install();
-    let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
-    tokio::spawn(report_unusable_destinations(dispatcher.clone()));
-    let fleet = Arc::new(
-        outbox_relay::sources::Fleet::new(
-            settings.sources.clone(),
-            settings.relay.clone(),
-            settings.statements,
-            dispatcher.clone(),
-        )
-        .with_observe(settings.observe),
-    );
-    let listener = match settings.telemetry_addr {
-        Some(addr) => Some(
-            http::serve(
-                addr,
-                metrics,
-                http::Served::Many(fleet.board.clone()),
-                dispatcher,
-                observe::Latest::new(settings.observe),
-                shutdown.clone(),
-            )
-            .await?,
-        ),
-        None => None,
-    };
-    outbox_relay::sources::run(fleet, shutdown).await;
-    if let Some(listener) = listener {
-        listener.abort();
-    }
-    Ok(())
-}
-
-/// Waits until the database answers with the schema this build needs (applying the
-/// migrations first when asked), logging the cause of each failure with the backoff, or
-/// until shutdown. Only a failed migration is fatal.
-async fn wait_for_database(
-    store: &Store,
-    migrate: bool,
-    shutdown: &CancellationToken,
-) -> Result<()> {
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        let checked = async {
-            if migrate {
-                let applied = store.migrate().await?;
-                if let (Some(first), Some(last)) = (applied.first(), applied.last()) {
-                    tracing::info!(migrations = applied.len(), first = %first, last = %last,
-                        "schema migrated");
-                }
-            }
-            let version = store.check_schema().await?;
-            Ok((version, store.detect_pooling().await?))
-        };
-        match checked.await {
-            Ok((version, pooling)) => {
-                tracing::info!(
-                    schema_version = version,
-                    ?pooling,
-                    unnamed_statements = store.unnamed_statements(),
-                    "database ready"
-                );
-                return Ok(());
-            }
-            Err(e @ StoreError::Migration(_)) => return Err(e).context("migrate"),
-            Err(e @ StoreError::Pooler(_)) => return Err(e.into()),
-            Err(e) => tracing::warn!(error = %e, retry_in_ms = telemetry::millis(backoff),
-                "database not ready yet"),
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            () = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// Whether every host of `config` is this machine (loopback or a Unix socket).
-fn local_only(config: &tokio_postgres::Config) -> bool {
-    use tokio_postgres::config::Host;
-    !config.get_hosts().is_empty()
-        && config.get_hosts().iter().all(|host| match host {
-            Host::Unix(_) => true,
-            Host::Tcp(name) => {
-                name == "localhost"
-                    || name
-                        .parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip.is_loopback())
-            }
-        })
-}
-
-/// Asks each destination once at start and says at once which cannot be used (a broker
-/// that refuses the credentials, an unreachable one), instead of leaving it to the first
-/// batch's retries. Not fatal: the messages wait and are retried, and /readyz and
-/// /health/destinations report it until it is fixed.
-async fn report_unusable_destinations(dispatcher: Arc<Dispatcher>) {
-    for (name, _, ready) in dispatcher.readiness(Duration::MAX).await {
-        if let Err(error) = ready {
-            tracing::warn!(destination = %name, %error,
-                "destination not usable at start: its messages wait and are retried; \
-                 /health/destinations shows it until it is");
-        }
-    }
-}
-
-/// First SIGINT/SIGTERM: graceful shutdown. Second: exit at once.
-fn spawn_signal_handler(shutdown: CancellationToken) -> Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("signal received: shutting down gracefully (send another to exit at once)");
-        shutdown.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("second signal: exiting now");
-        std::process::exit(130);
-    });
-    Ok(())
 }

@@ -6,12 +6,13 @@
 //!   backlog, latency under a steady rate, peak memory; into a server with `--destination`
 //!   (`brokers.rs` prepares it);
 //! - `memory.rs` (`--memory-messages`): memory stays flat while delivering;
-//! - `enqueue.rs` (`--enqueue-connections`): what a producer pays per transaction;
+//! - `producer_cost.rs` (`--enqueue-connections`): what a producer pays per transaction;
 //! - `hot_key.rs` (`--hot-key`): one hot key beside other traffic;
 //! - `fleet.rs` (`--fleet`): the drain with more and more relays;
 //! - `sustained.rs` (`--sustained-secs`): a long run under a steady producer;
 //! - `peers.rs` (`--peers`): against graphile-worker, pg-boss and pgmq;
-//! - `sources.rs` (`--sources`): one fleet draining many outbox databases, and its fairness.
+//! - `many_sources.rs` (`--sources`): one fleet draining many outbox databases, and its
+//!   fairness.
 //! - `quiet.rs` (`--quiet-sources`): the latency of quiet sources beside a deep backlog.
 //!
 //! This file holds the options and what the shapes share: relays started and stopped,
@@ -31,14 +32,14 @@ use outbox_relay::store::{Store, StoreError, fill_messages, with_database};
 
 mod brokers;
 mod drain;
-mod enqueue;
 mod fleet;
 mod hot_key;
+mod many_sources;
 mod memory;
 mod peers;
+mod producer_cost;
 mod quiet;
 mod recorder;
-mod sources;
 mod sustained;
 
 use drain::bare_drain;
@@ -203,7 +204,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
         return memory::run(url, o, &sql).await;
     }
     if !o.enqueue_connections.is_empty() {
-        return enqueue::run(url, o, &sql).await;
+        return producer_cost::run(url, o, &sql).await;
     }
     if o.hot_key > 0 {
         return hot_key::run(url, o, &sql).await;
@@ -215,7 +216,7 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
         return sustained::run(url, o, &sql).await;
     }
     if !o.sources.is_empty() {
-        return sources::run(url, o, &sql).await;
+        return many_sources::run(url, o, &sql).await;
     }
     if o.quiet_sources > 0 {
         return quiet::run(url, o, &sql).await;

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use outbox_relay::store::{fill_messages_returning_ids, with_database};
 
-use super::sources::{create_from, drop_database, migrated_template, start_fleets};
+use super::many_sources::{create_from, drop_database, migrated_template, start_fleets};
 use super::{Options, Recorder, connect, lock, percentile, progress, settle};
 
 pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {

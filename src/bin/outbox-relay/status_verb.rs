@@ -3,7 +3,8 @@
 //! (`outbox.circuits`), once or, with `--watch`, redrawn every second with rates, like `top`
 //! (plain blocks of lines when stdout is not a terminal). Rates below one a second are
 //! shown per minute, so that a few dead letters do not read as none; a topic's delayed
-//! messages show when the first of them is due.
+//! messages show when the first of them is due. With `--all-sources`, a line per source of
+//! a many-source configuration: its backlog, who serves it and its health.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -11,8 +12,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use chrono::{DateTime, Utc};
+use futures_util::stream::{self, StreamExt};
 use outbox_relay::observe::{self, Observation, TopicFigures};
-use outbox_relay::store::{ReportedCircuit, Store};
+use outbox_relay::sources::SourcesSettings;
+use outbox_relay::store::{ReportedCircuit, Status, Store};
+
+use crate::all_sources;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -394,6 +399,117 @@ fn signed_rate(per_sec: f64) -> String {
     } else {
         format!("{:+.0}/min", per_sec * 60.0)
     }
+}
+
+/// One source's line of `status --all-sources`.
+#[derive(serde::Serialize)]
+struct Line {
+    source: String,
+    /// `ok`, or why the source cannot be served.
+    health: String,
+    schema_version: Option<i32>,
+    #[serde(flatten)]
+    figures: Option<Status>,
+    /// The processes serving it now (`outbox.source_holders`).
+    served_by: Vec<String>,
+}
+
+async fn line(name: String, url: String) -> Line {
+    let figures = async {
+        let store = Store::connect(&url, 2)?;
+        let version = store.check_schema().await?;
+        let status = store.status().await?;
+        let holders = store.source_holders().await?;
+        Ok::<_, outbox_relay::store::StoreError>((version, status, holders))
+    }
+    .await;
+    match figures {
+        Ok((version, status, holders)) => Line {
+            source: name,
+            health: "ok".to_owned(),
+            schema_version: Some(version),
+            figures: Some(status),
+            served_by: holders,
+        },
+        Err(e) => Line {
+            source: name,
+            health: e.to_string(),
+            schema_version: None,
+            figures: None,
+            served_by: Vec::new(),
+        },
+    }
+}
+
+/// `--all-sources`: every source's backlog, oldest ready age, dead letters, who serves it
+/// and its health.
+pub async fn run_all(settings: &SourcesSettings, json: bool) -> Result<()> {
+    let sources = all_sources::all(settings).await?;
+    let lines: Vec<Line> = stream::iter(sources)
+        .map(|(name, url)| line(name, url))
+        .buffered(8)
+        .collect()
+        .await;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&lines)?);
+        return Ok(());
+    }
+    let width = lines
+        .iter()
+        .map(|l| l.source.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    row(
+        width,
+        [
+            "SOURCE",
+            "READY",
+            "DELAYED",
+            "IN FLIGHT",
+            "DEAD",
+            "OLDEST",
+            "SERVED BY",
+        ]
+        .map(str::to_owned),
+        "HEALTH",
+    );
+    for l in &lines {
+        let cells = match &l.figures {
+            Some(f) => [
+                l.source.clone(),
+                f.ready.to_string(),
+                f.delayed.to_string(),
+                f.in_flight.to_string(),
+                f.dead_letters.to_string(),
+                f.oldest_ready_age_secs
+                    .map_or("-".to_owned(), |s| format!("{s:.1}s")),
+                if l.served_by.is_empty() {
+                    "nobody".to_owned()
+                } else {
+                    l.served_by.join(",")
+                },
+            ],
+            None => [l.source.as_str(), "-", "-", "-", "-", "-", "-"].map(str::to_owned),
+        };
+        row(width, cells, &l.health);
+    }
+    let down = lines.iter().filter(|l| l.figures.is_none()).count();
+    if down > 0 {
+        outln!("{down} of {} sources cannot be read", lines.len());
+    }
+    Ok(())
+}
+
+/// One line of the `status --all-sources` table.
+fn row(
+    width: usize,
+    [source, ready, delayed, in_flight, dead, oldest, served_by]: [String; 7],
+    health: &str,
+) {
+    outln!(
+        "{source:<width$}  {ready:>8} {delayed:>8} {in_flight:>9} {dead:>7} {oldest:>10}  {served_by:<20} {health}"
+    );
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
-//! The small HTTP listener: Prometheus `/metrics` (this process's counters, the fleet
-//! gauges of the latest observation, and with many sources the backlog of each source this
-//! process serves), `/healthz` (the process is alive, from the moment it
-//! starts), `/readyz` (the database answers with the schema this build needs; 503 with the
-//! reason otherwise; each destination's health in the body, never failing it),
-//! `/health/destinations` (each destination's circuit and connection, as JSON) and
-//! `/debug/health` (the diagnosis of the latest observation, as JSON). Also the client side of a probe, for
-//! container health checks.
+//! The probe server: the small HTTP listener through which an orchestrator, Prometheus and
+//! an operator ask how this process is. Prometheus `/metrics` (this
+//! process's counters, the fleet gauges of the latest observation, and with many sources
+//! the backlog of each source this process serves), `/healthz` (the process is alive, from
+//! the moment it starts), `/readyz` (the database answers with the schema this build needs;
+//! 503 with the reason otherwise; each destination's health in the body, never failing
+//! it), `/health/destinations` (each destination's circuit and connection, as JSON) and
+//! `/debug/health` (the diagnosis of the latest observation, as JSON). Also the client side
+//! of a probe, for container health checks (`outbox-relay healthcheck`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,12 +1,21 @@
-//! The `enqueue` verb's arguments and how they become a [`NewMessage`]: the payload inline,
-//! from a file or from standard input (so its size is bounded by the database, not by the
-//! argument list), headers, content type, delay and the producer's own id.
+//! The `enqueue` verb: its arguments and how they become a [`NewMessage`] (the payload
+//! inline, from a file or from standard input, so its size is bounded by the database, not
+//! by the argument list; headers, content type, delay and the producer's own id), enqueued
+//! with its outbox_id printed.
 
 use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use outbox_relay::message::{NewMessage, OutboxId, Payload};
+use outbox_relay::store::Store;
+
+/// Enqueues `message`; prints its outbox_id.
+pub async fn run(store: &Store, message: &NewMessage) -> Result<()> {
+    let id = store.enqueue(message).await.context("enqueue")?;
+    outln!("{id}");
+    Ok(())
+}
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -42,7 +42,7 @@ use super::{
 };
 
 /// The Node side of the peers, written into DIR at the start of a run.
-const NODE_PEERS: &str = include_str!("../../scripts/peers/peers.mjs");
+const NODE_PEERS: &str = include_str!("../../../../scripts/peers/peers.mjs");
 /// pgmq's consumers: 4 clients, each reading a batch and deleting it by id.
 const PGMQ_CLIENTS: u32 = 4;
 /// pgmq's second batch size, beside the run's: the one the design's performance budget

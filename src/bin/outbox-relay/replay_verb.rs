@@ -17,7 +17,7 @@ use outbox_relay::sources::SourcesSettings;
 use outbox_relay::store::{DeadLetterFilter, Store};
 
 use crate::all_sources::{self, Failed};
-use crate::dead_letters::{Filter, one_line};
+use crate::dead_letters_verb::{Filter, one_line};
 
 #[derive(clap::Args)]
 pub struct Args {
