@@ -134,17 +134,20 @@ const WAKE_WINDOW: &str = "((extract(epoch FROM clock_timestamp()) * 500)::bigin
 
 /// Holds, in a session of its own, the keys of the next `windows` 2 ms wake-up windows
 /// (the advisory keys `outbox.enqueue` tries), as transactions that won them would.
-/// Returns the session and the last window it holds.
+/// Returns the session and the last window it holds. The first window is read once: read
+/// per row, a clock that moved on between two locks would leave a window between them
+/// unheld.
 async fn hold_wake_windows(db: &TestDb, windows: i64) -> (tokio_postgres::Client, i64) {
     let holder = db.client().await;
     let last: i64 = holder
         .query_one(
             &format!(
-                "SELECT max(l.held) FROM (
+                "WITH start AS MATERIALIZED (SELECT {WAKE_WINDOW} AS base)
+                 SELECT max(l.held) FROM (
                      SELECT h.held,
                             pg_advisory_lock(hashtext('outbox.wake_relayers'), h.held::integer)
-                       FROM (SELECT {WAKE_WINDOW} + w AS held
-                               FROM generate_series(0, $1::bigint) AS w) AS h) AS l"
+                       FROM (SELECT start.base + w AS held
+                               FROM start, generate_series(0, $1::bigint) AS w) AS h) AS l"
             ),
             &[&windows],
         )
