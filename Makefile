@@ -4,6 +4,8 @@ CARGO ?= cargo
 WITH_PG := scripts/with-postgres.sh
 
 PHASE := scripts/phase.sh
+# The tiers run in order, the first failure stopping the rest, even under make -j.
+.NOTPARALLEL:
 
 .PHONY: help build check test test-services lint fmt verify run migrate bench bench-peers check-deploy \
 	chaos chaos-short schema-check sql-api-doc pin-migrations clean-demo package-check test-count
@@ -15,7 +17,7 @@ build: ## build the relayer (release)
 	$(CARGO) build --release
 
 check: ## the first tier, in minutes: pins, links, workflows, fmt, clippy, one build of every test, the unit tests and the Postgres suites
-	$(PHASE) guards sh -c 'scripts/pin-migrations.sh --check && scripts/check-doc-links.py && scripts/lint-workflows.sh && scripts/build-deps.sh'
+	$(PHASE) guards sh -c 'scripts/pin-migrations.sh --check && scripts/check-doc-links.py && scripts/lint-workflows.sh && scripts/build-deps.sh && scripts/need-nextest.sh'
 	$(PHASE) fmt $(CARGO) fmt --all -- --check
 	$(PHASE) clippy sh -c '$(CARGO) clippy --all-targets -- -D warnings && $(CARGO) clippy --test chaos -- -D warnings'
 	$(PHASE) build sh -c '$(CARGO) nextest run --no-run && $(CARGO) build --test chaos'

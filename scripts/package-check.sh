@@ -38,13 +38,14 @@ fi
 echo "package-check: $(wc -l <<<"$list") files in $name.crate"
 
 cargo package --locked --allow-dirty --no-verify --quiet
-dir=target/package-check
+target=${CARGO_TARGET_DIR:-target}
+dir=$target/package-check
 rm -rf "$dir/$name"
 mkdir -p "$dir"
-tar -xzf "target/package/$name.crate" -C "$dir"
+tar -xzf "$target/package/$name.crate" -C "$dir"
 # --all-targets: the unit tests' targets bring in the dev-dependencies' features, as the
 # tests' build did, so that the same dependency builds serve both.
-cargo build --locked --all-targets --manifest-path "$dir/$name/Cargo.toml" --target-dir target
+cargo build --locked --all-targets --manifest-path "$dir/$name/Cargo.toml" --target-dir "$target"
 rm -rf "$dir/$name"
 # The checkout's binary back in target/debug (the tests and `make chaos` run it).
 cargo build --locked --all-targets

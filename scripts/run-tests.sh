@@ -3,9 +3,9 @@
 # both cores busy, every failure reported (.config/nextest.toml says which tests run alone).
 #   scripts/run-tests.sh check      the unit tests and the suites that need Postgres alone
 #                                   (tests/model, tests/database, tests/sql_api, tests/sources)
-#   scripts/run-tests.sh services   the suites that need brokers, emulators, PgBouncer, shells
-#                                   and the producers' toolchains (tests/process,
-#                                   tests/destinations), then the doctests
+#   scripts/run-tests.sh services   every other test binary: the suites that need brokers,
+#                                   emulators, PgBouncer, shells and the producers' toolchains
+#                                   (tests/process, tests/destinations), then the doctests
 #   scripts/run-tests.sh list       the count of tests of each tier, run by nobody
 # Needs DATABASE_URL (scripts/with-postgres.sh sets it). The test databases are copies of
 # one template migrated by the first test that needs it (OUTBOX_TEST_TEMPLATE, see
@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 tier=${1:?usage: scripts/run-tests.sh check|services|list}
 shift
 check=(--lib --bins --test model --test database --test sql_api --test sources)
-services=(--test process --test destinations)
+# Every test the check tier does not run, so that a new test binary runs here by default.
+services=(-E 'not (kind(lib) | kind(bin) | binary(model) | binary(database) | binary(sql_api) | binary(sources))')
 
 if ! cargo nextest --version >/dev/null 2>&1; then
     echo "run-tests: cargo nextest is missing: cargo install cargo-nextest --locked" >&2

@@ -116,8 +116,16 @@ fi
 # $target/debs instead (dpkg-deb -x, nothing registered with dpkg) and the upgrade is not
 # made: its programs run from $target/debs/bin (scripts/with-test-services.sh puts it first
 # in PATH) with their libraries, and Go sources from $target/debs/root/usr/share/gocode.
+# Only packages that work unpacked are unpacked (programs under /usr/bin, Go sources); any
+# other that would upgrade or remove an installed package is not installed, and the run
+# fails below naming it and what its install would change.
 debs="$target/debs"
-upgrades() { apt-get -s install --no-install-recommends "$@" 2>/dev/null | awk '/^Inst [^ ]+ \[/ {print $2}'; }
+unpackable=" fish zsh kcat prometheus golang-go golang-github-jackc-pgx-v4-dev mosquitto-clients "
+# What installing the packages would change of what is installed: upgrades and removals.
+upgrades() {
+    apt-get -s install --no-install-recommends "$@" 2>/dev/null \
+        | awk '/^Inst [^ ]+ \[/ || /^Remv / {print $2}'
+}
 unpack_locally() { # package: unpack what its install would add, without the upgrades
     local package=$1 new
     new=$(apt-get -s install --no-install-recommends "$package" 2>/dev/null \
@@ -127,7 +135,11 @@ unpack_locally() { # package: unpack what its install would add, without the upg
          "$debs instead (about a minute)" >&2
     mkdir -p "$debs/download" "$debs/root" "$debs/bin"
     # shellcheck disable=SC2086
-    (cd "$debs/download" && apt-get download $new >/dev/null 2>&1)
+    if ! (cd "$debs/download" && apt-get download $new >"$debs/download.log" 2>&1); then
+        echo "test-services: apt-get download of $package's packages failed:" >&2
+        cat "$debs/download.log" >&2
+        return 1
+    fi
     for deb in "$debs"/download/*.deb; do dpkg-deb -x "$deb" "$debs/root"; done
     rm -rf "$debs/download"
     local libs="$debs/root/usr/lib/x86_64-linux-gnu:$debs/root/lib/x86_64-linux-gnu"
@@ -136,7 +148,7 @@ unpack_locally() { # package: unpack what its install would add, without the upg
         local extra=""
         # fish reads its functions and completions from the directory it was built for.
         [ "$(basename "$program")" = fish ] && extra="--init-command 'set -p fish_function_path $debs/root/usr/share/fish/functions; set -p fish_complete_path $debs/root/usr/share/fish/completions'"
-        printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s %s "$@"\n' \
+        printf '#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s" %s "$@"\n' \
             "$libs" "$program" "$extra" >"$debs/bin/$(basename "$program")"
         chmod +x "$debs/bin/$(basename "$program")"
     done
@@ -151,9 +163,13 @@ if [ ${#apt_packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/d
         if [ -z "$(upgrades "${apt_packages[$i]}")" ]; then
             clean+=("${apt_packages[$i]}")
             clean_reasons+=("${reasons[$i]}")
-        else
+        elif [[ $unpackable == *" ${apt_packages[$i]} "* ]]; then
             echo "test-services: ${apt_packages[$i]}: ${reasons[$i]}" >&2
             unpacked+=("${apt_packages[$i]}")
+        else
+            echo "test-services: not installing ${apt_packages[$i]} (${reasons[$i]}): it would" \
+                 "upgrade or remove $(upgrades "${apt_packages[$i]}" | tr '\n' ' ')on this" \
+                 "machine; install it yourself if that is acceptable" >&2
         fi
     done
     if [ ${#clean[@]} -gt 0 ]; then

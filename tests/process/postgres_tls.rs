@@ -17,7 +17,8 @@ struct Cluster {
     port: u16,
 }
 
-/// One TLS-only cluster per test binary, migrated once; stopped when the binary exits.
+/// One TLS-only cluster per test process, migrated once; stopped when the process exits
+/// (under cargo nextest, each test starts one of its own).
 fn cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {

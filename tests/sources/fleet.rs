@@ -282,13 +282,9 @@ fn runs(log: &[(String, usize)]) -> Vec<(&str, usize)> {
     runs
 }
 
-/// The tests of this file one at a time: each runs relayer processes, and a fleet that
-/// discovers a server's databases would serve another test's on the same server.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_over_a_killed_ones() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let began = Instant::now();
     let cluster = Cluster::start(&[("max_connections", MAX_CONNECTIONS)]);
     let db = TestDb::new_in(&cluster).await;
@@ -701,7 +697,7 @@ async fn a_fleet_of_three_serves_every_database_each_by_one_process_and_takes_ov
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_the_others() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let db = TestDb::new().await;
     catalogue(&db).await;
     let template = db.migrated_template().await;
@@ -762,7 +758,7 @@ async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_and_status_take_every_source_and_name_the_ones_that_fail() {
-    let _serial = SERIAL.lock().await;
+    let _serial = crate::SERIAL.lock().await;
     let db = TestDb::new().await;
     let c = db.client().await;
     catalogue(&db).await;

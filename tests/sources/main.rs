@@ -9,3 +9,9 @@ mod common;
 
 mod fleet;
 mod verbs;
+
+/// The tests of this binary one at a time under `cargo test`: each runs relayer processes,
+/// and a fleet that discovers a server's databases would serve another test's on the same
+/// server. Under cargo nextest, where each test is a process of its own,
+/// `.config/nextest.toml` says the same.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -88,6 +88,7 @@ fn per_source(stdout: &str) -> BTreeMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repair_dead_letters_and_replay_take_every_source_and_name_the_one_that_fails() {
+    let _serial = crate::SERIAL.lock().await;
     let db = TestDb::new().await;
     let template = db.migrated_template().await;
     let mut databases = BTreeMap::new();
