@@ -291,6 +291,74 @@ fn run_refuses_broker_urls_that_cannot_work_naming_the_setting() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `outbox-relay ARGS` with no database named anywhere: no URL, URL file, config file,
+/// sources or libpq variable, so that the default is all it has.
+fn without_a_database(args: &[&str]) -> Output {
+    let mut command = Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PG") || name.starts_with("OUTBOX_") || name.starts_with("DATABASE_URL")
+        {
+            command.env_remove(name);
+        }
+    }
+    exited_within(command.args(args), std::time::Duration::from_secs(20))
+}
+
+#[test]
+fn the_verbs_that_write_refuse_the_default_database_and_name_the_fix() {
+    // enqueue first: were it not refused, it would fail on the default database without
+    // writing (no outbox there), before migrate could create one.
+    for args in [
+        &["enqueue", "--topic", "t", "--payload", "{}"][..],
+        &["repair"],
+        &["replay", "--all"],
+        &["migrate"],
+        &["run", "--migrate", "--sink", "null", "--no-telemetry"],
+    ] {
+        let out = without_a_database(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let verb = if args[0] == "run" {
+            "run --migrate"
+        } else {
+            args[0]
+        };
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "error: {verb} needs a database: set DATABASE_URL or --database-url"
+            )) && stderr.contains("the default connects to the server's postgres database"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A verb that only reads goes to the default, and does not send its user to migrate it
+    // when no outbox is there (when no server answers there, it says so instead).
+    let out = without_a_database(&["status"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("run `outbox-relay migrate` (as the schema owner)")
+            && (!stderr.contains("does not exist")
+                || stderr.contains("set DATABASE_URL or --database-url to the outbox's database")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_database_url_naming_postgres_is_taken_as_asked_for() {
+    // Named explicitly, the postgres database is the user's choice: migrate tries it (here
+    // a port nobody listens on, so that nothing is written).
+    let out = without_a_database(&[
+        "migrate",
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/postgres",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        !stderr.contains("needs a database") && stderr.contains("127.0.0.1:1"),
+        "{stderr}"
+    );
+}
+
 /// The completion script for `shell`, written to a scratch file.
 fn completion_script(shell: &str) -> std::path::PathBuf {
     let script = Command::new(BIN)
