@@ -2,7 +2,8 @@
 //! content type, delay and id; its errors; `completions` as bash, fish and zsh run them
 //! (each shell's own completion engine; a broken script fails each) and
 //! `man` pages for every verb, generated from the same definitions as the parser; `replay` with filters, a dry run and its audit row; the
-//! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`).
+//! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`);
+//! the verbs that write refusing the default database; `status` counting every dead letter.
 
 use crate::common;
 
@@ -721,6 +722,67 @@ async fn status_shows_a_few_dead_letters_a_minute_as_a_count_not_zero_per_second
     assert!(
         shown.contains("fleet, last minute: 0/min delivered, 0/min retried, 5/min dead-lettered"),
         "{shown}"
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_counts_the_messages_out_of_attempts_as_dead_lettered_in_the_text_and_the_json() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Three messages out of attempts (their last one RETRYABLE), one refused for good, one
+    // retried and one delivered.
+    for _ in 0..3 {
+        c.execute(
+            "SELECT outbox.enqueue('orders', '{}'::jsonb, p_max_attempts => 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+    for _ in 0..3 {
+        settle(&c, "RETRYABLE", "HTTP 503").await;
+    }
+    common::fill(&c, "orders", 1, None).await;
+    settle(&c, "FAILED", "HTTP 400").await;
+    c.execute(
+        "SELECT outbox.enqueue('later', '{}'::jsonb, p_max_attempts => 2)",
+        &[],
+    )
+    .await
+    .unwrap();
+    settle(&c, "RETRYABLE", "HTTP 503").await;
+    common::fill(&c, "done", 1, None).await;
+    // The retried message is due again at once: claim the other by its topic.
+    c.execute(
+        "SELECT outbox.complete_outbox_attempt(outbox_id, lease_token, 'w', 'DISPATCHED') \
+           FROM outbox.claim_outbox_batch_seq(1, 'w', 30, ARRAY['done'])",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(common::dead_letters(&c).await.len(), 4);
+
+    let expected = "fleet, last minute: 1/min delivered, 1/min retried, 4/min dead-lettered, \
+                    0/min zombie requeues";
+    let shown = stdout_of(&db, &["status"]);
+    assert!(shown.contains(expected), "{shown}");
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout_of(&db, &["status", "--json"])).unwrap();
+    assert_eq!(
+        json["last_minute"],
+        serde_json::json!({"delivered": 1, "retried": 1, "dead_lettered": 4, "zombie_requeues": 0}),
+        "{json}"
+    );
+
+    // A login that may read the views only counts them too.
+    let reader = db.login("reader", Some("outbox_reader")).await;
+    let out = common::verb(&["status"], &reader);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && shown.contains(expected),
+        "{shown}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     db.finish().await;
 }
