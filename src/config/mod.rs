@@ -42,6 +42,10 @@ pub use raw::RawConfig;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub database_url: String,
+    /// No database URL was given (flag, environment or config file): `database_url` is
+    /// [`DEFAULT_DATABASE_URL`], the server's `postgres` database, which nothing should be
+    /// written to without being asked for by name.
+    pub database_url_is_default: bool,
     /// Where the notification listener connects instead of `database_url`.
     pub listen_url: Option<String>,
     /// How the leasing calls send their statements.
@@ -181,6 +185,7 @@ impl Settings {
         }
         Ok(Settings {
             sources,
+            database_url_is_default: raw.database_url.is_none(),
             database_url: crate::connection::with_schema(
                 &raw.database_url
                     .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),

@@ -128,6 +128,46 @@ impl Store {
         Ok(row.get(0))
     }
 
+    /// How many messages were dead-lettered after `from` and up to `to`, whatever made them
+    /// dead letters (a permanent refusal, the last attempt of the budget, a lease repair).
+    /// Read from `outbox.dead_letters` when the login may (outbox_relay, the owner); a login
+    /// that may read the views only (outbox_reader) gets the dead letters among the latest
+    /// 100 attempts that did not deliver (`outbox.recent_failures`), which misses some only
+    /// when more than 100 such attempts fall in the range.
+    pub async fn dead_lettered_between(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<i64> {
+        let client = self.client().await?;
+        let all = client
+            .query_typed_one(
+                &self.sql(
+                    "SELECT count(*) FROM outbox.dead_letters_matching(NULL, NULL, $1, NULL) \
+                      WHERE dead_lettered_at > $1 AND dead_lettered_at <= $2",
+                ),
+                &[(&from, Type::TIMESTAMPTZ), (&to, Type::TIMESTAMPTZ)],
+            )
+            .await;
+        let row = match all {
+            Ok(row) => row,
+            Err(e) if e.code().is_some_and(|c| c.code() == "42501") => {
+                client
+                    .query_typed_one(
+                        &self.sql(
+                            "SELECT count(DISTINCT outbox_id) FROM outbox.recent_failures \
+                              WHERE now_in = 'dead_letter' AND created_at > $1 \
+                                AND created_at <= $2",
+                        ),
+                        &[(&from, Type::TIMESTAMPTZ), (&to, Type::TIMESTAMPTZ)],
+                    )
+                    .await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(row.get(0))
+    }
+
     /// One dead letter with its payload and every attempt, oldest first.
     pub async fn dead_letter(
         &self,

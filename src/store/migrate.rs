@@ -144,7 +144,13 @@ impl Store {
             .await?;
         let (exists, function, usage, database, user): (bool, bool, bool, String, String) =
             (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-        let fix = "run `outbox-relay migrate` (as the schema owner)";
+        let fix = if self.default_database {
+            "no database URL was given, and the default is the server's postgres database: \
+             set DATABASE_URL or --database-url to the outbox's database (and run `outbox-relay \
+             migrate` with it if it was never migrated)"
+        } else {
+            "run `outbox-relay migrate` (as the schema owner)"
+        };
         let denied = || {
             StoreError::Schema(format!(
                 "login {user:?} may not use schema {schema}: grant it one of the roles \

@@ -178,6 +178,8 @@ pub struct Store {
     /// Whether the latest claim came back full (a backlog), which decides the kind of turn
     /// the leasing calls wait for.
     backlogged: Arc<std::sync::atomic::AtomicBool>,
+    /// Its URL is the default one, not given (see [`Store::on_default_database`]).
+    default_database: bool,
 }
 
 /// A store's part of its server's turns: the turns, and how many of the store's pool's
@@ -249,7 +251,16 @@ impl Store {
             listener: Arc::new(listen::State::default()),
             turns: None,
             backlogged: Arc::default(),
+            default_database: false,
         })
+    }
+
+    /// The same store, known to be on the default database (no URL was given: the
+    /// server's `postgres` database), so that a missing or old schema is reported with the
+    /// fix of naming the outbox's database rather than of migrating this one.
+    pub fn on_default_database(mut self) -> Self {
+        self.default_database = true;
+        self
     }
 
     /// The same store, its leasing calls (claims, completions, releases and lease repairs;

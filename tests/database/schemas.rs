@@ -248,3 +248,35 @@ async fn a_schema_that_holds_something_else_is_never_migrated_into_and_a_missing
     .await;
     db.finish().await;
 }
+
+#[tokio::test]
+async fn on_the_default_database_a_missing_schema_asks_for_the_outboxs_database_by_name() {
+    // No URL given: the store is on the server's `postgres` database, where migrating is not
+    // the fix; naming the outbox's database is.
+    let db = TestDb::empty().await;
+    let e = Store::connect(&db.url, 2)
+        .unwrap()
+        .on_default_database()
+        .check_schema()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("does not exist")
+            && e.contains("set DATABASE_URL or --database-url to the outbox's database")
+            && !e.contains("run `outbox-relay migrate` (as the schema owner)"),
+        "{e}"
+    );
+    // Given by name, the same database is told to be migrated.
+    let e = Store::connect(&db.url, 2)
+        .unwrap()
+        .check_schema()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("run `outbox-relay migrate` (as the schema owner)"),
+        "{e}"
+    );
+    db.finish().await;
+}

@@ -2,7 +2,8 @@
 //! content type, delay and id; its errors; `completions` as bash, fish and zsh run them
 //! (each shell's own completion engine; a broken script fails each) and
 //! `man` pages for every verb, generated from the same definitions as the parser; `replay` with filters, a dry run and its audit row; the
-//! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`).
+//! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`);
+//! the verbs that write refusing the default database; `status` counting every dead letter.
 
 use crate::common;
 
@@ -289,6 +290,74 @@ fn run_refuses_broker_urls_that_cannot_work_naming_the_setting() {
         assert!(stderr.contains(problem), "{destination}: {stderr}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `outbox-relay ARGS` with no database named anywhere: no URL, URL file, config file,
+/// sources or libpq variable, so that the default is all it has.
+fn without_a_database(args: &[&str]) -> Output {
+    let mut command = Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PG") || name.starts_with("OUTBOX_") || name.starts_with("DATABASE_URL")
+        {
+            command.env_remove(name);
+        }
+    }
+    exited_within(command.args(args), std::time::Duration::from_secs(20))
+}
+
+#[test]
+fn the_verbs_that_write_refuse_the_default_database_and_name_the_fix() {
+    // enqueue first: were it not refused, it would fail on the default database without
+    // writing (no outbox there), before migrate could create one.
+    for args in [
+        &["enqueue", "--topic", "t", "--payload", "{}"][..],
+        &["repair"],
+        &["replay", "--all"],
+        &["migrate"],
+        &["run", "--migrate", "--sink", "null", "--no-telemetry"],
+    ] {
+        let out = without_a_database(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let verb = if args[0] == "run" {
+            "run --migrate"
+        } else {
+            args[0]
+        };
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "error: {verb} needs a database: set DATABASE_URL or --database-url"
+            )) && stderr.contains("the default connects to the server's postgres database"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A verb that only reads goes to the default, and does not send its user to migrate it
+    // when no outbox is there (when no server answers there, it says so instead).
+    let out = without_a_database(&["status"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("run `outbox-relay migrate` (as the schema owner)")
+            && (!stderr.contains("does not exist")
+                || stderr.contains("set DATABASE_URL or --database-url to the outbox's database")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_database_url_naming_postgres_is_taken_as_asked_for() {
+    // Named explicitly, the postgres database is the user's choice: migrate tries it (here
+    // a port nobody listens on, so that nothing is written).
+    let out = without_a_database(&[
+        "migrate",
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/postgres",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        !stderr.contains("needs a database") && stderr.contains("127.0.0.1:1"),
+        "{stderr}"
+    );
 }
 
 /// The completion script for `shell`, written to a scratch file.
@@ -653,6 +722,67 @@ async fn status_shows_a_few_dead_letters_a_minute_as_a_count_not_zero_per_second
     assert!(
         shown.contains("fleet, last minute: 0/min delivered, 0/min retried, 5/min dead-lettered"),
         "{shown}"
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_counts_the_messages_out_of_attempts_as_dead_lettered_in_the_text_and_the_json() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Three messages out of attempts (their last one RETRYABLE), one refused for good, one
+    // retried and one delivered.
+    for _ in 0..3 {
+        c.execute(
+            "SELECT outbox.enqueue('orders', '{}'::jsonb, p_max_attempts => 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+    for _ in 0..3 {
+        settle(&c, "RETRYABLE", "HTTP 503").await;
+    }
+    common::fill(&c, "orders", 1, None).await;
+    settle(&c, "FAILED", "HTTP 400").await;
+    c.execute(
+        "SELECT outbox.enqueue('later', '{}'::jsonb, p_max_attempts => 2)",
+        &[],
+    )
+    .await
+    .unwrap();
+    settle(&c, "RETRYABLE", "HTTP 503").await;
+    common::fill(&c, "done", 1, None).await;
+    // The retried message is due again at once: claim the other by its topic.
+    c.execute(
+        "SELECT outbox.complete_outbox_attempt(outbox_id, lease_token, 'w', 'DISPATCHED') \
+           FROM outbox.claim_outbox_batch_seq(1, 'w', 30, ARRAY['done'])",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(common::dead_letters(&c).await.len(), 4);
+
+    let expected = "fleet, last minute: 1/min delivered, 1/min retried, 4/min dead-lettered, \
+                    0/min zombie requeues";
+    let shown = stdout_of(&db, &["status"]);
+    assert!(shown.contains(expected), "{shown}");
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout_of(&db, &["status", "--json"])).unwrap();
+    assert_eq!(
+        json["last_minute"],
+        serde_json::json!({"delivered": 1, "retried": 1, "dead_lettered": 4, "zombie_requeues": 0}),
+        "{json}"
+    );
+
+    // A login that may read the views only counts them too.
+    let reader = db.login("reader", Some("outbox_reader")).await;
+    let out = common::verb(&["status"], &reader);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && shown.contains(expected),
+        "{shown}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     db.finish().await;
 }

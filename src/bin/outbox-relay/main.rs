@@ -43,7 +43,8 @@ const GLOBAL: &str = "Global options";
     about = "Relays a Postgres transactional outbox to a destination"
 )]
 struct Cli {
-    /// Postgres URL of the database holding the outbox [default: postgres://postgres@127.0.0.1:5432/postgres].
+    /// Postgres URL of the database holding the outbox; the verbs that write (migrate,
+    /// enqueue, repair, replay, run --migrate) need one given [default: postgres://postgres@127.0.0.1:5432/postgres].
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true, help_heading = GLOBAL, display_order = 1000)]
     database_url: Option<String>,
     /// File holding the Postgres URL (a mounted secret); also read from OUTBOX_DATABASE_URL_FILE.
@@ -202,10 +203,18 @@ fn settings(cli: &Cli, flags: RawConfig) -> Result<Settings> {
 }
 
 async fn dispatch(cli: Cli) -> Result<()> {
-    // A store for the operator verbs, once the schema is known to be what this build needs.
-    let quick_store = async |cli: &Cli| -> Result<Store> {
+    // A store for the operator verbs, once the schema is known to be what this build needs;
+    // `writes` names a verb that writes, which the default database is refused to.
+    let quick_store = async |cli: &Cli, writes: Option<&str>| -> Result<Store> {
         let s = settings(cli, RawConfig::default())?;
-        let mut store = Store::connect(&verb_database_url(cli).await?, 2)?;
+        let database = verb_database(cli).await?;
+        if let Some(verb) = writes {
+            database.check_named(verb)?;
+        }
+        let mut store = Store::connect(&database.url, 2)?;
+        if database.is_default {
+            store = store.on_default_database();
+        }
         // The relayers' listen URL (environment or config file), for status's wake-up test.
         if let Some(url) = std::env::var("OUTBOX_LISTEN_URL").ok().or(s.listen_url) {
             store = store.with_listen_url(&url)?;
@@ -231,15 +240,21 @@ async fn dispatch(cli: Cli) -> Result<()> {
             all_sources: true,
             parallel,
         } => migrate_verb::run_all(&all_sources_settings(&cli)?, usize::from(*parallel)).await,
-        Command::Migrate { .. } => migrate_verb::run(&verb_database_url(&cli).await?).await,
+        Command::Migrate { .. } => {
+            let database = verb_database(&cli).await?;
+            database.check_named("migrate")?;
+            migrate_verb::run(&database.url).await
+        }
         Command::Enqueue(args) => {
             let message = args.message()?;
-            enqueue_verb::run(&quick_store(&cli).await?, &message).await
+            enqueue_verb::run(&quick_store(&cli, Some("enqueue")).await?, &message).await
         }
         Command::DeadLetters(verb) if verb.all_sources() => {
             dead_letters_verb::run_all(&all_sources_settings(&cli)?, verb).await
         }
-        Command::DeadLetters(verb) => dead_letters_verb::run(&quick_store(&cli).await?, verb).await,
+        Command::DeadLetters(verb) => {
+            dead_letters_verb::run(&quick_store(&cli, None).await?, verb).await
+        }
         Command::Completions { shell } => {
             out!("{}", manual::completions(Cli::command(), *shell));
             Ok(())
@@ -258,7 +273,7 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Status(args) if args.all_sources => {
             status_verb::run_all(&all_sources_settings(&cli)?, args.json).await
         }
-        Command::Status(args) => status_verb::run(&quick_store(&cli).await?, args).await,
+        Command::Status(args) => status_verb::run(&quick_store(&cli, None).await?, args).await,
         Command::Repair {
             limit,
             all_sources: true,
@@ -266,11 +281,16 @@ async fn dispatch(cli: Cli) -> Result<()> {
         } => {
             repair_verb::run_all(&all_sources_settings(&cli)?, *limit, usize::from(*parallel)).await
         }
-        Command::Repair { limit, .. } => repair_verb::run(&quick_store(&cli).await?, *limit).await,
+        Command::Repair { limit, .. } => {
+            repair_verb::run(&quick_store(&cli, Some("repair")).await?, *limit).await
+        }
         Command::Replay(args) if args.all_sources => {
             replay_verb::run_all(&all_sources_settings(&cli)?, args).await
         }
-        Command::Replay(args) => replay_verb::run(&quick_store(&cli).await?, args).await,
+        Command::Replay(args) => {
+            let writes = (!args.dry_run).then_some("replay");
+            replay_verb::run(&quick_store(&cli, writes).await?, args).await
+        }
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;
             bench::run(&s.database_url, options).await
@@ -281,12 +301,50 @@ async fn dispatch(cli: Cli) -> Result<()> {
     }
 }
 
+/// The database an operator verb works on.
+struct VerbDatabase {
+    url: String,
+    /// No URL was given: `url` is the default, the server's `postgres` database.
+    is_default: bool,
+}
+
+impl VerbDatabase {
+    /// Refuses `verb`, which writes, on the default database: creating the outbox's schema
+    /// and roles in the server's `postgres` database, or writing to an outbox there, is
+    /// done only when that database is asked for by name.
+    fn check_named(&self, verb: &str) -> Result<()> {
+        if self.is_default {
+            return Err(unnamed_database(verb));
+        }
+        Ok(())
+    }
+}
+
+/// The refusal of `verb`, which writes, on the default database.
+fn unnamed_database(verb: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{verb} needs a database: set DATABASE_URL or --database-url (or --database-url-file, \
+         or database_url in --config); the default connects to the server's postgres database \
+         ({}), which it would write to",
+        outbox_relay::config::DEFAULT_DATABASE_URL
+    )
+}
+
 /// The database an operator verb works on: that of `--source NAME` (found as `run` finds
 /// the sources), else `--database-url`.
-async fn verb_database_url(cli: &Cli) -> Result<String> {
+async fn verb_database(cli: &Cli) -> Result<VerbDatabase> {
     match &cli.source {
-        Some(name) => all_sources::one(&sources_settings(cli)?, name).await,
-        None => Ok(settings(cli, RawConfig::default())?.database_url),
+        Some(name) => Ok(VerbDatabase {
+            url: all_sources::one(&sources_settings(cli)?, name).await?,
+            is_default: false,
+        }),
+        None => {
+            let s = settings(cli, RawConfig::default())?;
+            Ok(VerbDatabase {
+                url: s.database_url,
+                is_default: s.database_url_is_default,
+            })
+        }
     }
 }
 

@@ -34,7 +34,7 @@ pub struct Args {
     reason: Option<String>,
     /// Print what would be replayed and change nothing.
     #[arg(long)]
-    dry_run: bool,
+    pub dry_run: bool,
     /// Dead letters moved per transaction, 1..=100000.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i32).range(1..=100_000))]
     step: i32,

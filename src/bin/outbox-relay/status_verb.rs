@@ -2,7 +2,9 @@
 //! `outbox.observe`), and each destination's circuit as the relayers last reported it
 //! (`outbox.circuits`), once or, with `--watch`, redrawn every second with rates, like `top`
 //! (plain blocks of lines when stdout is not a terminal). Rates below one a second are
-//! shown per minute, so that a few dead letters do not read as none; a topic's delayed
+//! shown per minute, so that a few dead letters do not read as none; every dead letter is
+//! counted, those out of attempts too (their last attempt is recorded as RETRYABLE), in
+//! the same words in the text and in `--json` (`last_minute`); a topic's delayed
 //! messages show when the first of them is due. With `--all-sources`, a line per source of
 //! a many-source configuration: its backlog, who serves it and its health.
 
@@ -125,6 +127,46 @@ fn totals<'a>(topics: impl Iterator<Item = &'a TopicFigures>) -> Totals {
     t
 }
 
+/// What the fleet did in the minute before the observation, in the words the text uses
+/// (`attempts_last_minute` in the JSON has the attempts by state as recorded).
+#[derive(serde::Serialize)]
+struct LastMinute {
+    delivered: i64,
+    /// Failed attempts after which the message is tried again.
+    retried: i64,
+    /// Every message dead-lettered: refused for good, out of attempts (its last attempt is
+    /// recorded as RETRYABLE) or by a lease repair.
+    dead_lettered: i64,
+    zombie_requeues: i64,
+}
+
+/// The minute before `o` was observed: its attempts by state, and the dead letters made in
+/// it (counted apart: the attempt that exhausts a budget is recorded as RETRYABLE).
+async fn last_minute(store: &Store, o: &Observation) -> Result<LastMinute> {
+    let attempts = |state: &str| {
+        o.snapshot
+            .attempts_last_minute
+            .get(state)
+            .copied()
+            .unwrap_or(0)
+    };
+    let dead = store
+        .dead_lettered_between(o.observed_at - chrono::Duration::minutes(1), o.observed_at)
+        .await
+        .context("status: the dead letters of the last minute")?;
+    // At least the permanent refusals, whichever way the dead letters were counted.
+    let dead_lettered = dead.max(attempts("FAILED"));
+    // The other dead letters ran out of attempts, their last one recorded as RETRYABLE
+    // though nothing retries it (or, rarely, a lease repair made them).
+    let out_of_attempts = dead_lettered - attempts("FAILED");
+    Ok(LastMinute {
+        delivered: attempts("DISPATCHED"),
+        retried: (attempts("RETRYABLE") - out_of_attempts).max(0),
+        dead_lettered,
+        zombie_requeues: attempts("ZOMBIE_REQUEUE"),
+    })
+}
+
 pub async fn run(store: &Store, args: &Args) -> Result<()> {
     let horizon_threshold = Duration::from_secs(args.horizon_warn_secs);
     let observe = async |max_age: Duration| -> Result<Observation> {
@@ -155,6 +197,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
         );
         let o = o?;
         let reports = reports.context("status: the circuits")?;
+        let rates = last_minute(store, &o).await?;
         let wake_ups = match heard {
             Ok(true) => "heard",
             Ok(false) => "deaf",
@@ -171,6 +214,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             let mut value = serde_json::to_value(totals(shown.iter().copied()))?;
             value["observed_at"] = serde_json::to_value(o.observed_at)?;
             value["topics"] = serde_json::to_value(&shown)?;
+            value["last_minute"] = serde_json::to_value(&rates)?;
             value["attempts_last_minute"] = serde_json::to_value(&o.snapshot.attempts_last_minute)?;
             value["horizon_holders"] = serde_json::to_value(&o.snapshot.horizon_holders)?;
             value["messages_table"] = serde_json::to_value(&o.snapshot.messages_table)?;
@@ -179,7 +223,10 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             value["wake_ups"] = wake_ups.into();
             outln!("{}", serde_json::to_string(&value)?);
         } else {
-            out!("{}", render(args, &o, &reports, None, horizon_threshold));
+            out!(
+                "{}",
+                render(args, &o, &rates, &reports, None, horizon_threshold)
+            );
             if wake_ups == "deaf" {
                 outln!(
                     "wake-ups: deaf: LISTEN through this database URL did not hear a test \
@@ -196,6 +243,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     loop {
         let o = observe(Duration::from_secs(1)).await?;
         let reports = store.circuits().await.context("status: the circuits")?;
+        let rates = last_minute(store, &o).await?;
         let now = Instant::now();
         let shown = totals(o.snapshot.topics.iter().filter(|t| wanted(args, t)));
         let change = previous.as_ref().and_then(|(at, before)| {
@@ -203,7 +251,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             #[allow(clippy::cast_precision_loss)] // counts far below 2^52
             (secs > 0.0).then(|| (pending(&shown) - pending(before)) as f64 / secs)
         });
-        let screen = render(args, &o, &reports, change, horizon_threshold);
+        let screen = render(args, &o, &rates, &reports, change, horizon_threshold);
         if terminal {
             // Home the cursor and clear the screen, then draw: `top`'s way.
             out!("\x1b[H\x1b[2J{screen}");
@@ -227,6 +275,7 @@ fn pending(t: &Totals) -> i64 {
 fn render(
     args: &Args,
     o: &Observation,
+    rates: &LastMinute,
     reports: &[ReportedCircuit],
     backlog_change_per_sec: Option<f64>,
     horizon_threshold: Duration,
@@ -279,14 +328,13 @@ fn render(
             due(t.next_due_at)
         );
     }
-    let last_minute = |state: &str| s.attempts_last_minute.get(state).copied().unwrap_or(0);
     let _ = write!(
         out,
         "fleet, last minute: {} delivered, {} retried, {} dead-lettered, {} zombie requeues",
-        rate(last_minute("DISPATCHED")),
-        rate(last_minute("RETRYABLE")),
-        rate(last_minute("FAILED")),
-        rate(last_minute("ZOMBIE_REQUEUE"))
+        rate(rates.delivered),
+        rate(rates.retried),
+        rate(rates.dead_lettered),
+        rate(rates.zombie_requeues)
     );
     match backlog_change_per_sec {
         Some(change) => {
