@@ -60,8 +60,9 @@ fmt: ## format the code
 
 verify: test ## the same as make test (which starts with make check)
 
-migrate: ## apply the schema migrations to DATABASE_URL (or the local Postgres)
-	$(WITH_PG) $(CARGO) run --release -- migrate
+migrate: ## apply the schema migrations to the database DATABASE_URL names (required: never the server's postgres database by default)
+	@[ -n "$${DATABASE_URL:-}" ] || { echo "make migrate: set DATABASE_URL to the database to migrate (make run migrates its own, outbox_demo)" >&2; exit 2; }
+	$(CARGO) run --release -- migrate
 
 run: ## relay samples to stdout from a database of its own, outbox_demo (created if missing; Ctrl-C stops)
 	$(WITH_PG) scripts/run-local.sh
