@@ -37,6 +37,14 @@ if [ "$tier" = list ]; then
 fi
 
 server=${DATABASE_URL:?run-tests: DATABASE_URL is not set (run it under scripts/with-postgres.sh)}
+
+# tests/database/previous_release.rs reads the previous release from the history: a shallow
+# clone is deepened first when its origin answers (otherwise that test fails, naming why).
+if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = true ]; then
+    echo "run-tests: this clone is shallow; fetching its history (the previous release's" \
+         "statements are read from it)" >&2
+    git fetch --quiet --unshallow || echo "run-tests: git fetch --unshallow failed" >&2
+fi
 export OUTBOX_TEST_TEMPLATE="outbox_test_template_$$_${RANDOM}"
 drop_template() {
     psql "$server" -XAtq >/dev/null <<SQL || true
