@@ -560,3 +560,65 @@ fn every_destination_key_is_in_its_section_of_the_destinations_page() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+// ---------------------------------------------------------------------------------------
+// The destination lists
+
+/// The destination types named in the first column of the first table after the line
+/// `after` in `path` (backticked names; a cell may name several: `` `file`, `stdout` ``).
+fn table_types(path: &str, after: &str) -> std::collections::BTreeSet<String> {
+    let text = read(path);
+    let start = text
+        .find(after)
+        .unwrap_or_else(|| panic!("{path}: no line {after:?}"));
+    let mut types = std::collections::BTreeSet::new();
+    let mut in_table = false;
+    for line in text[start..].lines().skip(1) {
+        if let Some(row) = line.strip_prefix('|') {
+            in_table = true;
+            let first = row.split('|').next().unwrap_or_default();
+            if first.trim() == "---" || first.contains("`type`") || first.trim() == "destination" {
+                continue;
+            }
+            for (i, part) in first.split('`').enumerate() {
+                if i % 2 == 1 {
+                    types.insert(part.to_owned());
+                }
+            }
+        } else if in_table {
+            break;
+        }
+    }
+    assert!(!types.is_empty(), "{path}: no table after {after:?}");
+    types
+}
+
+#[test]
+fn every_documented_destination_list_names_the_binarys_destinations() {
+    let built: std::collections::BTreeSet<String> = DestinationConfig::KINDS
+        .iter()
+        .map(|k| (*k).to_owned())
+        .collect();
+    let without_null: std::collections::BTreeSet<String> =
+        built.iter().filter(|k| *k != "null").cloned().collect();
+    // The reference lists every type, the benchmark's `null` too.
+    assert_eq!(
+        table_types(DESTINATIONS, "# Destinations"),
+        built,
+        "{DESTINATIONS}"
+    );
+    // What a user chooses from and what a consumer relies on: the real destinations.
+    assert_eq!(
+        table_types("README.md", "## Choose a destination"),
+        without_null,
+        "README.md's table of destinations"
+    );
+    assert_eq!(
+        table_types(
+            "docs/guarantees.md",
+            "Where the destination deduplicates by itself"
+        ),
+        without_null,
+        "docs/guarantees.md's table of where the outbox_id and the sequence are"
+    );
+}
