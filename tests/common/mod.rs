@@ -188,19 +188,13 @@ impl TestDb {
         let name = format!("{}_{suffix}", self.name);
         self.siblings.lock().unwrap().push(name.clone());
         let admin = connect(&self.base).await.expect("connect admin");
-        for tries in 0.. {
-            match admin
-                .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
-                .await
-            {
-                Ok(()) => break,
-                // A session of the template's last user may still be closing.
-                Err(e) if tries < 100 && e.code().is_some_and(|c| c.code() == "55006") => {
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("create {name} from {template}: {e}"),
-            }
-        }
+        // A session of the template's last user may still be closing.
+        once_unused(
+            &admin,
+            &format!("CREATE DATABASE {name} TEMPLATE {template}"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create {name} from {template}: {e}"));
         name
     }
 
@@ -327,6 +321,21 @@ async fn drop_all(
     Ok(())
 }
 
+/// Runs `statement` (one that needs its database unused: a copy, a rename), tried again
+/// every 50 ms for 5 s while another session is still leaving that database (55006).
+async fn once_unused(admin: &Client, statement: &str) -> Result<(), tokio_postgres::Error> {
+    let mut tries = 0;
+    loop {
+        match admin.batch_execute(statement).await {
+            Err(e) if tries < 100 && e.code().is_some_and(|c| c.code() == "55006") => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// The run's template database, `OUTBOX_TEST_TEMPLATE` on the server of `base`, migrated by
 /// the first test that needs it (the others wait on an advisory lock) and then closed to
 /// connections, so that no relayer serves it and every copy starts from the same state;
@@ -369,19 +378,13 @@ async fn run_template(base: &str) -> Option<String> {
             let store = Store::connect(&with_database(base, &building), 1).expect("store");
             store.migrate().await.expect("migrate the template");
         }
-        for tries in 0.. {
-            match admin
-                .batch_execute(&format!("ALTER DATABASE {building} RENAME TO {name}"))
-                .await
-            {
-                Ok(()) => break,
-                // The migrating session may still be closing.
-                Err(e) if tries < 100 && e.code().is_some_and(|c| c.code() == "55006") => {
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("rename {building} to {name}: {e}"),
-            }
-        }
+        // The migrating session may still be closing.
+        once_unused(
+            &admin,
+            &format!("ALTER DATABASE {building} RENAME TO {name}"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("rename {building} to {name}: {e}"));
         admin
             .batch_execute(&format!(
                 "ALTER DATABASE {name} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"
