@@ -21,6 +21,7 @@ check: ## the first tier, in minutes: pins, links, workflows, fmt, clippy, one b
 	$(PHASE) fmt $(CARGO) fmt --all -- --check
 	$(PHASE) clippy sh -c '$(CARGO) clippy --all-targets -- -D warnings && $(CARGO) clippy --test chaos -- -D warnings'
 	$(PHASE) build sh -c '$(CARGO) nextest run --no-run && $(CARGO) build --test chaos'
+	$(PHASE) build-demo $(CARGO) build --profile demo --no-default-features --bin outbox-relay
 	$(PHASE) tests-postgres $(WITH_PG) scripts/run-tests.sh check
 
 test: check test-services ## every test: `make check`, then the suites that need brokers, emulators, PgBouncer, shells and the producers' toolchains (started or installed, stopped after; see scripts/test-services.sh)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make run`: the relayer on a working default. Builds the release binary (with cargo's
-# progress), creates the database `outbox_demo` (DEMO_DATABASE) on the server of
+# `make run`: the relayer on a working default. Builds the demo binary (cargo profile
+# `demo`: stdout, file and null only, unoptimized; with cargo's progress) unless
+# OUTBOX_RELAY_BIN names a binary to use instead (a release download, or
+# target/release/outbox-relay), creates the database `outbox_demo` (DEMO_DATABASE) on the server of
 # DATABASE_URL when it is missing, migrates it, enqueues a few sample messages and relays
 # them to stdout until Ctrl-C. No other database of the server is touched; migrating
 # creates schema `outbox` in the demo database and, when they do not exist yet, the
@@ -21,11 +23,19 @@ server_url=${DATABASE_URL:?DATABASE_URL is not set: run through scripts/with-pos
 # The same server and credentials, the demo database instead of the URL's own.
 demo_url=$(printf '%s' "$server_url" | sed -E "s#^(postgres(ql)?://[^/?]*)(/[^?]*)?#\1/$demo#")
 
-if [ -t 2 ]; then
-    echo "run-local: building the release binary (the first build takes about 7 minutes on 2 cores)" >&2
+if [ -n "${OUTBOX_RELAY_BIN:-}" ]; then
+    relay=$OUTBOX_RELAY_BIN
+    [ -x "$relay" ] || { echo "run-local: OUTBOX_RELAY_BIN=$relay is not an executable file" >&2; exit 2; }
+    echo "run-local: using $relay (OUTBOX_RELAY_BIN)" >&2
+else
+    relay=target/demo/outbox-relay
+    # Say how long only when cargo has something to compile: a first build, or sources
+    # newer than the binary.
+    if [ ! -x "$relay" ] || [ -n "$(find src schema build.rs Cargo.toml Cargo.lock -newer "$relay" -print -quit)" ]; then
+        echo "run-local: building the demo binary, stdout/file/null destinations only (about 1 minute the first time on a quiet 2-core machine; a release binary from the project's releases skips it: OUTBOX_RELAY_BIN=path/to/outbox-relay make run)" >&2
+    fi
+    cargo build --profile demo --no-default-features --bin outbox-relay
 fi
-cargo build --release
-relay=target/release/outbox-relay
 
 exists=$(psql "$server_url" -XAtqc "SELECT 1 FROM pg_database WHERE datname = '$demo'")
 if [ "$exists" != 1 ]; then

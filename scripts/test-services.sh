@@ -185,6 +185,9 @@ if ! "$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
     echo "test-services: installing tansu $TANSU_VERSION with cargo install into" \
          "${CARGO_HOME:-$HOME/.cargo}/bin (the Kafka tests' broker; 5-20 minutes of" \
          "compiling, once per machine)" >&2
+    echo "test-services: cargo's warnings during it are expected: 'yanked' names crates in" \
+         "tansu's own Cargo.lock, which --locked installs as tansu was released and tested;" \
+         "'be sure to add ... to your PATH' does not apply, the tests run tansu by its full path" >&2
     cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
 fi
 if ! answers 9092 && [ -x "$TANSU" ]; then

@@ -8,9 +8,11 @@
 //! that name the setting and its allowed range. A destination's own table
 //! (`[destinations.NAME]`) is parsed and validated by that destination's module, not here.
 //!
-//! `raw.rs` holds [`RawConfig`], the settings as given; this file validates them.
+//! `raw.rs` holds [`RawConfig`], the settings as given; `suggest.rs` names the key meant
+//! when an unknown one is close to it; this file validates them.
 
 mod raw;
+mod suggest;
 
 use std::net::SocketAddr;
 use std::time::Duration;

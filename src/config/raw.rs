@@ -24,7 +24,7 @@ pub struct RawConfig {
     #[arg(long, env = "OUTBOX_WORKER_ID")]
     pub worker_id: Option<String>,
     /// Destination: stdout, file or null [default: stdout].
-    #[arg(long, env = "OUTBOX_SINK")]
+    #[arg(long, env = "OUTBOX_SINK", value_parser = SinkNames)]
     pub sink: Option<String>,
     /// JSON-lines file the `file` sink appends to.
     #[arg(long, env = "OUTBOX_SINK_FILE")]
@@ -215,6 +215,35 @@ pub struct RawConfig {
     pub source_label_limit: Option<i64>,
 }
 
+/// `--sink`'s values for completion scripts and help: the three sinks that need no table.
+/// Any other word is let through to validation, which names the setting and where other
+/// destinations are configured.
+#[derive(Clone)]
+struct SinkNames;
+
+impl clap::builder::TypedValueParser for SinkNames {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        clap::builder::StringValueParser::new().parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            ["stdout", "file", "null"]
+                .into_iter()
+                .map(clap::builder::PossibleValue::new),
+        ))
+    }
+}
+
 /// One `[sources.NAME]` table.
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -238,9 +267,10 @@ impl RawConfig {
             interpolate(key, value)
                 .map_err(|e| invalid("config", format!("{}: {e}", path.display())))?;
         }
-        toml::Value::Table(table)
-            .try_into()
-            .map_err(|e| invalid("config", format!("{}: {e}", path.display())))
+        toml::Value::Table(table).try_into().map_err(|e| {
+            let problem = super::suggest::did_you_mean(&e.to_string());
+            invalid("config", format!("{}: {problem}", path.display()))
+        })
     }
 
     /// Field by field: `self` where set, else `fallback`.

@@ -527,6 +527,38 @@ mod tests {
     }
 
     #[test]
+    fn a_misspelt_scheme_and_a_bare_database_name_are_named_with_the_fix() {
+        let refusal = |url: &str| match Target::parse_with_env(url, no_env) {
+            Ok(_) => panic!("{url} was accepted"),
+            Err(e) => e,
+        };
+        let err = refusal("postgress://u:secret@h/db");
+        assert!(err.contains("unknown URL scheme \"postgress://\""), "{err}");
+        assert!(err.contains("postgres://USER@HOST:5432/DATABASE"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+        let err = refusal("mysql://h/db");
+        assert!(err.contains("\"mysql://\""), "{err}");
+        let err = refusal("orders");
+        assert!(
+            err.contains("\"orders\" is neither a URL nor key=value words"),
+            "{err}"
+        );
+        assert!(err.contains("dbname=DATABASE"), "{err}");
+        // A word that is not a plain name is not echoed: it may be a secret pasted in.
+        let err = refusal("pa$$w0rd!");
+        assert!(!err.contains("pa$$"), "{err}");
+        // What libpq accepts is still accepted.
+        for good in [
+            "postgres://u@h/db",
+            "postgresql://u@h/db",
+            "host=h dbname=db",
+            "dbname = 'x y'",
+        ] {
+            assert!(Target::parse_with_env(good, no_env).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
     fn tls_settings_leave_the_url_and_the_rest_stays() {
         let (rest, tls) = split_own_settings(
             "postgres://u:p@h:5433/db?sslmode=verify-full&application_name=x&sslrootcert=%2Fca.pem",

@@ -88,6 +88,7 @@ pub(super) fn split_own_settings(url: &str) -> Result<(String, Vec<(String, Stri
         };
         return Ok((rest, tls));
     }
+    check_form(url)?;
     let mut kept = Vec::new();
     for (key, value) in key_values(url)? {
         if is_tls(&key) {
@@ -100,6 +101,37 @@ pub(super) fn split_own_settings(url: &str) -> Result<(String, Vec<(String, Stri
         }
     }
     Ok((kept.join(" "), tls))
+}
+
+/// Refuses, with what was probably meant, the two shapes that are neither a `postgres://`
+/// URL nor libpq's `key=value` words: a URL of another scheme (`postgress://`, `mysql://`)
+/// and a bare word (a database name alone).
+fn check_form(url: &str) -> Result<(), String> {
+    let trimmed = url.trim();
+    if let Some((scheme, _)) = trimmed.split_once("://")
+        && !scheme.contains(['=', ' '])
+    {
+        return Err(format!(
+            "unknown URL scheme {:?}: a database URL starts with postgres:// or postgresql:// \
+             (postgres://USER@HOST:5432/DATABASE)",
+            format!("{scheme}://")
+        ));
+    }
+    if !trimmed.is_empty() && !trimmed.contains('=') {
+        let shown = if trimmed
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        {
+            format!("{trimmed:?} ")
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "the database URL {shown}is neither a URL nor key=value words: give \
+             postgres://USER@HOST:5432/DATABASE, or dbname=DATABASE host=HOST"
+        ));
+    }
+    Ok(())
 }
 
 /// libpq's `key=value` words: values may be single-quoted, with `\` escaping.

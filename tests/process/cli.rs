@@ -3,7 +3,9 @@
 //! (each shell's own completion engine; a broken script fails each) and
 //! `man` pages for every verb, generated from the same definitions as the parser; `replay` with filters, a dry run and its audit row; the
 //! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`);
-//! the verbs that write refusing the default database; `status` counting every dead letter.
+//! the verbs that write refusing the default database; `status` counting every dead letter;
+//! a refused privilege naming the role to grant; a misspelt config key or URL naming the fix;
+//! `make run`'s script relaying its samples.
 
 use crate::common;
 
@@ -315,10 +317,11 @@ fn the_verbs_that_write_refuse_the_default_database_and_name_the_fix() {
         &["replay", "--all"],
         &["migrate"],
         &["run", "--migrate", "--sink", "null", "--no-telemetry"],
+        &["run", "--sink", "null", "--no-telemetry"],
     ] {
         let out = without_a_database(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let verb = if args[0] == "run" {
+        let verb = if args.starts_with(&["run", "--migrate"]) {
             "run --migrate"
         } else {
             args[0]
@@ -431,6 +434,10 @@ fn bash_completes_verbs_nested_verbs_and_each_verbs_flags() {
         ["--limit"]
     );
     assert_eq!(offered(&["outbox-relay", "completions", "fi"]), ["fish"]);
+    assert_eq!(
+        offered(&["outbox-relay", "run", "--sink", ""]),
+        ["stdout", "file", "null"]
+    );
     std::fs::remove_file(&script).unwrap();
 }
 
@@ -785,6 +792,175 @@ async fn status_counts_the_messages_out_of_attempts_as_dead_lettered_in_the_text
         String::from_utf8_lossy(&out.stderr)
     );
     db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_verb_refused_a_privilege_names_the_role_to_grant() {
+    let db = TestDb::new().await;
+    let reader = db.login("reader", Some("outbox_reader")).await;
+    // (login, verb, the role the hint must name)
+    for (login, args, role) in [
+        (
+            &reader,
+            &["replay", "--all", "--reason", "r"][..],
+            "outbox_relay",
+        ),
+        (&reader, &["repair"], "outbox_relay"),
+        (
+            &reader,
+            &["enqueue", "--topic", "t", "--payload", "{}"],
+            "outbox_producer",
+        ),
+        (&reader, &["dead-letters", "list"], "outbox_relay"),
+    ] {
+        let out = common::verb(args, login);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "hint: this verb needs a login that is a member of {role}: as the database \
+                 owner, `GRANT {role} TO <this login>;`"
+            )),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A refusal that is not about privileges gets no such hint.
+    let out = common::verb(&["replay", "--id", "not-a-uuid"], &reader);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hint: this verb needs"));
+    db.finish().await;
+}
+
+/// `make run`'s script as the README has it, with the binary of this build given instead of
+/// the demo build (`make check` builds that one): it migrates the demo database it is
+/// given, enqueues the four samples and relays them to standard output.
+#[tokio::test(flavor = "multi_thread")]
+async fn make_runs_script_migrates_its_database_and_relays_the_samples_to_stdout() {
+    use std::io::BufRead;
+    let db = TestDb::new().await;
+    let demo = db.sibling("demo").await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/run-local.sh");
+    let mut child = Command::new("bash")
+        .args([script, "--no-telemetry"])
+        .env("DATABASE_URL", &db.base)
+        .env("DEMO_DATABASE", &demo)
+        .env("OUTBOX_RELAY_BIN", BIN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (lines, reading) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines() {
+            if lines.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut relayed = Vec::new();
+    while relayed.len() < 4 {
+        match reading.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) => relayed.push(serde_json::from_str::<serde_json::Value>(&line).unwrap()),
+            Err(e) => {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "{e}: relayed {relayed:?}; {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+    // `run` was exec'd in place of the script: the same process stops on SIGTERM.
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("run-local: using database {demo}"))
+            && stderr.contains("migrations applied now")
+            && stderr.contains("enqueued 4 sample messages"),
+        "{stderr}"
+    );
+    let mut topics: Vec<&str> = relayed
+        .iter()
+        .map(|m| m["topic"].as_str().unwrap())
+        .collect();
+    topics.sort_unstable();
+    assert_eq!(
+        topics,
+        [
+            "orders.created",
+            "orders.created",
+            "orders.created",
+            "orders.paid"
+        ],
+        "{relayed:?}"
+    );
+    db.finish().await;
+}
+
+#[test]
+fn a_misspelt_config_key_or_database_url_is_named_with_the_fix() {
+    let dir = std::env::temp_dir().join(format!("outbox-relay-typo-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let top = dir.join("top.toml");
+    std::fs::write(&top, "batchsize = 5\n").unwrap();
+    let nested = dir.join("nested.toml");
+    std::fs::write(
+        &nested,
+        "[destinations.d]\ntype = \"file\"\npaht = \"/tmp/x\"\n[[routes]]\ntopic = \"*\"\n\
+         destination = \"d\"\n",
+    )
+    .unwrap();
+    for (config, expected) in [
+        (
+            &top,
+            "unknown field `batchsize`: did you mean `batch_size`?",
+        ),
+        (&nested, "unknown field `paht`: did you mean `path`?"),
+    ] {
+        let out = exited_within(
+            Command::new(BIN).args([
+                "run",
+                "--no-telemetry",
+                "--database-url",
+                "postgres://postgres@127.0.0.1/postgres",
+                "--config",
+                config.to_str().unwrap(),
+            ]),
+            std::time::Duration::from_secs(20),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+    for (url, expected) in [
+        (
+            "postgress://postgres@127.0.0.1/x",
+            "unknown URL scheme \"postgress://\"",
+        ),
+        (
+            "orders",
+            "the database URL \"orders\" is neither a URL nor key=value words",
+        ),
+    ] {
+        let out = exited_within(
+            Command::new(BIN).args(["status", "--database-url", url]),
+            std::time::Duration::from_secs(20),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

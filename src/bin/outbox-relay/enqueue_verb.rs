@@ -19,6 +19,7 @@ pub async fn run(store: &Store, message: &NewMessage) -> Result<()> {
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The message's topic (`orders.created`): routes choose its destination by it.
     #[arg(long)]
     topic: String,
     /// Messages with the same key are delivered one at a time, in order.

@@ -44,7 +44,7 @@ const GLOBAL: &str = "Global options";
 )]
 struct Cli {
     /// Postgres URL of the database holding the outbox; the verbs that write (migrate,
-    /// enqueue, repair, replay, run --migrate) need one given [default: postgres://postgres@127.0.0.1:5432/postgres].
+    /// enqueue, repair, replay, run) need one given [default: postgres://postgres@127.0.0.1:5432/postgres].
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true, help_heading = GLOBAL, display_order = 1000)]
     database_url: Option<String>,
     /// File holding the Postgres URL (a mounted secret); also read from OUTBOX_DATABASE_URL_FILE.
@@ -140,6 +140,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let role = role_needed(&cli.command);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -148,9 +149,42 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", report(&e));
+            if let Some(role) = role.filter(|_| privilege_refused(&e)) {
+                eprintln!(
+                    "hint: this verb needs a login that is a member of {role}: as the \
+                     database owner, `GRANT {role} TO <this login>;` (docs/security.md#roles)"
+                );
+            }
             ExitCode::from(2)
         }
     }
+}
+
+/// The role of the SQL API whose grants a verb uses, named when Postgres refuses the login
+/// a privilege (SQLSTATE 42501). `migrate` is left out: it needs the schema's owner, and
+/// says so itself.
+fn role_needed(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Enqueue(_) => Some("outbox_producer"),
+        Command::Run { .. }
+        | Command::Repair { .. }
+        | Command::Replay(_)
+        | Command::DeadLetters(_)
+        | Command::Bench(_) => Some("outbox_relay"),
+        Command::Status(_) => Some("outbox_reader"),
+        _ => None,
+    }
+}
+
+/// Whether Postgres refused the login a privilege somewhere in the chain of `e`.
+fn privilege_refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<StoreError>(),
+            Some(StoreError::Database { source, .. })
+                if source.code().is_some_and(|c| c.code() == "42501")
+        )
+    })
 }
 
 /// The error and its causes, down to the first storage error: that one already says in

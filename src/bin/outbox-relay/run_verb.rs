@@ -25,14 +25,12 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
         return run_sources(settings, migrate, shutdown).await;
     }
 
-    if migrate && settings.database_url_is_default {
-        return Err(crate::unnamed_database("run --migrate"));
+    if settings.database_url_is_default {
+        let verb = if migrate { "run --migrate" } else { "run" };
+        return Err(crate::unnamed_database(verb));
     }
     let mut store = Store::connect(&settings.database_url, settings.pool_size)?
         .with_statements(settings.statements);
-    if settings.database_url_is_default {
-        store = store.on_default_database();
-    }
     if let Some(url) = &settings.listen_url {
         store = store.with_listen_url(url)?;
     }
