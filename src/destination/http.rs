@@ -193,7 +193,7 @@ impl Http {
             .await;
         match response {
             Err(e) => Outcome::Retryable {
-                reason: format!("POST {}: {}", redact_url(&url), e.without_url()),
+                reason: format!("POST {}: {}", redact_url(&url), cause(e)),
                 retry_after: None,
             },
             Ok(r) => {
@@ -288,9 +288,112 @@ impl Destination for Http {
     }
 }
 
+/// Why a request got no answer, in words an operator can group and act on: a timeout, a
+/// refused or failed connection with the operating system's or the resolver's reason, a
+/// TLS refusal with rustls's; never the URL (the caller names it, redacted) and never
+/// reqwest's generic "error sending request" alone.
+fn cause(e: reqwest::Error) -> String {
+    if e.is_timeout() {
+        return "timed out: no answer within the batch's dispatch deadline (timeout_ms)".into();
+    }
+    // The sources under reqwest's own sentence, each once: hyper's ("client error
+    // (Connect)"), then the connector's (a DNS error, rustls's alert, an io::Error).
+    let mut causes: Vec<String> = Vec::new();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !causes.iter().any(|c| c.contains(&text)) {
+            causes.push(text);
+        }
+        source = cause.source();
+    }
+    let kind = if e.is_connect() {
+        "cannot connect"
+    } else if e.is_request() {
+        "request failed"
+    } else {
+        "failed"
+    };
+    let detail: Vec<&str> = causes
+        .iter()
+        .map(String::as_str)
+        .filter(|c| !c.starts_with("client error ("))
+        .collect();
+    if detail.is_empty() {
+        format!("{kind}: {}", e.without_url())
+    } else {
+        format!("{kind}: {}", detail.join(": "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::url_for;
+    use super::{cause, url_for};
+
+    /// The reason a POST to `url` failed, from a client set up as the destination's is.
+    async fn failure(url: &str) -> String {
+        super::install_tls_provider();
+        let deadline = std::time::Duration::from_millis(500);
+        let client = reqwest::Client::builder()
+            .timeout(deadline)
+            .connect_timeout(deadline)
+            .build()
+            .unwrap();
+        match client.post(url).body("{}").send().await {
+            Ok(r) => panic!("{url} answered {}", r.status()),
+            Err(e) => cause(e),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_without_an_answer_names_its_cause() {
+        // Refused: a port nobody listens on.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let refused = failure(&format!("http://127.0.0.1:{port}/")).await;
+        assert!(
+            refused.starts_with("cannot connect: ") && refused.contains("Connection refused"),
+            "{refused}"
+        );
+        // Silent: a listener that accepts and never answers.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_port = silent.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = silent.accept().await {
+                open.push(socket);
+            }
+        });
+        let timed_out = failure(&format!("http://127.0.0.1:{silent_port}/")).await;
+        assert!(timed_out.starts_with("timed out"), "{timed_out}");
+        // TLS spoken to a server that does not: rustls's own reason.
+        let tls = failure(&format!("https://127.0.0.1:{silent_port}/")).await;
+        assert!(tls.starts_with("timed out"), "{tls}");
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let plain_port = plain.local_addr().unwrap().port();
+        let answers = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Ok((mut socket, _)) = plain.accept().await {
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let tls = failure(&format!("https://127.0.0.1:{plain_port}/")).await;
+        assert!(tls.starts_with("cannot connect: "), "{tls}");
+        for reason in [&refused, &timed_out, &tls] {
+            assert!(!reason.contains("error sending request"), "{reason}");
+            assert!(
+                !reason.contains("127.0.0.1"),
+                "the caller names the URL: {reason}"
+            );
+        }
+        assert_ne!(refused, tls);
+        eprintln!("refused: {refused}\ntimed out: {timed_out}\ntls: {tls}");
+        held.abort();
+        answers.abort();
+    }
 
     #[test]
     fn a_topic_stays_one_path_segment() {

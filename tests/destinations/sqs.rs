@@ -200,6 +200,21 @@ async fn a_queue_that_does_not_exist_dead_letters_its_messages_with_the_reason()
         dead[0].1.contains("nobody"),
         "the reason names the queue: {dead:?}"
     );
+    // `Code: message`, the same for every message of the cause: no SDK dump, no request id.
+    let reason = dead[0]
+        .1
+        .strip_prefix("sqs GetQueueUrl nobody: ")
+        .unwrap_or_else(|| panic!("the reason starts with the call and the queue: {dead:?}"));
+    let (code, message) = reason
+        .split_once(": ")
+        .unwrap_or_else(|| panic!("Code: message: {reason}"));
+    assert!(
+        code.chars().all(|c| c.is_ascii_alphanumeric() || c == '.')
+            && !message.is_empty()
+            && !reason.contains("request")
+            && !reason.contains('{'),
+        "{reason}"
+    );
     let got: Vec<Uuid> = h.received().await.iter().map(|a| a.id).collect();
     assert_eq!(got.len(), ids.len());
     db.finish().await;

@@ -280,6 +280,25 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// A failed call in words that group: `{what}: Code: message` for a refusal by the service
+/// (its request id, different on every call, goes to the debug log only), else the error
+/// and its sources (`dispatch failure: io error: … Connection refused`).
+fn reason_of<E>(what: &str, e: &SdkError<E>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match (e, e.code()) {
+        (SdkError::ServiceError(_), Some(code)) => {
+            tracing::debug!(call = what, error = %chain(e), "the service refused a call");
+            match e.message().filter(|m| !m.is_empty()) {
+                Some(message) => format!("{what}: {code}: {message}"),
+                None => format!("{what}: {code}"),
+            }
+        }
+        _ => format!("{what}: {}", chain(e)),
+    }
+}
+
 /// What a failed call means for its messages: throttling, 5xx, timeouts and connection
 /// failures are retryable; another refusal by the service (4xx: invalid parameter, message
 /// too long, access denied, no such queue) is permanent.
@@ -287,7 +306,7 @@ fn call_failed<E>(what: &str, e: &SdkError<E>) -> Failure
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let reason = format!("{what}: {}", chain(e));
+    let reason = reason_of(what, e);
     let retry = |reason: String| Failure {
         outcome: Outcome::Retryable {
             reason,
