@@ -99,9 +99,16 @@ pub enum Outcome {
     },
     /// Rejected for good (malformed, unroutable, 4xx); dead-letter it with the reason.
     Permanent { reason: String },
-    /// Not tried, or not counted as tried: its destination's circuit is open, or the whole
-    /// batch failed and this message was not the one charged for it. Given back to the
-    /// queue without an attempt. Only the dispatch layer answers this; destinations never do.
+    /// Sent, and no answer came (timed out, or the connection was lost after the request
+    /// went out): the destination may have it. An attempt, recorded as RETRYABLE like
+    /// [`Outcome::Retryable`], that spends the attempt budget whatever the circuit does with
+    /// the rest of its batch, so that `max_attempts` ends the resending of a message a slow
+    /// destination keeps taking late.
+    Unanswered { reason: String },
+    /// Not tried, or not counted as tried: it was never sent (its destination's circuit is
+    /// open, the batch's publish window closed or its dispatch deadline was near), or the
+    /// whole batch failed before anything was sent and this message was not the one
+    /// charged for it. Given back to the queue without an attempt.
     NotAttempted { reason: String },
 }
 

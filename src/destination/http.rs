@@ -192,9 +192,14 @@ impl Http {
             .send()
             .await;
         match response {
-            Err(e) => Outcome::Retryable {
+            // A connection that was never made sent nothing; anything else (a timeout, a
+            // connection lost after the request went out) may have arrived.
+            Err(e) if e.is_connect() => Outcome::Retryable {
                 reason: format!("POST {}: {}", redact_url(&url), cause(e)),
                 retry_after: None,
+            },
+            Err(e) => Outcome::Unanswered {
+                reason: format!("POST {}: {}", redact_url(&url), cause(e)),
             },
             Ok(r) => {
                 let status = r.status();

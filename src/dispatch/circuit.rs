@@ -3,7 +3,8 @@
 //!
 //! A batch whose every message failed retryably is one failure of the destination: only
 //! one message's attempt counts, the least tried (the others were not deliverable, so they
-//! are given back without an attempt). After `failures` such batches in a row the circuit opens: the
+//! are given back without an attempt), except the messages that were sent and got no
+//! answer, which are attempts each. After `failures` such batches in a row the circuit opens: the
 //! relayer stops claiming the topics routed there, and batches that were already on their
 //! way when it opened are given back without an attempt too. After `cooldown` the circuit
 //! is half-open and one message goes through as the probe (one not tried before, when the
@@ -202,7 +203,9 @@ impl Breaker {
     /// Records what the destination did with the messages published under `ticket` and
     /// rewrites the outcomes that must not count as attempts to [`Outcome::NotAttempted`]:
     /// when every message failed retryably, all but one (and all of them when the circuit
-    /// opened while they were out). The one charged is the least tried by its number
+    /// opened while they were out). An [`Outcome::Unanswered`] is never rewritten: it was
+    /// sent, so it is an attempt whatever the rest of the batch did, and a batch holding one
+    /// charges no other message. The one charged is the least tried by its number
     /// (`attempt_nos`, per outcome; the first among equals), so that an outage charges a
     /// message that already failed again only when the batch holds no fresher one.
     pub fn record(&self, ticket: Ticket, outcomes: &mut [Outcome], attempt_nos: &[i32]) {
@@ -219,9 +222,14 @@ impl Breaker {
             return;
         }
         // Messages of a run after an undelivered one were not attempted: they say nothing.
-        let all_failed = outcomes
-            .iter()
-            .all(|o| matches!(o, Outcome::Retryable { .. } | Outcome::NotAttempted { .. }));
+        let all_failed = outcomes.iter().all(|o| {
+            matches!(
+                o,
+                Outcome::Retryable { .. }
+                    | Outcome::Unanswered { .. }
+                    | Outcome::NotAttempted { .. }
+            )
+        });
         if !all_failed {
             if outcomes
                 .iter()
@@ -233,10 +241,15 @@ impl Breaker {
         }
         let opened_since = guard.1 != ticket.opened;
         let counted = !opened_since || ticket.probe;
+        // Messages sent without an answer are the batch's attempts already; else the least
+        // tried failed one is charged.
+        let sent = outcomes
+            .iter()
+            .any(|o| matches!(o, Outcome::Unanswered { .. }));
         let charged = outcomes
             .iter()
             .enumerate()
-            .filter(|(_, o)| counted && matches!(o, Outcome::Retryable { .. }))
+            .filter(|(_, o)| counted && !sent && matches!(o, Outcome::Retryable { .. }))
             .min_by_key(|(i, _)| (attempt_nos.get(*i).copied().unwrap_or(i32::MAX), *i))
             .map(|(i, _)| i);
         for (_, outcome) in outcomes
@@ -317,6 +330,28 @@ mod tests {
             attempted(&mixed),
             2,
             "a destination that delivers is not down"
+        );
+    }
+
+    #[test]
+    fn messages_sent_without_an_answer_are_attempts_each_and_still_a_failure() {
+        let unanswered = || Outcome::Unanswered {
+            reason: "timed out".into(),
+        };
+        let b = breaker(2);
+        let t = b.start().unwrap();
+        let mut outcomes = vec![unanswered(), unanswered(), retry()];
+        b.record(t, &mut outcomes, &[]);
+        assert_eq!(outcomes[..2], [unanswered(), unanswered()], "not rewritten");
+        assert_eq!(attempted(&outcomes), 2, "the unsent one is given back");
+        let t = b.start().unwrap();
+        let mut outcomes = vec![unanswered(), unanswered()];
+        b.record(t, &mut outcomes, &[]);
+        assert_eq!(attempted(&outcomes), 2);
+        assert_eq!(
+            b.state(),
+            State::Open,
+            "two failed batches open the circuit"
         );
     }
 

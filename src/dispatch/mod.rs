@@ -10,8 +10,9 @@
 //!   topics are left unclaimed;
 //! - **circuit** ([`circuit`]): repeated failures open the destination's circuit; its topics
 //!   are left unclaimed and what was already claimed is given back without an attempt;
-//! - **deadline**: a part not answered within `timeout_ms` is retryable ("did not answer"),
-//!   and counts towards the circuit like any other failure;
+//! - **deadline**: a part not answered within `timeout_ms` is unanswered ("did not
+//!   answer"): an attempt for each of its messages (what was sent may have arrived), and
+//!   a failure towards the circuit like any other;
 //! - **runs**: a part may hold several messages of one key, in enqueue order (the claim's
 //!   runs). They are delivered one call after the other, a key's next message only once its
 //!   predecessor was delivered; what follows an undelivered message is given back
@@ -384,11 +385,17 @@ impl Lane {
                     self.deadline,
                     messages.len(),
                 );
-                retryable(format!(
-                    "destination {} did not answer within {} ms",
-                    self.name,
-                    self.deadline.as_millis()
-                ))
+                // The destination was called: what it sent may have arrived.
+                vec![
+                    Outcome::Unanswered {
+                        reason: format!(
+                            "destination {} did not answer within {} ms",
+                            self.name,
+                            self.deadline.as_millis()
+                        ),
+                    };
+                    messages.len()
+                ]
             }
             Err(panic) => {
                 let what = panic
@@ -566,6 +573,7 @@ mod tests {
             .map(|o| match o {
                 Outcome::Delivered => "delivered",
                 Outcome::Retryable { .. } => "retryable",
+                Outcome::Unanswered { .. } => "unanswered",
                 Outcome::Permanent { .. } => "permanent",
                 Outcome::NotAttempted { .. } => "not attempted",
             })

@@ -73,6 +73,11 @@ impl Relay {
                         let at = now + chrono::Duration::from_std(*delay).unwrap_or_default();
                         (AttemptState::Retryable, Some(reason.clone()), Some(at))
                     }
+                    Outcome::Unanswered { reason } => {
+                        *delay = retry::delay(&self.settings.retry, m.attempt_no, None);
+                        let at = now + chrono::Duration::from_std(*delay).unwrap_or_default();
+                        (AttemptState::Retryable, Some(reason.clone()), Some(at))
+                    }
                     Outcome::Permanent { reason } => {
                         (AttemptState::Failed, Some(reason.clone()), None)
                     }
@@ -136,11 +141,13 @@ impl Relay {
                     summary.delivered += 1;
                     delivered.push(m);
                 }
-                Outcome::Retryable { reason, .. } if result.dead_lettered => {
+                Outcome::Retryable { reason, .. } | Outcome::Unanswered { reason }
+                    if result.dead_lettered =>
+                {
                     summary.rejected += 1;
                     telemetry::retries_exhausted(self.worker(), &self.source, m, reason);
                 }
-                Outcome::Retryable { reason, .. } => {
+                Outcome::Retryable { reason, .. } | Outcome::Unanswered { reason } => {
                     summary.retried += 1;
                     telemetry::retry_scheduled(self.worker(), &self.source, m, reason, *delay);
                 }

@@ -28,6 +28,8 @@ pub struct Seen {
     pub down: bool,
     /// Hold every request unanswered.
     pub frozen: bool,
+    /// Take every request (it is recorded) and answer 200 only after this long.
+    pub late: Option<std::time::Duration>,
 }
 
 /// The test webhook server: POST /hooks/{topic}; topic `rejected` gets 400.
@@ -63,6 +65,15 @@ impl Hooks {
                  body: axum::body::Bytes| async move {
                     while seen.lock().unwrap().frozen {
                         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    let late = seen.lock().unwrap().late;
+                    if let Some(after) = late {
+                        seen.lock()
+                            .unwrap()
+                            .requests
+                            .push((topic, headers, body.to_vec()));
+                        tokio::time::sleep(after).await;
+                        return StatusCode::OK;
                     }
                     let mut s = seen.lock().unwrap();
                     if s.down {
@@ -221,6 +232,63 @@ pub fn relayer(
         args.push("--no-telemetry");
     }
     common::Relayer::start(db, worker, &args)
+}
+
+/// A receiver that takes every request and answers after the dispatch deadline: each call
+/// was sent and may have arrived, so each is an attempt, and the attempt budget ends the
+/// resending (a request the relayer made is never without its attempt row).
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_answered_after_the_deadline_are_attempts_and_the_budget_ends_them() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let hooks = Hooks::serve().await;
+    hooks.seen.lock().unwrap().late = Some(std::time::Duration::from_millis(1_500));
+    let mut ids = HashSet::new();
+    for i in 0..6 {
+        let id: Uuid = c
+            .query_one(
+                "SELECT outbox.enqueue('orders', convert_to($1, 'UTF8'), p_max_attempts => 2, \
+                 p_content_type => 'application/json')",
+                &[&format!("{{\"n\": {i}}}")],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        ids.insert(id);
+    }
+    let mut w = relayer(
+        &db,
+        "late",
+        &hooks.url(),
+        "timeout_ms = 500",
+        &["--circuit-failures", "10"],
+    );
+    common::eventually(MINUTE, "every message to run out of attempts", || async {
+        common::count(&c, "SELECT count(*) FROM outbox.dead_letters").await == 6
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    let history = histories(&c).await;
+    assert_eq!(history.len(), 6, "{history:?}");
+    assert!(
+        history.values().all(|h| h == "1:RETRYABLE 2:RETRYABLE"),
+        "two attempts each, the budget: {history:?}"
+    );
+    let errors = common::count(
+        &c,
+        "SELECT count(*) FROM outbox.attempts WHERE error LIKE '%timed out%' \
+            OR error LIKE '%did not answer%'",
+    )
+    .await;
+    assert_eq!(errors, 12, "each attempt says it got no answer");
+    let requests = hooks.seen.lock().unwrap().requests.len();
+    assert_eq!(
+        requests, 12,
+        "as many requests as attempts: none sent without its attempt"
+    );
+    assert_eq!(hooks.delivered("orders"), ids);
+    db.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -314,9 +314,18 @@ where
         },
         split: false,
     };
-    let SdkError::ServiceError(_) = e else {
-        return retry(reason);
-    };
+    match e {
+        // Sent, and the answer did not come or could not be read: the service may have
+        // taken the entries, so each is an attempt.
+        SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
+            return Failure {
+                outcome: Outcome::Unanswered { reason },
+                split: false,
+            };
+        }
+        SdkError::ServiceError(_) => {}
+        _ => return retry(reason),
+    }
     let code = e.code().unwrap_or("");
     let status = e.raw_response().map(|r| r.status().as_u16());
     let busy = status.is_some_and(|s| s >= 500 || s == 408 || s == 429);
@@ -424,8 +433,9 @@ struct Prepared<T> {
 /// Sends `prepared` (each bound for one target: a queue, topic, bus or stream) in calls of
 /// at most `max_count` entries and `max_bytes` bytes, up to `concurrency` calls at once,
 /// each call checked against `window` before it is sent. Within the dispatch deadline
-/// (`deadline`): no call starts after 70 % of it (its messages are retryable, not sent),
-/// and a call unanswered at 90 % is given up (retryable), so that the calls that were
+/// (`deadline`): no call starts after 70 % of it (its messages are given back unattempted),
+/// and a call unanswered at 90 % is given up (an attempt of each of its messages: they
+/// may have arrived), so that the calls that were
 /// answered settle their messages instead of the whole batch timing out and being sent
 /// again. `call` sends one call's entries
 /// and answers each entry's outcome by its batch index, or the call's [`Failure`]; a
@@ -462,20 +472,20 @@ async fn send_in_calls<T, F, Fut>(
     let started = tokio::time::Instant::now();
     let last_start = started + deadline.mul_f64(0.7);
     let give_up = started + deadline.mul_f64(0.9);
-    let late = || Outcome::Retryable {
+    // Never sent: given back without an attempt.
+    let late = || Outcome::NotAttempted {
         reason: format!(
             "not sent: the batch's dispatch deadline ({} ms) was near",
             deadline.as_millis()
         ),
-        retry_after: None,
     };
+    // Sent and not answered: the service may have it; an attempt.
     let unanswered = || Failure {
-        outcome: Outcome::Retryable {
+        outcome: Outcome::Unanswered {
             reason: format!(
                 "timed out: no answer within 90 % of the dispatch deadline ({} ms)",
                 deadline.as_millis()
             ),
-            retry_after: None,
         },
         split: false,
     };
