@@ -622,3 +622,30 @@ fn every_documented_destination_list_names_the_binarys_destinations() {
         "docs/guarantees.md's table of where the outbox_id and the sequence are"
     );
 }
+
+/// `bench --destination`'s choices (clap's possible values) are the ones its row in the
+/// reference names, each as a code span.
+#[test]
+fn the_benchmarks_destinations_are_the_documented_ones() {
+    let text = help(&["bench"]);
+    let values = text
+        .split("--destination <DESTINATION>")
+        .nth(1)
+        .expect("bench has --destination")
+        .split("[possible values: ")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .expect("bench --destination lists its possible values");
+    let offered: std::collections::BTreeSet<&str> = values.split(", ").collect();
+    let doc = read("docs/configuration.md");
+    let row = doc
+        .lines()
+        .find(|l| l.starts_with("| `--destination` |"))
+        .expect("the reference has a row for bench --destination");
+    let named: std::collections::BTreeSet<&str> = code_spans(row)
+        .into_iter()
+        .filter(|s| offered.contains(s) || s.chars().all(|c| c.is_ascii_lowercase()))
+        .filter(|s| *s != "--destination")
+        .collect();
+    assert_eq!(named, offered, "{row}");
+}
