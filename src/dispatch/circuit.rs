@@ -9,7 +9,9 @@
 //! way when it opened are given back without an attempt too. After `cooldown` the circuit
 //! is half-open and one message goes through as the probe (one not tried before, when the
 //! batch has one: an outage charges no message twice); a delivery closes the circuit,
-//! a failure opens it again. Every change of state is logged and signalled to the one
+//! a failure opens it again. A failed batch with a call that was sent and got no answer (a
+//! timeout) moves a closed circuit straight to half-open: the destination may be stalled,
+//! and one message probes it before more calls are piled on it. Every change of state is logged and signalled to the one
 //! waiter of the `changed` notification, which reports it to the database; the report says
 //! since when (wall clock) the circuit is closed, or is not (a probe that fails does not
 //! restart an outage's time).
@@ -269,6 +271,10 @@ impl Breaker {
             return;
         }
         let next = match guard.0 {
+            // A call went out and got no answer: the destination may be stalled, so one
+            // message probes it before more calls are piled on it (each would be sent again
+            // after the stall: duplicates growing with the batches in flight).
+            Inner::Closed { .. } if sent => Inner::Probing { in_flight: false },
             Inner::Closed { failures } if failures + 1 < self.settings.failures => Inner::Closed {
                 failures: failures + 1,
             },
@@ -344,15 +350,38 @@ mod tests {
         b.record(t, &mut outcomes, &[]);
         assert_eq!(outcomes[..2], [unanswered(), unanswered()], "not rewritten");
         assert_eq!(attempted(&outcomes), 2, "the unsent one is given back");
-        let t = b.start().unwrap();
-        let mut outcomes = vec![unanswered(), unanswered()];
-        b.record(t, &mut outcomes, &[]);
-        assert_eq!(attempted(&outcomes), 2);
         assert_eq!(
             b.state(),
-            State::Open,
-            "two failed batches open the circuit"
+            State::HalfOpen,
+            "a call without an answer has the destination probed before more are sent"
         );
+        let probe = b.start().unwrap();
+        assert!(probe.probe);
+        assert!(
+            b.start().is_none(),
+            "nothing else goes out beside the probe"
+        );
+        let mut outcomes = vec![unanswered()];
+        b.record(probe, &mut outcomes, &[]);
+        assert_eq!(attempted(&outcomes), 1);
+        assert_eq!(b.state(), State::Open, "a probe without an answer opens it");
+    }
+
+    #[test]
+    fn a_probe_delivered_after_a_call_without_an_answer_closes_the_circuit() {
+        let b = breaker(5);
+        let t = b.start().unwrap();
+        b.record(
+            t,
+            &mut [Outcome::Unanswered {
+                reason: "timed out".into(),
+            }],
+            &[],
+        );
+        let probe = b.start().unwrap();
+        b.record(probe, &mut [Outcome::Delivered], &[]);
+        assert_eq!(b.state(), State::Closed);
+        assert!(!b.start().unwrap().probe);
     }
 
     #[test]
