@@ -421,6 +421,11 @@ async fn a_generic_mapping_relays_a_table_of_any_shape() {
         "a NULL payload is empty"
     );
     assert_eq!(
+        rows[1].get::<_, String>(3),
+        "application/octet-stream",
+        "of no type"
+    );
+    assert_eq!(
         rows[1].get::<_, serde_json::Value>(4),
         serde_json::json!({})
     );
