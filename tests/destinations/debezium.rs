@@ -276,6 +276,27 @@ async fn an_unchanged_quarkus_application_gets_the_records_debezium_documents() 
         !ids.contains(&rolled_back.id.to_string()),
         "the rolled back row"
     );
+
+    // The adoption listed, then removed with one command; the table relays nothing more.
+    let listed = common::verb(&["adopt", "--list"], &db.url);
+    assert!(
+        common::text(&listed.stdout).starts_with("outboxevent\t{"),
+        "{}",
+        common::text(&listed.stdout)
+    );
+    let removed = common::verb(&["adopt", "--remove", "outboxevent"], &db.url);
+    assert_eq!(
+        common::text(&removed.stdout),
+        "outboxevent is no longer adopted\n"
+    );
+    Row::new("Order", "45", Some(serde_json::json!({})))
+        .insert(&c)
+        .await;
+    assert_eq!(pending(&c).await, 0);
+    assert_eq!(
+        common::text(&common::verb(&["adopt", "--list"], &db.url).stdout),
+        ""
+    );
     db.finish().await;
 }
 
