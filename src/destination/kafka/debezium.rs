@@ -11,6 +11,8 @@
 //! - the value is the payload alone: as JSON (`expand.json.payload`, the default here),
 //!   compacted with its keys in their stored order; or as a JSON string holding the stored
 //!   text, as Debezium's JSON converter writes an unexpanded payload (`value = "string"`);
+//!   a payload of bytes (`application/octet-stream`, an adopted bytea column: Avro,
+//!   Protobuf) as its bytes, as Debezium's `BinaryDataConverter` writes it;
 //!   with envelope placements (`type:envelope:eventType`) the value is an object holding
 //!   `payload` and those fields;
 //! - an empty payload is a tombstone (no value) when asked (`route.tombstone.on.empty.payload`);
@@ -23,6 +25,9 @@
 use crate::destination::Setting;
 use crate::error::ConfigError;
 use crate::message::ClaimedMessage;
+
+/// The content type of a payload of bytes (an adopted bytea column): written as it is.
+const BYTES: &str = "application/octet-stream";
 
 /// Debezium's default `route.topic.replacement`, in the destination's template syntax.
 pub(super) const DEFAULT_TOPIC: &str = "outbox.event.{topic}";
@@ -212,6 +217,11 @@ impl Debezium {
         if m.payload.is_empty() {
             return Ok(b"null".to_vec());
         }
+        if m.content_type == BYTES {
+            // A bytea column (Avro, Protobuf, …): its bytes as they are, as Debezium's
+            // BinaryDataConverter writes them.
+            return Ok(m.payload.clone());
+        }
         let text = std::str::from_utf8(&m.payload).map_err(|e| {
             format!(
                 "the debezium envelope writes the payload as JSON text, and it is not UTF-8: {e}"
@@ -304,6 +314,14 @@ mod tests {
         assert_eq!(
             r.value.unwrap(),
             br#"{"payload":{"a":1},"eventType":"OrderCreated"}"#.to_vec()
+        );
+        let mut avro = message("");
+        avro.payload = vec![0x00, 0xff, 0x10];
+        avro.content_type = BYTES.into();
+        assert_eq!(
+            envelope("", "json", false).record(&avro).unwrap().value,
+            Some(vec![0x00, 0xff, 0x10]),
+            "bytes as they are"
         );
         let empty = message("");
         assert_eq!(
