@@ -20,7 +20,8 @@
 //! - `sources.rs`: the slots through which a fleet shares many outboxes, and finding them;
 //! - `turns.rs`: the turns of the leasing calls of one server's sources in a many-source
 //!   process;
-//! - `fill.rs`: synthetic messages in bulk, for the bench and the tests.
+//! - `fill.rs`: synthetic messages in bulk, for the bench and the tests;
+//! - `adopt.rs`: adopting an application's own outbox table, and the tables adopted.
 //!
 //! Every statement names its schema (`outbox.…`, or the source's own schema: `naming.rs`)
 //! and nothing sets session state, so a statement means the same on whichever server
@@ -36,6 +37,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use crate::connection::{Target, describe_chain};
 use crate::secret::redact_url;
 
+mod adopt;
 mod dead_letters;
 mod enqueue;
 mod fill;
@@ -50,6 +52,7 @@ mod sources;
 mod statements;
 mod turns;
 
+pub use adopt::AdoptedTable;
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
 pub use enqueue::{enqueue, enqueue_in};
 pub use fill::{

@@ -17,6 +17,7 @@
 pub mod cluster;
 mod kit;
 pub mod pgbouncer;
+pub mod quarkus;
 pub mod sql;
 
 use std::sync::Mutex;

@@ -42,14 +42,17 @@ pub struct Tansu {
 
 /// One record as kcat read it.
 #[derive(Debug, serde::Deserialize)]
-struct Record {
-    partition: i32,
-    offset: i64,
-    key: Option<String>,
-    payload: Option<String>,
+pub(crate) struct Record {
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) key: Option<String>,
+    /// None: a tombstone.
+    pub(crate) payload: Option<String>,
+    /// The record's timestamp, milliseconds since the epoch.
+    pub(crate) ts: i64,
     /// Name, value, name, value, …
     #[serde(default)]
-    headers: Vec<String>,
+    pub(crate) headers: Vec<String>,
 }
 
 /// The tansu binary: `$TANSU`, or the one `make test` installs under `target/tools`, or one
@@ -88,11 +91,11 @@ fn librdkafka_dir() -> std::path::PathBuf {
 
 impl Tansu {
     /// The address the broker advertises: the proxy.
-    fn brokers(&self) -> String {
+    pub(crate) fn brokers(&self) -> String {
         format!("127.0.0.1:{}", self.proxy.port)
     }
 
-    fn create_topic(&self, name: &str, partitions: i32) {
+    pub(crate) fn create_topic(&self, name: &str, partitions: i32) {
         let out = Command::new(tansu())
             .args([
                 "topic",
@@ -112,7 +115,7 @@ impl Tansu {
     }
 
     /// Every record of `topic`, partition by partition in offset order, read with kcat.
-    fn records(&self, topic: &str) -> Vec<Record> {
+    pub(crate) fn records(&self, topic: &str) -> Vec<Record> {
         let out = Command::new("kcat")
             .env("LD_LIBRARY_PATH", librdkafka_dir())
             .args([
@@ -145,7 +148,7 @@ impl Tansu {
 }
 
 impl Record {
-    fn headers(&self) -> BTreeMap<String, String> {
+    pub(crate) fn headers(&self) -> BTreeMap<String, String> {
         // A later header of the same name wins, as a consumer's lastHeader() would see it.
         self.headers
             .chunks(2)

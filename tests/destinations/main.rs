@@ -47,6 +47,7 @@ mod common;
 
 mod amqp;
 mod aws;
+mod debezium;
 mod dispatch;
 mod eventbridge;
 mod http;

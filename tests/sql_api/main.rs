@@ -13,11 +13,13 @@
 //! - [`dead_letters`]: dead-lettering, replay and pruning the attempt history;
 //! - [`observation`]: the operator's views;
 //! - [`roles`]: what each role may do, and what a login cannot hold up;
-//! - [`arguments`]: P7001 naming the argument refused.
+//! - [`arguments`]: P7001 naming the argument refused;
+//! - [`adopt`]: an application's own outbox table relayed by a trigger, and removed cleanly.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adopt;
 mod arguments;
 mod attempt_slots;
 mod claim;

@@ -3,7 +3,7 @@
 //! never uses it. This file holds the parser (every verb and its flags, the global options)
 //! and the settings the verbs share, and hands each verb to its file: `run_verb.rs`,
 //! `migrate_verb.rs`, `enqueue_verb.rs`, `status_verb.rs`, `repair_verb.rs`,
-//! `dead_letters_verb.rs`, `replay_verb.rs`, `bench/`, `healthcheck_verb.rs`, and
+//! `dead_letters_verb.rs`, `replay_verb.rs`, `adopt_verb.rs`, `bench/`, `healthcheck_verb.rs`, and
 //! `manual.rs` for `completions` and `man`. `all_sources.rs` is what the verbs share to
 //! work across the sources of `--all-sources` or on the one of `--source NAME`;
 //! `output.rs` writes standard output as Unix tools do.
@@ -17,6 +17,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 #[macro_use]
 mod output;
 
+mod adopt_verb;
 mod all_sources;
 mod bench;
 mod dead_letters_verb;
@@ -111,6 +112,9 @@ enum Command {
     /// Move dead letters back into the outbox with a fresh attempt budget (audited in
     /// outbox.replay_log; preview with --dry-run).
     Replay(Box<replay_verb::Args>),
+    /// Relay a table the application already writes (Debezium's outbox table, or any by a
+    /// mapping): install (or --remove) the trigger that enqueues each inserted row; --list.
+    Adopt(Box<adopt_verb::Args>),
     /// Measure drain throughput, latency and memory (see `make bench`).
     Bench(bench::Options),
     /// Ask a running relayer's /healthz (or /readyz) and exit 0 when it answers 200 (for
@@ -324,6 +328,10 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Replay(args) => {
             let writes = (!args.dry_run).then_some("replay");
             replay_verb::run(&quick_store(&cli, writes).await?, args).await
+        }
+        Command::Adopt(args) => {
+            let writes = (!args.list()).then_some("adopt");
+            adopt_verb::run(&quick_store(&cli, writes).await?, args).await
         }
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 
+use super::debezium::{self, Debezium};
 use super::{Kafka, create};
 use crate::destination::Setting;
 use crate::destination::cloudevents::{self, Envelope};
@@ -52,8 +53,17 @@ pub struct KafkaConfig {
     /// Other librdkafka producer properties, passed through; the client refuses one it does
     /// not know at start-up.
     pub properties: Option<BTreeMap<String, toml::Value>>,
-    /// `"cloudevents"` to send each message as a CloudEvent [default: none].
+    /// `"cloudevents"` to send each message as a CloudEvent, `"debezium"` to write it as
+    /// Debezium's outbox event router does [default: none].
     pub envelope: Option<String>,
+    /// With the debezium envelope: the message headers placed in the record, Debezium's
+    /// `table.fields.additional.placement` (`type:header:eventType,…`) [default: none].
+    pub debezium_placement: Option<String>,
+    /// With the debezium envelope: `json` (the payload expanded) or `string` (a JSON string
+    /// of its text) [default: json].
+    pub debezium_value: Option<String>,
+    /// With the debezium envelope: an empty payload as a tombstone [default: false].
+    pub debezium_tombstone_on_empty_payload: Option<bool>,
     /// `"binary"` or `"structured"` [default: binary].
     pub cloudevents_mode: Option<String>,
     /// The CloudEvents `source` template [default: /outbox-relay].
@@ -107,7 +117,19 @@ impl KafkaConfig {
     ) -> Result<Kafka, ConfigError> {
         let brokers = self.brokers.as_deref().unwrap_or("127.0.0.1:9092");
         check_brokers(at, brokers)?;
-        let topic = self.topic.as_deref().unwrap_or("{topic}");
+        let debezium = self.debezium(at)?;
+        let default_topic = if debezium.is_some() {
+            debezium::DEFAULT_TOPIC
+        } else {
+            "{topic}"
+        };
+        // Debezium's name for the routed value, so that its replacement template pastes.
+        let topic = self
+            .topic
+            .as_deref()
+            .unwrap_or(default_topic)
+            .replace("${routedByValue}", "{topic}");
+        let topic = topic.as_str();
         if topic.trim().is_empty() {
             return Err(at.invalid("topic", "must not be empty"));
         }
@@ -219,20 +241,70 @@ impl KafkaConfig {
         let envelope = Envelope::from_settings(
             at,
             &cloudevents::Settings {
-                envelope: self.envelope.as_deref(),
+                envelope: self.envelope.as_deref().filter(|e| *e != "debezium"),
                 mode: self.cloudevents_mode.as_deref(),
                 source: self.cloudevents_source.as_deref(),
                 kind: self.cloudevents_type.as_deref(),
             },
         )?;
+        if debezium.is_some()
+            && let Some(field) = [
+                ("cloudevents_mode", &self.cloudevents_mode),
+                ("cloudevents_source", &self.cloudevents_source),
+                ("cloudevents_type", &self.cloudevents_type),
+            ]
+            .iter()
+            .find_map(|(field, v)| v.is_some().then_some(*field))
+        {
+            return Err(at.invalid(field, "is used only with envelope = \"cloudevents\""));
+        }
         Ok(Kafka {
             envelope,
+            debezium,
             config,
             producer: RwLock::new(producer),
             topic: topic.to_owned(),
             brokers: brokers.to_owned(),
             readiness_timeout: deadline.min(Duration::from_secs(5)),
         })
+    }
+
+    /// The debezium envelope, when `envelope = "debezium"`; its settings are refused with
+    /// any other envelope.
+    fn debezium(&self, at: Setting<'_>) -> Result<Option<Debezium>, ConfigError> {
+        match self.envelope.as_deref() {
+            None | Some("none" | "cloudevents" | "debezium") => {}
+            Some(other) => {
+                return Err(at.invalid(
+                    "envelope",
+                    format!(
+                        "{other:?} is not an envelope of the kafka destination: \"none\", \
+                         \"cloudevents\" or \"debezium\""
+                    ),
+                ));
+            }
+        }
+        if self.envelope.as_deref() == Some("debezium") {
+            return Debezium::from_settings(
+                at,
+                self.debezium_placement.as_deref(),
+                self.debezium_value.as_deref(),
+                self.debezium_tombstone_on_empty_payload,
+            )
+            .map(Some);
+        }
+        let stray = [
+            ("debezium_placement", self.debezium_placement.is_some()),
+            ("debezium_value", self.debezium_value.is_some()),
+            (
+                "debezium_tombstone_on_empty_payload",
+                self.debezium_tombstone_on_empty_payload.is_some(),
+            ),
+        ];
+        match stray.iter().find(|(_, set)| *set) {
+            Some((field, _)) => Err(at.invalid(field, "is used only with envelope = \"debezium\"")),
+            None => Ok(None),
+        }
     }
 
     /// The TLS and SASL settings, checked for what the client would only find on connecting.

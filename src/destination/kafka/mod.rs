@@ -18,11 +18,14 @@
 //! the records the old one could not write.
 //!
 //! With the CloudEvents envelope, the attributes go as `ce_` headers (binary) or the value
-//! is the JSON event (structured).
+//! is the JSON event (structured). With the debezium envelope, the record is the one
+//! Debezium's outbox event router writes (`debezium.rs`): its key, value, headers and
+//! timestamp replace those above.
 //!
 //! Its settings and their validation are in `config.rs`; this file is the publisher.
 
 mod config;
+mod debezium;
 
 use std::sync::RwLock;
 use std::time::Duration;
@@ -53,6 +56,7 @@ pub struct Kafka {
     brokers: String,
     readiness_timeout: Duration,
     envelope: Option<Envelope>,
+    debezium: Option<debezium::Debezium>,
 }
 
 impl Kafka {
@@ -193,6 +197,33 @@ impl Kafka {
                     "{topic:?} is not a valid Kafka topic name (1 to 249 letters, digits, '.', '_', '-')"
                 );
                 pending.push((topic, Err(Outcome::Permanent { reason })));
+                continue;
+            }
+            if let Some(debezium) = &self.debezium {
+                let sent = match debezium.record(m) {
+                    Ok(r) => {
+                        let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+                            h.insert(Header {
+                                key: k,
+                                value: Some(v),
+                            })
+                        });
+                        let mut record = FutureRecord::<str, [u8]>::to(&topic)
+                            .headers(headers)
+                            .timestamp(r.timestamp);
+                        if let Some(key) = r.key.as_deref() {
+                            record = record.key(key);
+                        }
+                        if let Some(value) = r.value.as_deref() {
+                            record = record.payload(value);
+                        }
+                        producer
+                            .send_result(record)
+                            .map_err(|(e, _)| classify(&topic, &e))
+                    }
+                    Err(reason) => Err(Outcome::Permanent { reason }),
+                };
+                pending.push((topic, sent));
                 continue;
             }
             let headers = match headers(m, self.envelope.as_ref()) {
