@@ -39,7 +39,15 @@ pub const SOURCES: &str = "outbox_sources";
 pub const PINNED_SLOTS: &str = "outbox_message_slots_pinned";
 pub const HELD_OPEN_SLOTS: &str = "outbox_message_slots_held_open_total";
 /// The `state` label values of [`SOURCES`].
-pub const SOURCE_STATES: [&str; 5] = ["starting", "serving", "standby", "over_budget", "down"];
+pub const SOURCE_STATES: [&str; 7] = [
+    "starting",
+    "serving",
+    "standby",
+    "over_budget",
+    "queued",
+    "waiting",
+    "down",
+];
 // Fleet gauges, rendered from the latest observation (by `observe`).
 pub const OBSERVED_AT: &str = "outbox_observation_timestamp_seconds";
 pub const BACKLOG: &str = "outbox_backlog_messages";

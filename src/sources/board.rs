@@ -23,6 +23,13 @@ pub enum SourceState {
     Standby,
     /// This process may not open more connections to its server (the connection budget).
     OverBudget,
+    /// It has ready messages and nobody serves it: it waits for its turn (a process with
+    /// room takes it, or one serving another source of its server gives that one up),
+    /// within the bound [`Share::wait_bound`](super::share::Share::wait_bound) states.
+    Queued,
+    /// Queued for longer than that bound: starved, which the log, `/readyz` and the
+    /// `outbox_sources{state="waiting"}` gauge show.
+    Waiting,
     /// It cannot be served: the reason, in words (retried with backoff).
     Down(String),
 }
@@ -35,6 +42,8 @@ impl SourceState {
             Self::Serving { .. } => "serving",
             Self::Standby => "standby",
             Self::OverBudget => "over_budget",
+            Self::Queued => "queued",
+            Self::Waiting => "waiting",
             Self::Down(_) => "down",
         }
     }
@@ -90,6 +99,12 @@ impl Board {
                 tracing::warn!(source, reason = %reason,
                     "source cannot be served; retried with backoff while the others go on");
             }
+            SourceState::Waiting => tracing::warn!(
+                source,
+                waiting_since = %entry.since.format("%Y-%m-%dT%H:%M:%SZ"),
+                "source starved: it has had ready messages and no process serving it for \
+                 longer than the bound its turns promise"
+            ),
             SourceState::OverBudget => tracing::warn!(
                 source,
                 "source not taken: this process's share of its server's connection budget \
@@ -97,9 +112,21 @@ impl Board {
             ),
             other => tracing::info!(source, state = other.name(), "source state"),
         }
+        // Waiting is queued for too long: it keeps the time the wait started.
+        if !(entry.state == SourceState::Queued && state == SourceState::Waiting) {
+            entry.since = Utc::now();
+        }
         entry.state = state;
-        entry.since = Utc::now();
         crate::telemetry::sources(&counts(&board));
+    }
+
+    /// Since when `source` has been in its present state.
+    pub fn since(&self, source: &str) -> Option<DateTime<Utc>> {
+        self.entries
+            .lock()
+            .expect("board lock")
+            .get(source)
+            .map(|e| e.since)
     }
 
     /// Records who serves `source`, as the source said.

@@ -7,23 +7,32 @@
 use std::collections::BTreeMap;
 
 use super::settings::SourcesSettings;
+use super::share::Share;
 use crate::store::{Store, with_database};
 
 /// Every source, name → connection string. An error names what could not be read (the
 /// server or the catalogue); the caller keeps serving the sources it had.
 pub async fn discover(settings: &SourcesSettings) -> Result<BTreeMap<String, String>, String> {
-    discover_keeping(settings, &BTreeMap::new()).await
+    discover_keeping(settings, &BTreeMap::new(), None).await
 }
 
 /// [`discover`], keeping a database of `known` whose probe failed this time (a server at
 /// its connection limit, a network blip): a source is dropped when the server says it
-/// has no outbox or is gone, not when it could not be asked.
+/// has no outbox or is gone, not when it could not be asked. With `share`, each session
+/// takes one of its server's short sessions ([`Share::short_session`]): the connection
+/// budget counts discovery's sessions too.
 pub async fn discover_keeping(
     settings: &SourcesSettings,
     known: &BTreeMap<String, String>,
+    share: Option<&Share>,
 ) -> Result<BTreeMap<String, String>, String> {
+    let short = async |url: &str| match share {
+        Some(share) => share.short_session(&super::serve::server_of(url)).await,
+        None => None,
+    };
     let mut found = BTreeMap::new();
     if let Some(server) = &settings.server_url {
+        let listing = short(server).await;
         let store = Store::connect_as(server, 1, "outbox-relay poll")
             .map_err(|e| format!("sources_server_url: {e}"))?;
         let databases = store
@@ -31,10 +40,12 @@ pub async fn discover_keeping(
             .await
             .map_err(|e| format!("sources_server_url: listing the databases: {e}"))?;
         drop(store);
+        drop(listing);
         for database in databases {
             let url = with_database(server, &database);
             // One short session per database: a database this login may not enter, or
             // without an outbox, is not a source.
+            let _short = short(&url).await;
             let holds_outbox = match Store::connect_as(&url, 1, "outbox-relay poll") {
                 Ok(probe) => probe.has_outbox().await,
                 Err(e) => Err(e),
@@ -55,6 +66,7 @@ pub async fn discover_keeping(
         }
     }
     if let Some((url, query)) = &settings.catalogue {
+        let _short = short(url).await;
         let store = Store::connect_as(url, 1, "outbox-relay poll")
             .map_err(|e| format!("sources_catalogue_url: {e}"))?;
         for (name, source_url, schema) in store

@@ -120,7 +120,7 @@ pub async fn run(fleet: Arc<Fleet>, shutdown: CancellationToken) {
             .iter()
             .map(|(name, (url, _, _))| (name.clone(), url.clone()))
             .collect();
-        match discover::discover_keeping(&fleet.settings, &known).await {
+        match discover::discover_keeping(&fleet.settings, &known, Some(&fleet.share)).await {
             Ok(found) => {
                 if failing.take().is_some() {
                     tracing::info!("sources discovery works again");

@@ -38,6 +38,8 @@ enum End {
     Stop,
     /// This process serves more than its share.
     GiveBack,
+    /// Another source of its server is queued and this one's turn is over.
+    TurnOver,
     /// The slot's lease may have lapsed, or the source says another holds it.
     Lost(String),
 }
@@ -54,12 +56,14 @@ struct PollSession<'a> {
     store: Store,
     /// Counted in the server's kept sessions: kept open after the poll.
     kept: Option<Kept<'a>>,
+    /// Not kept: its turn on the server's short sessions, held until it is closed.
+    _short: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<'a> PollSession<'a> {
     /// The session kept from the last poll, or a new one: kept after this poll when there
     /// is room for it now.
-    fn open(
+    async fn open(
         fleet: &'a Fleet,
         url: &str,
         server: &str,
@@ -69,19 +73,20 @@ impl<'a> PollSession<'a> {
             return Ok(session);
         }
         let kept = fleet.share.try_keep(server);
-        let name = if kept.is_some() {
-            "outbox-relay standby"
+        let (name, short) = if kept.is_some() {
+            ("outbox-relay standby", None)
         } else {
-            "outbox-relay poll"
+            ("outbox-relay poll", fleet.share.short_session(server).await)
         };
         Ok(Self {
             store: Store::connect_as(url, 1, name)?,
             kept,
+            _short: short,
         })
     }
 
     /// This session, when it is to stay open for the next poll (it was counted, and its
-    /// room is still there).
+    /// room is still there); a short session is closed, giving its turn back.
     fn keep(mut self) -> Option<Self> {
         (self.kept.is_some() && !self.excess()).then_some(self)
     }
@@ -98,11 +103,11 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
     let mut kept: Option<PollSession> = None;
     loop {
         let reused = kept.is_some();
-        let mut polled = poll_on(&fleet, &url, &server, kept.take()).await;
+        let mut polled = poll_on(&fleet, &name, &url, &server, kept.take()).await;
         if reused && polled.is_err() {
             // A kept session may have been closed meanwhile (a server restart, an idle
             // timeout): once more, on a new one.
-            polled = poll_on(&fleet, &url, &server, None).await;
+            polled = poll_on(&fleet, &name, &url, &server, None).await;
         }
         fleet.share.polled(&name);
         match polled {
@@ -124,6 +129,7 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                     refusal,
                     turn,
                     held,
+                    queued,
                 },
                 session,
             )) => {
@@ -140,13 +146,20 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                             return;
                         }
                     }
-                    // Not served here (a slot is returned only when asked for): standby,
-                    // or over the budget when that is why none was asked for.
+                    // Not served here (a slot is returned only when asked for): queued (or
+                    // waiting, past the bound) when it has ready messages and nobody serves
+                    // it, over the budget when that is why none was asked for, standby
+                    // otherwise.
                     (slot, _) => {
-                        let state = if slot.is_none() && refusal == Some(Refusal::Budget) {
-                            SourceState::OverBudget
-                        } else {
-                            SourceState::Standby
+                        let state = match queued {
+                            Some(since) if since.elapsed() > fleet.share.wait_bound() => {
+                                SourceState::Waiting
+                            }
+                            Some(_) => SourceState::Queued,
+                            None if slot.is_none() && refusal == Some(Refusal::Budget) => {
+                                SourceState::OverBudget
+                            }
+                            None => SourceState::Standby,
                         };
                         fleet.board.set(&name, state);
                         kept = session.keep();
@@ -179,19 +192,24 @@ struct Polled<'a> {
     turn: SourceTurn,
     /// This source, counted in the process's share while a slot was asked for.
     held: Option<Held<'a>>,
+    /// Since when it has had ready messages and nobody serving it, if it has.
+    queued: Option<Instant>,
 }
 
 /// One poll on the session kept from the last poll, or on a new one, within
 /// [`poll_within`]; with that session.
 async fn poll_on<'a>(
     fleet: &'a Fleet,
+    name: &str,
     url: &str,
     server: &str,
     kept: Option<PollSession<'a>>,
 ) -> Result<(Polled<'a>, PollSession<'a>), String> {
-    let session = PollSession::open(fleet, url, server, kept).map_err(|e| e.to_string())?;
+    let session = PollSession::open(fleet, url, server, kept)
+        .await
+        .map_err(|e| e.to_string())?;
     let within = poll_within(fleet);
-    match tokio::time::timeout(within, poll(fleet, server, &session.store)).await {
+    match tokio::time::timeout(within, poll(fleet, name, server, &session.store)).await {
         Ok(Ok(polled)) => Ok((polled, session)),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!(
@@ -208,40 +226,80 @@ fn poll_within(fleet: &Fleet) -> Duration {
     fleet.settings.lease.max(Duration::from_secs(10))
 }
 
-/// One poll on `store`'s session: the schema is checked, then `serve_source` asks for a
-/// slot when this process is under its share (counted before asking, so that sources
-/// polled together cannot all pass the check). The membership holds until the next poll is
-/// due (two intervals and a lease: a late poll does not make the fleet look smaller).
-async fn poll<'a>(fleet: &'a Fleet, server: &str, store: &Store) -> Result<Polled<'a>, StoreError> {
+/// One poll on `store`'s session: the schema is checked and `serve_source` renews this
+/// process's membership and says who serves the source. When a slot is free, the source's
+/// observation (shared by the fleet, at most an interval old) says whether it has ready
+/// messages (it is then queued: [`Share::queued`](super::share::Share::queued)), and a slot
+/// is asked for when this process is under its share and it is the source's turn (counted
+/// before asking, so that sources polled together cannot all pass the check). The
+/// membership holds until the next poll is due (two intervals and a lease: a late poll does
+/// not make the fleet look smaller).
+async fn poll<'a>(
+    fleet: &'a Fleet,
+    name: &str,
+    server: &str,
+    store: &Store,
+) -> Result<Polled<'a>, StoreError> {
     store.check_schema().await?;
-    // Joining: the first discovery interval, and until every source was polled once, but
-    // no longer than three intervals (a source whose poll hangs does not keep the process
-    // from serving the others).
+    let slots = fleet.share.slots();
+    let ask = |want: bool| {
+        store.serve_source(
+            &fleet.relay.worker_id,
+            slots,
+            want,
+            fleet.settings.lease,
+            fleet.settings.membership_ttl(),
+        )
+    };
+    let mut asked = Instant::now();
+    let mut turn = ask(false).await?;
+    let free = usize::try_from(slots).unwrap_or(usize::MAX) > turn.holders.len();
+    let ready = if free && turn.holders.is_empty() {
+        let interval = fleet.settings.discover_interval;
+        store
+            .observe(1, interval)
+            .await?
+            .and_then(|row| serde_json::from_value::<observe::Snapshot>(row.snapshot).ok())
+            .is_some_and(|snapshot| snapshot.topics.iter().any(|t| t.ready > 0))
+    } else {
+        false
+    };
+    let queued = fleet.share.queued(name, server, ready);
+    if !free {
+        return Ok(Polled {
+            asked,
+            refusal: None,
+            turn,
+            held: None,
+            queued,
+        });
+    }
+    // Joining: the first discovery interval (and a renewal period and the give-back of a
+    // source after it, so that the others have seen this process and given back what its
+    // share takes from theirs), and until every source was polled once, but no longer than
+    // three intervals (a source whose poll hangs does not keep the process from serving
+    // the others).
     let up = fleet.started.elapsed();
     let interval = fleet.settings.discover_interval;
-    let (held, refusal) = if up < interval || (!fleet.share.joined() && up < interval * 3) {
+    let first = interval * 11 / 10 + fleet.settings.lease / 3 + LEAVE_WITHIN;
+    let (held, refusal) = if up < first || (!fleet.share.joined() && up < interval * 3) {
         (None, Some(Refusal::Joining))
     } else {
-        match fleet.share.try_hold(server) {
+        match fleet.share.try_hold(server, name, queued) {
             Ok(held) => (Some(held), None),
             Err(refusal) => (None, Some(refusal)),
         }
     };
-    let asked = Instant::now();
-    let turn = store
-        .serve_source(
-            &fleet.relay.worker_id,
-            fleet.share.slots(),
-            held.is_some(),
-            fleet.settings.lease,
-            fleet.settings.membership_ttl(),
-        )
-        .await?;
+    if held.is_some() {
+        asked = Instant::now();
+        turn = ask(true).await?;
+    }
     Ok(Polled {
         asked,
         refusal,
         turn,
         held,
+        queued,
     })
 }
 
@@ -250,9 +308,13 @@ async fn poll<'a>(fleet: &'a Fleet, server: &str, store: &Store) -> Result<Polle
 /// it stops.
 async fn leave(fleet: &Fleet, url: &str, kept: Option<PollSession<'_>>) {
     let left = tokio::time::timeout(LEAVE_WITHIN, async {
+        let _short;
         let store = match kept {
             Some(session) => session.store,
-            None => Store::connect_as(url, 1, "outbox-relay poll")?,
+            None => {
+                _short = fleet.share.short_session(&server_of(url)).await;
+                Store::connect_as(url, 1, "outbox-relay poll")?
+            }
         };
         store.leave_source(&fleet.relay.worker_id).await
     })
@@ -334,6 +396,9 @@ async fn serve(
         if held.over_share() {
             break End::GiveBack;
         }
+        if held.turn_over(store.latest_claim_empty()) {
+            break End::TurnOver;
+        }
         // An idle source keeps the connection its polls use and its LISTEN session.
         store.close_idle(lease / 3);
         let asked = Instant::now();
@@ -398,7 +463,7 @@ async fn serve(
             }
             tracing::info!(source = name, delivered = summary.delivered, "source left");
         }
-        End::GiveBack => {
+        End::GiveBack | End::TurnOver => {
             if let Err(e) = store
                 .serve_source(
                     worker,
@@ -413,10 +478,15 @@ async fn serve(
                     "could not give the source back: its slot lapses when its lease expires");
             }
             fleet.board.set(name, SourceState::Standby);
+            let why = if matches!(end, End::TurnOver) {
+                "its turn is over: another source of its server has ready messages and no room"
+            } else {
+                "this process served more than its share"
+            };
             tracing::info!(
                 source = name,
                 delivered = summary.delivered,
-                "source given back: this process served more than its share"
+                "source given back: {why}"
             );
         }
         End::Lost(why) => {
@@ -430,7 +500,7 @@ async fn serve(
 /// The server (host and port) of a connection string, for the connection budget and the
 /// turns: read as the store reads it, so that the sources of one server (its databases and
 /// their schemas, whatever their TLS settings) share them.
-fn server_of(url: &str) -> String {
+pub(super) fn server_of(url: &str) -> String {
     match crate::connection::Target::parse(url) {
         Ok(target) => target.address(),
         Err(_) => url.to_owned(),

@@ -5,10 +5,21 @@
 //! in sources of `pool_size + 1` connections each). What its fair share leaves of that part
 //! keeps the poll sessions of sources it does not serve open between polls ([`Kept`]), so
 //! that their polls do not open a new session every interval.
+//!
+//! When the budget cannot hold every source of a server at once, the sources take turns
+//! ([`Held::turn_over`]): a source found with ready messages and nobody serving it is
+//! queued here, the longest-queued first; a process with no room for it gives up one of
+//! the sources it serves on that server (an idle one at once, otherwise the one it served
+//! longest, once it has had its turn), and a process with room takes the queued source
+//! before any other. Every session this process opens to a server counts in its part of
+//! the budget: [`SHORT_SESSIONS`] of it are kept for the polls that keep no session and
+//! for discovery, which wait for them ([`Share::short_session`]).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::settings::SourcesSettings;
 
@@ -19,6 +30,33 @@ pub struct Share {
     /// Woken when a server's kept poll sessions exceed the room left for them (a source was
     /// taken there): the sources keeping them check [`Kept::excess`].
     kept_over: tokio::sync::Notify,
+    /// Each server's [`SHORT_SESSIONS`], when there is a budget.
+    short: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+/// Sessions of each server this process keeps, in its part of the budget, for the polls
+/// that keep no session open and for discovery's sessions: they take turns on it.
+pub const SHORT_SESSIONS: usize = 1;
+
+/// A source found with ready messages and no process serving it.
+#[derive(Debug)]
+struct Queued {
+    server: String,
+    /// When a poll first found it so (and every poll since).
+    since: Instant,
+    /// The latest poll that found it so: a report older than a membership's lifetime is
+    /// stale (its task stopped polling it).
+    seen: Instant,
+}
+
+/// A source this process serves.
+#[derive(Debug)]
+struct Served {
+    server: String,
+    /// When it was taken: its turn runs from then.
+    since: Instant,
+    /// Whether its latest claim found nothing (as of its latest renewal).
+    idle: bool,
 }
 
 #[derive(Debug, Default)]
@@ -34,6 +72,10 @@ struct Inner {
     joined: bool,
     /// Poll sessions kept open between polls, per server.
     kept_on: HashMap<String, usize>,
+    /// Sources found with ready messages and nobody serving them, by name.
+    queued: HashMap<String, Queued>,
+    /// Sources served here, by name.
+    served: HashMap<String, Served>,
 }
 
 impl Share {
@@ -42,7 +84,91 @@ impl Share {
             slots_setting: settings.clone(),
             inner: Mutex::default(),
             kept_over: tokio::sync::Notify::new(),
+            short: Mutex::default(),
         }
+    }
+
+    /// A turn on one of `server`'s [`SHORT_SESSIONS`], for a session that is not counted
+    /// otherwise (a poll that keeps no session, discovery); None without a budget.
+    pub async fn short_session(&self, server: &str) -> Option<OwnedSemaphorePermit> {
+        self.slots_setting.max_connections_per_server?;
+        let semaphore = self
+            .short
+            .lock()
+            .expect("short lock")
+            .entry(server.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(SHORT_SESSIONS)))
+            .clone();
+        Some(semaphore.acquire_owned().await.expect("never closed"))
+    }
+
+    /// Records what a poll found of `source`: `queued` when it has ready messages and no
+    /// process serves it. Returns since when it has been queued, if it is.
+    pub fn queued(&self, source: &str, server: &str, queued: bool) -> Option<Instant> {
+        let mut inner = self.inner.lock().expect("share lock");
+        if !queued {
+            inner.queued.remove(source);
+            return None;
+        }
+        let now = Instant::now();
+        let entry = inner
+            .queued
+            .entry(source.to_owned())
+            .or_insert_with(|| Queued {
+                server: server.to_owned(),
+                since: now,
+                seen: now,
+            });
+        entry.seen = now;
+        Some(entry.since)
+    }
+
+    /// The source of `server` queued longest, other than `except`, with since when.
+    fn first_queued<'i>(
+        &self,
+        inner: &'i Inner,
+        server: &str,
+        except: &str,
+    ) -> Option<(&'i str, Instant)> {
+        let fresh = self.slots_setting.membership_ttl();
+        inner
+            .queued
+            .iter()
+            .filter(|(name, q)| {
+                q.server == server && name.as_str() != except && q.seen.elapsed() <= fresh
+            })
+            .map(|(name, q)| (name.as_str(), q.since))
+            .min_by_key(|&(name, since)| (since, name))
+    }
+
+    /// How long a source serves on a budget that is short before it gives its place to a
+    /// queued one: a slot lease.
+    pub fn turn(&self) -> Duration {
+        self.slots_setting.lease
+    }
+
+    /// The longest a source with a ready message waits for a process to serve it, by the
+    /// turns' rule, while the fleet's size holds: with I the discovery interval, L the slot
+    /// lease (also the turn), C the sources the fleet may serve at once on the server (each
+    /// process's room there × the processes) and S the sources:
+    /// 3I + L/3 (found queued on a snapshot up to I old, a process with no room gives up a
+    /// source at its next renewal, the queued source is taken at its next poll), plus, for
+    /// each round of turns ahead of it, ceil((S − C) / C) of them, a turn, its renewal
+    /// period, the relay's drain (at most L) and a poll: 2L + L/3 + I. A process killed
+    /// adds the time its slots and membership take to lapse, 2I + L (see docs/sources.md).
+    pub fn wait_bound(&self) -> Duration {
+        let inner = self.inner.lock().expect("share lock");
+        let interval = self.slots_setting.discover_interval;
+        let lease = self.slots_setting.lease;
+        let processes = self.processes(&inner);
+        let at_once = self
+            .server_room(&inner)
+            .min(self.target(&inner))
+            .saturating_mul(processes)
+            .max(1);
+        let rounds = inner.sources.saturating_sub(at_once).div_ceil(at_once);
+        let round = lease * 2 + lease / 3 + interval;
+        interval * 3 + lease / 3 + round * u32::try_from(rounds).unwrap_or(u32::MAX)
     }
 
     pub fn set_sources(&self, sources: usize) {
@@ -127,21 +253,43 @@ impl Share {
             .max(1)
     }
 
-    /// The sources this process may serve on `server` under the connection budget.
+    /// This process's part of each server's budget: the budget divided by the processes.
+    fn part(&self, inner: &Inner) -> Option<usize> {
+        let budget = self.slots_setting.max_connections_per_server?;
+        Some(budget / self.processes(inner))
+    }
+
+    /// The sources this process may serve on a server under the connection budget: its part
+    /// of it, less the [`SHORT_SESSIONS`], in sources of `pool_size + 1` connections.
     fn server_room(&self, inner: &Inner) -> usize {
-        match self.slots_setting.max_connections_per_server {
+        match self.part(inner) {
             None => usize::MAX,
-            Some(budget) => {
-                budget / self.processes(inner) / self.slots_setting.connections_per_source()
+            Some(part) => {
+                part.saturating_sub(SHORT_SESSIONS) / self.slots_setting.connections_per_source()
             }
         }
+    }
+
+    /// Whether this process may take one more source on `server`.
+    fn has_room(&self, inner: &Inner, server: &str) -> bool {
+        inner.held < self.target(inner)
+            && inner.held_on.get(server).copied().unwrap_or(0) < self.server_room(inner)
     }
 
     /// Counts one more source on `server` when this process may take it (checked and
     /// counted at once, so that sources asked for together cannot all pass the check); the
     /// guard gives it back when dropped (when the source did not grant a slot, or once it
     /// is no longer served).
-    pub fn try_hold<'a>(&'a self, server: &str) -> Result<Held<'a>, Refusal> {
+    ///
+    /// With room, the source of `server` queued longest goes first: `source` (queued since
+    /// `queued`, if it is) is refused its turn while another was queued before it, or while
+    /// it has nothing ready and another is queued.
+    pub fn try_hold<'a>(
+        &'a self,
+        server: &str,
+        source: &str,
+        queued: Option<Instant>,
+    ) -> Result<Held<'a>, Refusal> {
         let mut inner = self.inner.lock().expect("share lock");
         if inner.held >= self.target(&inner) {
             return Err(Refusal::FairShare);
@@ -149,7 +297,12 @@ impl Share {
         if inner.held_on.get(server).copied().unwrap_or(0) >= self.server_room(&inner) {
             return Err(Refusal::Budget);
         }
-        let held = Self::count(&mut inner, self, server);
+        if let Some((_, first)) = self.first_queued(&inner, server, source)
+            && queued.is_none_or(|since| first < since)
+        {
+            return Err(Refusal::Turn);
+        }
+        let held = Self::count(&mut inner, self, server, source);
         if inner.kept_on.get(server).copied().unwrap_or(0) > self.keep_room(&inner, server) {
             self.kept_over.notify_waiters();
         }
@@ -162,10 +315,10 @@ impl Share {
     /// if that is more, within the budget). None without a budget: the polls keep no
     /// session, since nothing would bound processes × sources idle sessions.
     fn keep_room(&self, inner: &Inner, server: &str) -> usize {
-        let Some(budget) = self.slots_setting.max_connections_per_server else {
+        let Some(part) = self.part(inner) else {
             return 0;
         };
-        let part = budget / self.processes(inner);
+        let part = part.saturating_sub(SHORT_SESSIONS);
         let per_source = self.slots_setting.connections_per_source();
         let serving = inner.held_on.get(server).copied().unwrap_or(0);
         let reserved = self
@@ -222,12 +375,22 @@ impl Share {
         }
     }
 
-    fn count<'a>(inner: &mut Inner, share: &'a Share, server: &str) -> Held<'a> {
+    fn count<'a>(inner: &mut Inner, share: &'a Share, server: &str, source: &str) -> Held<'a> {
         inner.held += 1;
         *inner.held_on.entry(server.to_owned()).or_default() += 1;
+        inner.queued.remove(source);
+        inner.served.insert(
+            source.to_owned(),
+            Served {
+                server: server.to_owned(),
+                since: Instant::now(),
+                idle: false,
+            },
+        );
         Held {
             share,
             server: server.to_owned(),
+            source: source.to_owned(),
             released: false,
         }
     }
@@ -280,12 +443,15 @@ pub enum Refusal {
     Joining,
     FairShare,
     Budget,
+    /// Another source of the server was queued before it: that one is taken first.
+    Turn,
 }
 
 /// A source this process serves, counted in its share until dropped (or given back).
 pub struct Held<'a> {
     share: &'a Share,
     server: String,
+    source: String,
     released: bool,
 }
 
@@ -299,11 +465,55 @@ impl Held<'_> {
             || inner.held_on.get(&self.server).copied().unwrap_or(0)
                 > self.share.server_room(&inner);
         if over {
-            inner.held -= 1;
-            *inner.held_on.get_mut(&self.server).expect("held") -= 1;
-            self.released = true;
+            self.release(&mut inner);
         }
         over
+    }
+
+    /// Gives this source up for a queued one when its turn is over: another source of its
+    /// server is queued, this process has no room for it, and this source is the one to go
+    /// (an idle source first, the one idle longest served; otherwise the one served longest,
+    /// once it has served for a [`Share::turn`]). `idle`: its latest claim found nothing.
+    /// One source goes at a time: once it has, the process has room and the others stay.
+    /// Once it returned true the source no longer counts.
+    pub fn turn_over(&mut self, idle: bool) -> bool {
+        let mut inner = self.share.inner.lock().expect("share lock");
+        if let Some(served) = inner.served.get_mut(&self.source) {
+            served.idle = idle;
+        }
+        if self
+            .share
+            .first_queued(&inner, &self.server, &self.source)
+            .is_none()
+            || self.share.has_room(&inner, &self.server)
+        {
+            return false;
+        }
+        let turn = self.share.turn();
+        let here = inner.served.iter().filter(|(_, s)| s.server == self.server);
+        let goes = match here
+            .clone()
+            .filter(|(_, s)| s.idle)
+            .min_by_key(|(n, s)| (s.since, *n))
+        {
+            Some((name, _)) => Some(name),
+            None => here
+                .filter(|(_, s)| s.since.elapsed() >= turn)
+                .min_by_key(|(n, s)| (s.since, *n))
+                .map(|(name, _)| name),
+        };
+        let over = goes == Some(&self.source);
+        if over {
+            self.release(&mut inner);
+        }
+        over
+    }
+
+    fn release(&mut self, inner: &mut Inner) {
+        inner.held -= 1;
+        *inner.held_on.get_mut(&self.server).expect("held") -= 1;
+        inner.served.remove(&self.source);
+        self.released = true;
     }
 }
 
@@ -311,8 +521,7 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         if !self.released {
             let mut inner = self.share.inner.lock().expect("share lock");
-            inner.held -= 1;
-            *inner.held_on.get_mut(&self.server).expect("held") -= 1;
+            self.release(&mut inner);
         }
     }
 }
@@ -341,9 +550,9 @@ mod tests {
         share.set_sources(10);
         share.members("a", 1);
         let mut held: Vec<Held> = (0..10)
-            .map(|_| share.try_hold("s").expect("alone, it takes every source"))
+            .map(|_| hold(&share, "s").expect("alone, it takes every source"))
             .collect();
-        assert_eq!(share.try_hold("s").err(), Some(Refusal::FairShare));
+        assert_eq!(hold(&share, "s").err(), Some(Refusal::FairShare));
         // Two more processes: the share is ceil(10 / 3) = 4, so 6 are given back.
         share.members("a", 3);
         let given_back = held
@@ -351,7 +560,7 @@ mod tests {
             .filter_map(|h| h.over_share().then_some(()))
             .count();
         assert_eq!(given_back, 6);
-        assert_eq!(share.try_hold("s").err(), Some(Refusal::FairShare));
+        assert_eq!(hold(&share, "s").err(), Some(Refusal::FairShare));
     }
 
     #[test]
@@ -360,7 +569,7 @@ mod tests {
         share.set_sources(1);
         share.members("a", 5);
         assert_eq!(share.slots(), MAX_SLOTS);
-        assert!(share.try_hold("s").is_ok());
+        assert!(hold(&share, "s").is_ok());
         let capped = Share::new(&settings(Some(2), None));
         capped.set_sources(1);
         assert_eq!(capped.slots(), 2);
@@ -368,17 +577,25 @@ mod tests {
 
     #[test]
     fn the_connection_budget_of_a_server_is_shared_out_among_the_processes() {
-        // 40 connections, 2 processes: 20 each, 4 per source (pool 3 + LISTEN): 5 sources.
+        // 40 connections, 2 processes: 20 each, one of them for short sessions, 4 per
+        // source (pool 3 + LISTEN): 4 sources.
         let share = Share::new(&settings(None, Some(40)));
         share.set_sources(50);
         share.members("a", 2);
-        let held: Vec<Held> = (0..5)
-            .map(|_| share.try_hold("s").expect("within the budget"))
+        let held: Vec<Held> = (0..4)
+            .map(|_| hold(&share, "s").expect("within the budget"))
             .collect();
-        assert_eq!(share.try_hold("s").err(), Some(Refusal::Budget));
-        assert!(share.try_hold("other server").is_ok());
+        assert_eq!(hold(&share, "s").err(), Some(Refusal::Budget));
+        assert!(hold(&share, "other server").is_ok());
         drop(held);
-        assert!(share.try_hold("s").is_ok());
+        assert!(hold(&share, "s").is_ok());
+    }
+
+    /// Takes a source on `server` under a name of its own, queued nowhere.
+    fn hold<'a>(share: &'a Share, server: &str) -> Result<Held<'a>, Refusal> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        share.try_hold(server, &format!("source {n}"), None)
     }
 
     /// Polls `sources` sources once: the process has joined.
@@ -395,8 +612,9 @@ mod tests {
             Share::new(&settings(None, None)).try_keep("s").is_none(),
             "without a budget no poll session is kept"
         );
-        // 40 connections, 2 processes: 20 each; 6 sources, a fair share of 3, 4 connections
-        // each (pool 3 + LISTEN): 12 reserved, 8 left for kept poll sessions.
+        // 40 connections, 2 processes: 20 each, one for short sessions; 6 sources, a fair
+        // share of 3, 4 connections each (pool 3 + LISTEN): 12 reserved, 7 left for kept
+        // poll sessions.
         let share = Share::new(&settings(None, Some(40)));
         share.set_sources(6);
         share.members("a", 2);
@@ -405,12 +623,13 @@ mod tests {
             "until it has polled every source, the process does not know the fleet's size"
         );
         join(&share, 6);
-        let mut kept: Vec<Kept> = (0..8)
+        let mut kept: Vec<Kept> = (0..7)
             .map(|_| share.try_keep("s").expect("within the room left"))
             .collect();
         assert!(share.try_keep("s").is_none());
         assert!(kept.iter_mut().all(|k| !k.excess()));
-        // A third process: 13 each, a fair share of 2 (8 connections): 5 left, 3 must close.
+        // A third process: 13 each (12 and a short one), a fair share of 2 (8 connections):
+        // 4 left, 3 must close.
         share.members("a", 3);
         assert_eq!(
             kept.iter_mut()
@@ -425,15 +644,16 @@ mod tests {
 
     #[test]
     fn sources_served_beyond_the_fair_share_keep_their_room_from_kept_poll_sessions() {
-        // 40 connections, one process, 4 sources (4 connections each): 16 reserved, 24 left.
+        // 40 connections, one process, one for short sessions, 4 sources (4 connections
+        // each): 16 reserved, 23 left.
         let share = Share::new(&settings(None, Some(40)));
         share.set_sources(4);
         share.members("a", 1);
         join(&share, 4);
         let mut kept: Vec<Kept> = (0..30).filter_map(|_| share.try_keep("s")).collect();
-        assert_eq!(kept.len(), 24);
+        assert_eq!(kept.len(), 23);
         let held: Vec<Held> = (0..4)
-            .map(|_| share.try_hold("s").expect("its fair share"))
+            .map(|_| hold(&share, "s").expect("its fair share"))
             .collect();
         assert_eq!(
             kept.iter_mut()
@@ -441,8 +661,8 @@ mod tests {
                 .count(),
             0
         );
-        // A second process: 20 each and a fair share of 2, but the 4 sources served until
-        // two are given back keep their 16: 4 left, 20 must close.
+        // A second process: 20 each (19 and a short one) and a fair share of 2, but the 4
+        // sources served until two are given back keep their 16: 3 left, 20 must close.
         share.members("a", 2);
         assert_eq!(
             kept.iter_mut()
@@ -451,6 +671,88 @@ mod tests {
             20
         );
         drop(held);
+    }
+
+    #[test]
+    fn a_short_budget_serves_the_queued_sources_in_turns() {
+        // 20 connections, one process: 19 and a short one, 4 sources of 4 connections.
+        let share = Share::new(&settings(None, Some(20)));
+        share.set_sources(10);
+        share.members("a", 1);
+        let mut held: Vec<Held> = (0..4)
+            .map(|i| {
+                share
+                    .try_hold("s", &format!("busy{i}"), None)
+                    .expect("room")
+            })
+            .collect();
+        assert!(
+            held.iter_mut().all(|h| !h.turn_over(false)),
+            "nothing is queued: every source keeps its slot"
+        );
+        // Two sources are found with ready messages and nobody serving them.
+        let first = share.queued("q1", "s", true);
+        std::thread::sleep(Duration::from_millis(5));
+        let second = share.queued("q2", "s", true);
+        assert!(first < second);
+        assert_eq!(
+            share.try_hold("s", "q2", second).err(),
+            Some(Refusal::Budget),
+            "no room"
+        );
+        // None is idle and none has served its turn (a 15 s lease): all keep their slot.
+        assert!(held.iter_mut().all(|h| !h.turn_over(false)));
+        // One idle source: it goes, and only it (the process has room now).
+        let given: Vec<bool> = held
+            .iter_mut()
+            .enumerate()
+            .map(|(i, h)| h.turn_over(i == 2))
+            .collect();
+        assert_eq!(given, [false, false, true, false]);
+        assert!(held.iter_mut().all(|h| !h.turn_over(true)), "room is there");
+        // The room goes to the source queued longest: q2 waits for q1, an idle source for
+        // both; q1 is taken.
+        assert_eq!(share.try_hold("s", "q2", second).err(), Some(Refusal::Turn));
+        assert_eq!(share.try_hold("s", "idle", None).err(), Some(Refusal::Turn));
+        let q1 = share.try_hold("s", "q1", first).expect("the first queued");
+        assert_eq!(
+            share.queued("q2", "s", true),
+            second,
+            "still queued since then"
+        );
+        // Busy sources only: the one served longest goes once its turn is over.
+        let short = Share::new(&SourcesSettings {
+            lease: Duration::from_millis(20),
+            ..settings(None, Some(9))
+        });
+        short.set_sources(3);
+        short.members("a", 1);
+        let mut a = short.try_hold("s", "a", None).expect("room");
+        std::thread::sleep(Duration::from_millis(5));
+        let mut b = short.try_hold("s", "b", None).expect("room");
+        short.queued("c", "s", true);
+        assert!(!a.turn_over(false) && !b.turn_over(false), "turn not over");
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!b.turn_over(false), "a was served longer");
+        assert!(a.turn_over(false));
+        assert!(!b.turn_over(false), "one at a time");
+        drop((held, q1));
+    }
+
+    #[test]
+    fn the_wait_bound_counts_the_rounds_of_turns_ahead() {
+        // I = 10 s, L = 15 s; 60 connections, 2 processes: 29 each for sources, 7 sources
+        // each, 14 at once; 20 sources: one round ahead at most.
+        let share = Share::new(&settings(None, Some(60)));
+        share.set_sources(20);
+        share.members("a", 2);
+        assert_eq!(
+            share.wait_bound(),
+            Duration::from_secs(30 + 5 + 30 + 5 + 10)
+        );
+        let ample = Share::new(&settings(None, None));
+        ample.set_sources(20);
+        assert_eq!(ample.wait_bound(), Duration::from_secs(35));
     }
 
     #[test]

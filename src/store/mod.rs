@@ -181,6 +181,9 @@ pub struct Store {
     /// Whether the latest claim came back full (a backlog), which decides the kind of turn
     /// the leasing calls wait for.
     backlogged: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the latest claim got no message (an idle source; see
+    /// [`Store::latest_claim_empty`]).
+    empty: Arc<std::sync::atomic::AtomicBool>,
     /// Its URL is the default one, not given (see [`Store::on_default_database`]).
     default_database: bool,
 }
@@ -241,6 +244,9 @@ impl Store {
         );
         let pool = Pool::builder(manager)
             .max_size(max_connections)
+            // The connection used last is handed out first, so that the ones a quiet
+            // source does not need stay idle and are closed by `close_idle`.
+            .queue_mode(deadpool_postgres::QueueMode::Lifo)
             .wait_timeout(Some(Duration::from_secs(30)))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
@@ -254,6 +260,7 @@ impl Store {
             listener: Arc::new(listen::State::default()),
             turns: None,
             backlogged: Arc::default(),
+            empty: Arc::default(),
             default_database: false,
         })
     }
@@ -336,6 +343,7 @@ impl Store {
     /// either, is quiet traffic, which makes adaptive turns hold backlogged calls to one at
     /// a time ([`Turns::quiet_flowed`]); the last claim of a backlog that runs dry is not.
     pub(super) fn claimed(&self, full: bool, got: bool) {
+        self.empty.store(!got, std::sync::atomic::Ordering::Relaxed);
         let was_full = self
             .backlogged
             .swap(full, std::sync::atomic::Ordering::Relaxed);
@@ -346,6 +354,11 @@ impl Store {
         {
             here.turns.quiet_flowed();
         }
+    }
+
+    /// Whether the latest claim got no message: the source had nothing ready then.
+    pub fn latest_claim_empty(&self) -> bool {
+        self.empty.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Where and how this store connects.
