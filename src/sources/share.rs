@@ -154,8 +154,11 @@ impl Share {
     /// 3I + L/3 (found queued on a snapshot up to I old, a process with no room gives up a
     /// source at its next renewal, the queued source is taken at its next poll), plus, for
     /// each round of turns ahead of it, ceil((S − C) / C) of them, a turn, its renewal
-    /// period, the relay's drain (at most L) and a poll: 2L + L/3 + I. A process killed
-    /// adds the time its slots and membership take to lapse, 2I + L (see docs/sources.md).
+    /// period, the relay's drain (at most L) and two polls (the one that takes the next
+    /// queued source, and one that finds that the source queued first was taken by another
+    /// process): 2L + L/3 + 2I. A process killed adds the time its slots and membership
+    /// take to lapse, 2I + L, and a process starting its joining time (see
+    /// docs/sources.md).
     pub fn wait_bound(&self) -> Duration {
         let inner = self.inner.lock().expect("share lock");
         let interval = self.slots_setting.discover_interval;
@@ -167,7 +170,7 @@ impl Share {
             .saturating_mul(processes)
             .max(1);
         let rounds = inner.sources.saturating_sub(at_once).div_ceil(at_once);
-        let round = lease * 2 + lease / 3 + interval;
+        let round = lease * 2 + lease / 3 + interval * 2;
         interval * 3 + lease / 3 + round * u32::try_from(rounds).unwrap_or(u32::MAX)
     }
 

@@ -7,7 +7,7 @@
 //!         [--hostile N] [--previous REF]
 //!
 //! Scenarios: kill-storm, pg-restart, freeze, slow-freeze, destination-outage, poison,
-//! big-payloads, hot-key, horizon, hostile, rolling-upgrade (`--previous REF`: the build
+//! big-payloads, hot-key, horizon, hostile, fleet-turns (tests/chaos/fleet_turns.rs), rolling-upgrade (`--previous REF`: the build
 //! upgraded from; see tests/chaos/rolling_upgrade.rs). `--short` is the CI size (kill-storm,
 //! freeze, slow-freeze, horizon with a 180 s hold and hostile only, small sizes): rolling-upgrade is left out of it
 //! because its first run builds a previous release from source.
@@ -15,6 +15,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod fleet_turns;
 mod hook;
 mod rolling_upgrade;
 mod slow_freeze;
@@ -100,6 +101,7 @@ fn main() {
         "hot-key",
         "horizon",
         "hostile",
+        "fleet-turns",
         "rolling-upgrade",
     ];
     let chosen: Vec<String> = match flag("--only") {
@@ -110,6 +112,7 @@ fn main() {
             "slow-freeze".into(),
             "horizon".into(),
             "hostile".into(),
+            "fleet-turns".into(),
         ],
         None => all.iter().map(|s| (*s).to_owned()).collect(),
     };
@@ -149,9 +152,31 @@ async fn run(name: &str, sizes: &Sizes) -> Outcome {
         "hot-key" => hot_key(sizes).await,
         "horizon" => horizon(sizes).await,
         "hostile" => hostile(sizes).await,
+        "fleet-turns" => fleet_turns(sizes).await,
         "rolling-upgrade" => rolling_upgrade::rolling_upgrade(sizes).await,
         _ => unreachable!(),
     }
+}
+
+/// 50 sources on a budget of 45 (room for 12 at once), messages arriving for a minute
+/// (`--short`: 20 s), a kill, a start, a source dropped and one added.
+async fn fleet_turns(sizes: &Sizes) -> Outcome {
+    let db = TestDb::new().await;
+    let arriving = if sizes.kills < 10 { 20 } else { 60 };
+    let result = fleet_turns::run(
+        &db,
+        fleet_turns::Turns {
+            sources: 50,
+            arriving: Duration::from_secs(arriving),
+            per_wave: 10,
+            budget: 45,
+        },
+    )
+    .await;
+    if result.is_ok() {
+        db.finish().await;
+    }
+    result
 }
 
 /// Fails the scenario with `why` unless `ok`.

@@ -2,12 +2,17 @@
 //! throwaway clusters. Postgres alone: `make check` runs them.
 //!
 //! - [`fleet`]: three processes over many databases, kills, budgets and discovery;
-//! - [`verbs`]: the operator verbs with `--all-sources`.
+//! - [`verbs`]: the operator verbs with `--all-sources`;
+//! - [`turns`]: a budget too short for the sources, under faults (the `fleet-turns` chaos
+//!   scenario, smaller).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod fleet;
+#[path = "../chaos/fleet_turns.rs"]
+mod fleet_turns;
+mod turns;
 mod verbs;
 
 /// The tests of this binary one at a time under `cargo test`: each runs relayer processes,
