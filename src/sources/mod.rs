@@ -23,6 +23,7 @@ mod share;
 pub use board::{Board, Entry, SourceState};
 pub use discover::discover;
 pub use settings::{MAX_SLOTS, SourcesSettings};
+pub use share::wait_bound;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

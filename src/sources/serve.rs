@@ -18,6 +18,15 @@
 //! at once), given back when this process serves more than its share (after the relay
 //! drained), and left when the source is no longer discovered or the process stops (after
 //! the relay drained: its deliveries finish, or their leases are released).
+//!
+//! Turns, when the connection budget cannot hold every source of a server at once: a poll
+//! that finds the source with ready messages and nobody serving it queues it
+//! ([`Share::queued`](super::share::Share::queued)). A served source checks every
+//! [`TURN_CHECK`] whether its turn is over ([`Held::turn_over`]: idle, or served for a
+//! slot lease, while another source of its server is queued and this process has no room);
+//! it then drains its relay, gives its slot back and closes its sessions, and only then
+//! frees its room, which wakes the source queued longest here to poll and take it at once
+//! rather than at its next interval.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,6 +53,10 @@ enum End {
     Lost(String),
 }
 
+/// How often a served source checks whether its turn is over (an idle source goes as soon
+/// as another of its server is queued and this process has no room for it).
+const TURN_CHECK: Duration = Duration::from_millis(250);
+
 /// How long a poll's leave takes at most when the task stops.
 const LEAVE_WITHIN: Duration = Duration::from_secs(2);
 
@@ -62,15 +75,24 @@ struct PollSession<'a> {
 
 impl<'a> PollSession<'a> {
     /// The session kept from the last poll, or a new one: kept after this poll when there
-    /// is room for it now.
+    /// is room for it now. `taking`: the source's room is already counted
+    /// ([`Share::try_take`](super::share::Share::try_take)) and covers this session.
     async fn open(
         fleet: &'a Fleet,
         url: &str,
         server: &str,
         kept: Option<PollSession<'a>>,
+        taking: bool,
     ) -> Result<Self, StoreError> {
         if let Some(session) = kept {
             return Ok(session);
+        }
+        if taking {
+            return Ok(Self {
+                store: Store::connect_as(url, 1, "outbox-relay poll")?,
+                kept: None,
+                _short: None,
+            });
         }
         let kept = fleet.share.try_keep(server);
         let (name, short) = if kept.is_some() {
@@ -101,13 +123,21 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
     let server = server_of(&url);
     let mut backoff = Duration::from_millis(500);
     let mut kept: Option<PollSession> = None;
+    // Woken as the next queued source to take, with room for it here.
+    let mut next = false;
     loop {
         let reused = kept.is_some();
-        let mut polled = poll_on(&fleet, &name, &url, &server, kept.take()).await;
+        let taking = if next && kept.is_none() && !joining(&fleet) {
+            fleet.share.try_take(&server, &name)
+        } else {
+            None
+        };
+        next = false;
+        let mut polled = poll_on(&fleet, &name, &url, &server, kept.take(), taking).await;
         if reused && polled.is_err() {
             // A kept session may have been closed meanwhile (a server restart, an idle
             // timeout): once more, on a new one.
-            polled = poll_on(&fleet, &name, &url, &server, None).await;
+            polled = poll_on(&fleet, &name, &url, &server, None, None).await;
         }
         fleet.share.polled(&name);
         match polled {
@@ -167,11 +197,13 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                 }
             }
         }
-        // Until the next poll; a kept session is closed as soon as its room is needed.
+        // Until the next poll; a kept session is closed as soon as its room is needed, and
+        // a queued source polls as soon as a source served here frees its room.
         let due = tokio::time::Instant::now() + jitter(fleet.settings.discover_interval);
         loop {
             // Woken from here on, so that no wake-up falls between the check and the wait.
             let over = fleet.share.kept_over();
+            let freed = fleet.share.room_freed();
             if kept.as_mut().is_some_and(PollSession::excess) {
                 kept = None;
             }
@@ -179,6 +211,10 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                 () = stop.cancelled() => return leave(&fleet, &url, kept).await,
                 () = tokio::time::sleep_until(due) => break,
                 () = over, if kept.is_some() => {}
+                () = freed => if fleet.share.next_to_take(&name) {
+                    next = true;
+                    break;
+                },
             }
         }
     }
@@ -197,19 +233,22 @@ struct Polled<'a> {
 }
 
 /// One poll on the session kept from the last poll, or on a new one, within
-/// [`poll_within`]; with that session.
+/// [`poll_within`]; with that session. `taking`: the source, queued, counted in this
+/// process's share before its poll (its room covers the poll's session).
 async fn poll_on<'a>(
     fleet: &'a Fleet,
     name: &str,
     url: &str,
     server: &str,
     kept: Option<PollSession<'a>>,
+    taking: Option<Held<'a>>,
 ) -> Result<(Polled<'a>, PollSession<'a>), String> {
-    let session = PollSession::open(fleet, url, server, kept)
+    let session = PollSession::open(fleet, url, server, kept, taking.is_some())
         .await
         .map_err(|e| e.to_string())?;
-    let within = poll_within(fleet);
-    match tokio::time::timeout(within, poll(fleet, name, server, &session.store)).await {
+    let within = poll_within(fleet, &session);
+    let polled = poll(fleet, name, server, &session.store, taking);
+    match tokio::time::timeout(within, polled).await {
         Ok(Ok(polled)) => Ok((polled, session)),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!(
@@ -221,9 +260,16 @@ async fn poll_on<'a>(
 
 /// How long a poll may take: a slot lease, and at least 10 s (the connect timeout). A
 /// session kept idle between polls may have lost its server without a word (a host gone,
-/// a network partition), and its next query would wait for TCP to give up.
-fn poll_within(fleet: &Fleet) -> Duration {
-    fleet.settings.lease.max(Duration::from_secs(10))
+/// a network partition), and its next query would wait for TCP to give up. A poll on one
+/// of the server's short sessions, which the other polls wait for, a discovery interval
+/// (at least 2 s): a source that hangs (a database being dropped) holds the others' polls,
+/// and the memberships they renew, back no longer than that.
+fn poll_within(fleet: &Fleet, session: &PollSession) -> Duration {
+    if session._short.is_some() {
+        fleet.settings.discover_interval.max(Duration::from_secs(2))
+    } else {
+        fleet.settings.lease.max(Duration::from_secs(10))
+    }
 }
 
 /// One poll on `store`'s session: the schema is checked and `serve_source` renews this
@@ -239,6 +285,7 @@ async fn poll<'a>(
     name: &str,
     server: &str,
     store: &Store,
+    taking: Option<Held<'a>>,
 ) -> Result<Polled<'a>, StoreError> {
     store.check_schema().await?;
     let slots = fleet.share.slots();
@@ -274,16 +321,12 @@ async fn poll<'a>(
             queued,
         });
     }
-    // Joining: the first discovery interval (and a renewal period and the give-back of a
-    // source after it, so that the others have seen this process and given back what its
-    // share takes from theirs), and until every source was polled once, but no longer than
-    // three intervals (a source whose poll hangs does not keep the process from serving
-    // the others).
-    let up = fleet.started.elapsed();
-    let interval = fleet.settings.discover_interval;
-    let first = interval * 11 / 10 + fleet.settings.lease / 3 + LEAVE_WITHIN;
-    let (held, refusal) = if up < first || (!fleet.share.joined() && up < interval * 3) {
+    let (held, refusal) = if joining(fleet) {
         (None, Some(Refusal::Joining))
+    } else if let Some(taking) = taking.filter(|_| queued.is_some()) {
+        // Counted already: no longer queued.
+        fleet.share.queued(name, server, false);
+        (Some(taking), None)
     } else {
         match fleet.share.try_hold(server, name, queued) {
             Ok(held) => (Some(held), None),
@@ -301,6 +344,18 @@ async fn poll<'a>(
         held,
         queued,
     })
+}
+
+/// Whether this process is joining, and takes nothing: its first discovery interval (and
+/// a renewal period and the give-back of a source after it, so that the others have seen
+/// this process and given back what its share takes from theirs), and until every source
+/// was polled once, but no longer than three intervals (a source whose poll hangs does not
+/// keep the process from serving the others).
+fn joining(fleet: &Fleet) -> bool {
+    let up = fleet.started.elapsed();
+    let interval = fleet.settings.discover_interval;
+    let first = interval * 11 / 10 + fleet.settings.lease / 3 + LEAVE_WITHIN;
+    up < first || (!fleet.share.joined() && up < interval * 3)
 }
 
 /// Leaves a source this process does not serve (its membership), on the kept poll session
@@ -384,6 +439,7 @@ async fn serve(
     });
     let mut relay_ended = None;
     fleet.board.set(name, SourceState::Serving { slot });
+    let mut renew_at = tokio::time::Instant::now() + lease / 3;
     let end = loop {
         tokio::select! {
             () = stop.cancelled() => break End::Stop,
@@ -391,7 +447,7 @@ async fn serve(
                 relay_ended = Some(ended);
                 break End::Lost("its relay stopped".to_owned());
             }
-            () = tokio::time::sleep(lease / 3) => {}
+            () = tokio::time::sleep(TURN_CHECK.min(lease / 3)) => {}
         }
         if held.over_share() {
             break End::GiveBack;
@@ -399,6 +455,10 @@ async fn serve(
         if held.turn_over(store.latest_claim_empty()) {
             break End::TurnOver;
         }
+        if tokio::time::Instant::now() < renew_at {
+            continue;
+        }
+        renew_at = tokio::time::Instant::now() + lease / 3;
         // An idle source keeps the connection its polls use and its LISTEN session.
         store.close_idle(lease / 3);
         let asked = Instant::now();
@@ -439,6 +499,8 @@ async fn serve(
     fleet.board.unobserve(name);
     if let Some(observer) = observer {
         observer.abort();
+        // Its store (a session) goes with it.
+        let _ = observer.await;
     }
     relay_stop.cancel();
     let ended = match relay_ended {
@@ -495,6 +557,10 @@ async fn serve(
                 "source lost: stopped claiming from it");
         }
     }
+    // Its sessions closed, then its room given back: the source taken in its place opens
+    // its own within the budget.
+    drop(store);
+    drop(held);
 }
 
 /// The server (host and port) of a connection string, for the connection budget and the

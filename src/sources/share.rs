@@ -32,6 +32,9 @@ pub struct Share {
     kept_over: tokio::sync::Notify,
     /// Each server's [`SHORT_SESSIONS`], when there is a budget.
     short: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Woken when a source served here is no longer counted (its sessions are closed):
+    /// the queued sources poll at once ([`Share::room_freed`]).
+    room_freed: tokio::sync::Notify,
 }
 
 /// Sessions of each server this process keeps, in its part of the budget, for the polls
@@ -55,8 +58,10 @@ struct Served {
     server: String,
     /// When it was taken: its turn runs from then.
     since: Instant,
-    /// Whether its latest claim found nothing (as of its latest renewal).
+    /// Whether its latest claim found nothing (as of its latest check).
     idle: bool,
+    /// Its turn is over: it is draining, and still counts until its sessions are closed.
+    leaving: bool,
 }
 
 #[derive(Debug, Default)]
@@ -85,6 +90,7 @@ impl Share {
             inner: Mutex::default(),
             kept_over: tokio::sync::Notify::new(),
             short: Mutex::default(),
+            room_freed: tokio::sync::Notify::new(),
         }
     }
 
@@ -107,7 +113,13 @@ impl Share {
     pub fn queued(&self, source: &str, server: &str, queued: bool) -> Option<Instant> {
         let mut inner = self.inner.lock().expect("share lock");
         if !queued {
-            inner.queued.remove(source);
+            if let Some(gone) = inner.queued.remove(source)
+                && self.has_room(&inner, &gone.server)
+            {
+                // The next in line may be taken now.
+                drop(inner);
+                self.room_freed.notify_waiters();
+            }
             return None;
         }
         let now = Instant::now();
@@ -121,6 +133,43 @@ impl Share {
             });
         entry.seen = now;
         Some(entry.since)
+    }
+
+    /// Whether `source` is the next to take on its server, and this process has room for
+    /// it: queued (a poll found it with ready messages and nobody serving it, within a
+    /// membership's lifetime), and before every other source queued there.
+    pub fn next_to_take(&self, source: &str) -> bool {
+        let fresh = self.slots_setting.membership_ttl();
+        let inner = self.inner.lock().expect("share lock");
+        inner.queued.get(source).is_some_and(|q| {
+            q.seen.elapsed() <= fresh
+                && self.has_room(&inner, &q.server)
+                && self
+                    .first_queued(&inner, &q.server, source)
+                    .is_none_or(|(_, first)| q.since <= first)
+        })
+    }
+
+    /// Resolves when there may be room for the source [`Share::next_to_take`]: a source
+    /// served here stopped counting, its sessions closed, or the source queued before it
+    /// left the queue (woken from its creation on: create it before checking). That source
+    /// then polls at once rather than at its next interval.
+    pub fn room_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.room_freed.notified()
+    }
+
+    /// [`Share::try_hold`] for `source`, queued, as the one [`Share::next_to_take`]: the
+    /// room it takes covers the session its poll opens (it is not open yet), which does not
+    /// wait for a short one.
+    pub fn try_take<'a>(&'a self, server: &str, source: &str) -> Option<Held<'a>> {
+        let since = self
+            .inner
+            .lock()
+            .expect("share lock")
+            .queued
+            .get(source)?
+            .since;
+        self.try_hold(server, source, Some(since)).ok()
     }
 
     /// The source of `server` queued longest, other than `except`, with since when.
@@ -147,31 +196,10 @@ impl Share {
         self.slots_setting.lease
     }
 
-    /// The longest a source with a ready message waits for a process to serve it, by the
-    /// turns' rule, while the fleet's size holds: with I the discovery interval, L the slot
-    /// lease (also the turn), C the sources the fleet may serve at once on the server (each
-    /// process's room there × the processes) and S the sources:
-    /// 3I + L/3 (found queued on a snapshot up to I old, a process with no room gives up a
-    /// source at its next renewal, the queued source is taken at its next poll), plus, for
-    /// each round of turns ahead of it, ceil((S − C) / C) of them, a turn, its renewal
-    /// period, the relay's drain (at most L) and two polls (the one that takes the next
-    /// queued source, and one that finds that the source queued first was taken by another
-    /// process): 2L + L/3 + 2I. A process killed adds the time its slots and membership
-    /// take to lapse, 2I + L, and a process starting its joining time (see
-    /// docs/sources.md).
+    /// [`wait_bound`] for this process's view of the fleet: its sources and its size.
     pub fn wait_bound(&self) -> Duration {
         let inner = self.inner.lock().expect("share lock");
-        let interval = self.slots_setting.discover_interval;
-        let lease = self.slots_setting.lease;
-        let processes = self.processes(&inner);
-        let at_once = self
-            .server_room(&inner)
-            .min(self.target(&inner))
-            .saturating_mul(processes)
-            .max(1);
-        let rounds = inner.sources.saturating_sub(at_once).div_ceil(at_once);
-        let round = lease * 2 + lease / 3 + interval * 2;
-        interval * 3 + lease / 3 + round * u32::try_from(rounds).unwrap_or(u32::MAX)
+        wait_bound(&self.slots_setting, inner.sources, self.processes(&inner))
     }
 
     pub fn set_sources(&self, sources: usize) {
@@ -246,14 +274,7 @@ impl Share {
     }
 
     fn target(&self, inner: &Inner) -> usize {
-        let slots = self
-            .slots_setting
-            .slots(inner.sources)
-            .max(1)
-            .unsigned_abs() as usize;
-        (inner.sources * slots)
-            .div_ceil(self.processes(inner))
-            .max(1)
+        target(&self.slots_setting, inner.sources, self.processes(inner))
     }
 
     /// This process's part of each server's budget: the budget divided by the processes.
@@ -265,12 +286,7 @@ impl Share {
     /// The sources this process may serve on a server under the connection budget: its part
     /// of it, less the [`SHORT_SESSIONS`], in sources of `pool_size + 1` connections.
     fn server_room(&self, inner: &Inner) -> usize {
-        match self.part(inner) {
-            None => usize::MAX,
-            Some(part) => {
-                part.saturating_sub(SHORT_SESSIONS) / self.slots_setting.connections_per_source()
-            }
-        }
+        server_room(&self.slots_setting, self.processes(inner))
     }
 
     /// Whether this process may take one more source on `server`.
@@ -388,6 +404,7 @@ impl Share {
                 server: server.to_owned(),
                 since: Instant::now(),
                 idle: false,
+                leaving: false,
             },
         );
         Held {
@@ -397,6 +414,51 @@ impl Share {
             released: false,
         }
     }
+}
+
+/// The longest a source with a ready message waits for a process to serve it, by the
+/// turns' rule, while the fleet's size holds: with I the discovery interval, L the slot
+/// lease (also the turn), C the sources the fleet may serve at once on the server (each
+/// process's room there × the processes) and S the sources:
+/// 3I + L/3 (found queued on a snapshot up to I old, a process with no room gives up a
+/// source at its next renewal, the queued source is taken at its next poll), plus, for
+/// each round of turns ahead of it, ceil((S − C) / C) of them, a turn, its renewal
+/// period, the relay's drain (at most L) and two polls (the one that takes the next
+/// queued source, and one that finds that the source queued first was taken by another
+/// process): 2L + L/3 + 2I. A process killed adds the time its slots and membership
+/// take to lapse, 2I + L, and a process starting its joining time (see
+/// docs/sources.md). Here with `sources` sources on one server and a fleet of
+/// `processes`; also what `status --all-sources` compares a queued source's oldest ready
+/// message with.
+pub fn wait_bound(settings: &SourcesSettings, sources: usize, processes: usize) -> Duration {
+    let processes = processes.max(1);
+    let at_once = server_room(settings, processes)
+        .min(target(settings, sources, processes))
+        .saturating_mul(processes)
+        .max(1);
+    let rounds = sources.saturating_sub(at_once).div_ceil(at_once);
+    let (interval, lease) = (settings.discover_interval, settings.lease);
+    let round = lease * 2 + lease / 3 + interval * 2;
+    interval * 3 + lease / 3 + round * u32::try_from(rounds).unwrap_or(u32::MAX)
+}
+
+/// The sources a process serves at most, its fair share: with `sources` sources of k
+/// slots each and a fleet of `processes`, ceil(sources·k / processes).
+fn target(settings: &SourcesSettings, sources: usize, processes: usize) -> usize {
+    let slots = settings.slots(sources).max(1).unsigned_abs() as usize;
+    (sources * slots).div_ceil(processes.max(1)).max(1)
+}
+
+/// The sources a process may serve on one server under its connection budget: its part of
+/// it (the budget divided by the processes), less the [`SHORT_SESSIONS`], in sources of
+/// `pool_size + 1` connections; unbounded without a budget.
+fn server_room(settings: &SourcesSettings, processes: usize) -> usize {
+    settings
+        .max_connections_per_server
+        .map_or(usize::MAX, |budget| {
+            (budget / processes.max(1)).saturating_sub(SHORT_SESSIONS)
+                / settings.connections_per_source()
+        })
 }
 
 /// A poll session kept open between polls, counted on its server until dropped (or
@@ -475,10 +537,12 @@ impl Held<'_> {
 
     /// Gives this source up for a queued one when its turn is over: another source of its
     /// server is queued, this process has no room for it, and this source is the one to go
-    /// (an idle source first, the one idle longest served; otherwise the one served longest,
-    /// once it has served for a [`Share::turn`]). `idle`: its latest claim found nothing.
-    /// One source goes at a time: once it has, the process has room and the others stay.
-    /// Once it returned true the source no longer counts.
+    /// (an idle source first, the one served longest among them; otherwise the one served
+    /// longest, once it has served for a [`Share::turn`]). `idle`: its latest claim found
+    /// nothing. As many go as there are sources queued there: each is leaving until it is
+    /// dropped, its sessions closed, and counts as gone meanwhile. Once it returned true the
+    /// source is to be dropped as soon as its relay has drained: it counts until then, so
+    /// that the source taken in its place does not open its sessions beside its own.
     pub fn turn_over(&mut self, idle: bool) -> bool {
         let mut inner = self.share.inner.lock().expect("share lock");
         if let Some(served) = inner.served.get_mut(&self.source) {
@@ -493,7 +557,17 @@ impl Held<'_> {
             return false;
         }
         let turn = self.share.turn();
+        let fresh = self.share.slots_setting.membership_ttl();
+        let queued = inner
+            .queued
+            .values()
+            .filter(|q| q.server == self.server && q.seen.elapsed() <= fresh)
+            .count();
         let here = inner.served.iter().filter(|(_, s)| s.server == self.server);
+        if here.clone().filter(|(_, s)| s.leaving).count() >= queued {
+            return false;
+        }
+        let here = here.filter(|(_, s)| !s.leaving);
         let goes = match here
             .clone()
             .filter(|(_, s)| s.idle)
@@ -506,8 +580,8 @@ impl Held<'_> {
                 .map(|(name, _)| name),
         };
         let over = goes == Some(&self.source);
-        if over {
-            self.release(&mut inner);
+        if over && let Some(served) = inner.served.get_mut(&self.source) {
+            served.leaving = true;
         }
         over
     }
@@ -526,6 +600,7 @@ impl Drop for Held<'_> {
             let mut inner = self.share.inner.lock().expect("share lock");
             self.release(&mut inner);
         }
+        self.share.room_freed.notify_waiters();
     }
 }
 
@@ -705,13 +780,29 @@ mod tests {
         );
         // None is idle and none has served its turn (a 15 s lease): all keep their slot.
         assert!(held.iter_mut().all(|h| !h.turn_over(false)));
-        // One idle source: it goes, and only it (the process has room now).
+        // One idle source: it goes (the others are busy, their turn not over).
         let given: Vec<bool> = held
             .iter_mut()
             .enumerate()
             .map(|(i, h)| h.turn_over(i == 2))
             .collect();
         assert_eq!(given, [false, false, true, false]);
+        assert!(
+            held.iter_mut().all(|h| !h.turn_over(false)),
+            "the others are busy, their turn not over"
+        );
+        assert_eq!(
+            share.try_hold("s", "q1", first).err(),
+            Some(Refusal::Budget),
+            "its sessions are not closed yet"
+        );
+        assert!(
+            held[0].turn_over(true),
+            "two are queued: a second idle source goes"
+        );
+        assert!(!held[1].turn_over(true), "as many as are queued");
+        drop(held.remove(2));
+        drop(held.remove(0));
         assert!(held.iter_mut().all(|h| !h.turn_over(true)), "room is there");
         // The room goes to the source queued longest: q2 waits for q1, an idle source for
         // both; q1 is taken.
@@ -738,7 +829,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         assert!(!b.turn_over(false), "a was served longer");
         assert!(a.turn_over(false));
-        assert!(!b.turn_over(false), "one at a time");
+        assert!(!b.turn_over(false), "one per queued source");
         drop((held, q1));
     }
 
@@ -751,7 +842,12 @@ mod tests {
         share.members("a", 2);
         assert_eq!(
             share.wait_bound(),
-            Duration::from_secs(30 + 5 + 30 + 5 + 10)
+            Duration::from_secs(30 + 5 + (30 + 5 + 20))
+        );
+        assert_eq!(
+            wait_bound(&settings(None, Some(60)), 20, 2),
+            share.wait_bound(),
+            "status --all-sources states the same bound"
         );
         let ample = Share::new(&settings(None, None));
         ample.set_sources(20);

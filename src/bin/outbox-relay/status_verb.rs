@@ -460,6 +460,12 @@ struct Line {
     figures: Option<Status>,
     /// The processes serving it now (`outbox.source_holders`).
     served_by: Vec<String>,
+    /// `serving`; `queued` (ready messages and nobody serving it: it waits for its turn) or
+    /// `waiting` (so for longer than the turns' bound, `sources::wait_bound`); `idle`.
+    state: Option<&'static str>,
+    /// Its server (host and port): the bound counts the sources of one server.
+    #[serde(skip)]
+    server: String,
 }
 
 async fn line(name: String, url: String) -> Line {
@@ -468,16 +474,23 @@ async fn line(name: String, url: String) -> Line {
         let version = store.check_schema().await?;
         let status = store.status().await?;
         let holders = store.source_holders().await?;
-        Ok::<_, outbox_relay::store::StoreError>((version, status, holders))
+        Ok::<_, outbox_relay::store::StoreError>((
+            version,
+            status,
+            holders,
+            store.target().address(),
+        ))
     }
     .await;
     match figures {
-        Ok((version, status, holders)) => Line {
+        Ok((version, status, holders, server)) => Line {
             source: name,
             health: "ok".to_owned(),
             schema_version: Some(version),
             figures: Some(status),
             served_by: holders,
+            state: None,
+            server,
         },
         Err(e) => Line {
             source: name,
@@ -485,7 +498,37 @@ async fn line(name: String, url: String) -> Line {
             schema_version: None,
             figures: None,
             served_by: Vec::new(),
+            state: None,
+            server: String::new(),
         },
+    }
+}
+
+/// Each readable source's state, as the fleet would report it: a source with ready
+/// messages and nobody serving it is queued, and waiting once its oldest ready message is
+/// older than the turns' bound for its server's sources and the processes serving now.
+fn states(settings: &SourcesSettings, lines: &mut [Line]) {
+    let processes = lines
+        .iter()
+        .flat_map(|l| &l.served_by)
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let mut on_server = std::collections::HashMap::<String, usize>::new();
+    for l in lines.iter().filter(|l| l.figures.is_some()) {
+        *on_server.entry(l.server.clone()).or_default() += 1;
+    }
+    for l in lines.iter_mut() {
+        let Some(f) = &l.figures else { continue };
+        let bound = outbox_relay::sources::wait_bound(settings, on_server[&l.server], processes);
+        l.state = Some(if !l.served_by.is_empty() {
+            "serving"
+        } else if f.ready == 0 {
+            "idle"
+        } else if f.oldest_ready_age_secs.unwrap_or(0.0) > bound.as_secs_f64() {
+            "waiting"
+        } else {
+            "queued"
+        });
     }
 }
 
@@ -493,11 +536,12 @@ async fn line(name: String, url: String) -> Line {
 /// and its health.
 pub async fn run_all(settings: &SourcesSettings, json: bool) -> Result<()> {
     let sources = all_sources::all(settings).await?;
-    let lines: Vec<Line> = stream::iter(sources)
+    let mut lines: Vec<Line> = stream::iter(sources)
         .map(|(name, url)| line(name, url))
         .buffered(8)
         .collect()
         .await;
+    states(settings, &mut lines);
     if json {
         outln!("{}", serde_json::to_string_pretty(&lines)?);
         return Ok(());
@@ -533,7 +577,10 @@ pub async fn run_all(settings: &SourcesSettings, json: bool) -> Result<()> {
                 f.oldest_ready_age_secs
                     .map_or("-".to_owned(), |s| format!("{s:.1}s")),
                 if l.served_by.is_empty() {
-                    "nobody".to_owned()
+                    match l.state {
+                        Some(state @ ("queued" | "waiting")) => format!("nobody: {state}"),
+                        _ => "nobody".to_owned(),
+                    }
                 } else {
                     l.served_by.join(",")
                 },
