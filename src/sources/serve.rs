@@ -36,7 +36,7 @@ use tracing::Instrument;
 
 use super::Fleet;
 use super::board::SourceState;
-use super::share::{Held, Kept, Refusal};
+use super::share::{Held, Kept, Refusal, Short};
 use crate::observe;
 use crate::relay::{Gate, Relay};
 use crate::store::{SourceTurn, Store, StoreError};
@@ -61,7 +61,8 @@ const TURN_CHECK: Duration = Duration::from_millis(250);
 const LEAVE_WITHIN: Duration = Duration::from_secs(2);
 
 /// How long a source taken here waits for the server's kept poll sessions to close before
-/// it opens its pool (they close as soon as they are told to).
+/// it opens its pool (they close as soon as they are told to), beside the short polls that
+/// borrowed its room ([`short_within`]).
 const KEPT_CLOSE_WITHIN: Duration = Duration::from_secs(1);
 
 /// The session a poll runs on: kept from the last poll, or opened for this one.
@@ -70,7 +71,7 @@ struct PollSession<'a> {
     /// Counted in the server's kept sessions: kept open after the poll.
     kept: Option<Kept<'a>>,
     /// Not kept: its turn on the server's short sessions, held until it is closed.
-    _short: Option<tokio::sync::OwnedSemaphorePermit>,
+    _short: Option<Short<'a>>,
 }
 
 impl<'a> PollSession<'a> {
@@ -266,7 +267,7 @@ async fn poll_on<'a>(
 /// and the memberships they renew, back no longer than that.
 fn poll_within(fleet: &Fleet, session: &PollSession) -> Duration {
     if session._short.is_some() {
-        fleet.settings.discover_interval.max(Duration::from_secs(2))
+        short_within(fleet)
     } else {
         fleet.settings.lease.max(Duration::from_secs(10))
     }
@@ -346,6 +347,11 @@ async fn poll<'a>(
     })
 }
 
+/// How long a poll on a short session may take: see [`poll_within`].
+fn short_within(fleet: &Fleet) -> Duration {
+    fleet.settings.discover_interval.max(Duration::from_secs(2))
+}
+
 /// Whether this process is joining, and takes nothing: its first discovery interval (and
 /// a renewal period and the give-back of a source after it, so that the others have seen
 /// this process and given back what its share takes from theirs), and until every source
@@ -394,7 +400,7 @@ async fn serve(
 ) {
     fleet
         .share
-        .kept_within(&server_of(url), KEPT_CLOSE_WITHIN)
+        .kept_within(&server_of(url), KEPT_CLOSE_WITHIN + short_within(fleet))
         .await;
     let store = match Store::connect(url, fleet.settings.pool_size) {
         Ok(store) => {

@@ -16,10 +16,8 @@
 //! for discovery, which wait for them ([`Share::short_session`]).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::settings::SourcesSettings;
 
@@ -30,8 +28,8 @@ pub struct Share {
     /// Woken when a server's kept poll sessions exceed the room left for them (a source was
     /// taken there): the sources keeping them check [`Kept::excess`].
     kept_over: tokio::sync::Notify,
-    /// Each server's [`SHORT_SESSIONS`], when there is a budget.
-    short: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Woken when a short session closes ([`Short`]).
+    short_freed: tokio::sync::Notify,
     /// Woken when a source served here is no longer counted (its sessions are closed):
     /// the queued sources poll at once ([`Share::room_freed`]).
     room_freed: tokio::sync::Notify,
@@ -77,6 +75,8 @@ struct Inner {
     joined: bool,
     /// Poll sessions kept open between polls, per server.
     kept_on: HashMap<String, usize>,
+    /// Short sessions open, per server ([`Share::short_session`]).
+    short_on: HashMap<String, usize>,
     /// Sources found with ready messages and nobody serving them, by name.
     queued: HashMap<String, Queued>,
     /// Sources served here, by name.
@@ -89,23 +89,49 @@ impl Share {
             slots_setting: settings.clone(),
             inner: Mutex::default(),
             kept_over: tokio::sync::Notify::new(),
-            short: Mutex::default(),
+            short_freed: tokio::sync::Notify::new(),
             room_freed: tokio::sync::Notify::new(),
         }
     }
 
-    /// A turn on one of `server`'s [`SHORT_SESSIONS`], for a session that is not counted
-    /// otherwise (a poll that keeps no session, discovery); None without a budget.
-    pub async fn short_session(&self, server: &str) -> Option<OwnedSemaphorePermit> {
+    /// A short session of `server`, for a session that is not counted otherwise (a poll
+    /// that keeps no session, discovery, a leave); None without a budget. One of its
+    /// [`SHORT_SESSIONS`], or room of this process's part that nothing uses now (sources it
+    /// may serve and does not, kept poll sessions it does not keep): the polls then do not
+    /// all wait for one session while the budget has room. Waits for one otherwise.
+    pub async fn short_session(&self, server: &str) -> Option<Short<'_>> {
         self.slots_setting.max_connections_per_server?;
-        let semaphore = self
-            .short
-            .lock()
-            .expect("short lock")
-            .entry(server.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(SHORT_SESSIONS)))
-            .clone();
-        Some(semaphore.acquire_owned().await.expect("never closed"))
+        loop {
+            let freed = self.short_freed.notified();
+            {
+                let mut inner = self.inner.lock().expect("share lock");
+                let open = inner.short_on.get(server).copied().unwrap_or(0);
+                // Until it has joined, the process counts a fleet of one: it borrows nothing.
+                if open < SHORT_SESSIONS || (inner.joined && self.unused(&inner, server) > 0) {
+                    inner.short_on.insert(server.to_owned(), open + 1);
+                    return Some(Short {
+                        share: self,
+                        server: server.to_owned(),
+                    });
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// Sessions of this process's part of `server`'s budget that nothing uses now: its
+    /// part, less the [`SHORT_SESSIONS`], the sources served (their pools and `LISTEN`
+    /// sessions), the kept poll sessions and the short sessions beyond the
+    /// [`SHORT_SESSIONS`].
+    fn unused(&self, inner: &Inner, server: &str) -> usize {
+        let Some(part) = self.part(inner) else {
+            return usize::MAX;
+        };
+        let on = |m: &HashMap<String, usize>| m.get(server).copied().unwrap_or(0);
+        let used = on(&inner.held_on) * self.slots_setting.connections_per_source()
+            + on(&inner.kept_on)
+            + on(&inner.short_on).saturating_sub(SHORT_SESSIONS);
+        part.saturating_sub(SHORT_SESSIONS).saturating_sub(used)
     }
 
     /// Records what a poll found of `source`: `queued` when it has ready messages and no
@@ -358,7 +384,7 @@ impl Share {
             return None;
         }
         let kept = inner.kept_on.get(server).copied().unwrap_or(0);
-        if kept >= self.keep_room(&inner, server) {
+        if kept >= self.keep_room(&inner, server) || self.unused(&inner, server) == 0 {
             return None;
         }
         inner.kept_on.insert(server.to_owned(), kept + 1);
@@ -381,17 +407,39 @@ impl Share {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let notified = self.kept_over.notified();
+            let freed = self.short_freed.notified();
             {
                 let inner = self.inner.lock().expect("share lock");
                 if inner.kept_on.get(server).copied().unwrap_or(0) <= self.keep_room(&inner, server)
+                    && !self.overdrawn(&inner, server)
                 {
                     return;
                 }
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let closed = async {
+                tokio::select! {
+                    () = notified => {}
+                    () = freed => {}
+                }
+            };
+            if tokio::time::timeout_at(deadline, closed).await.is_err() {
                 return;
             }
         }
+    }
+
+    /// Whether the short sessions borrowed from unused room, the kept poll sessions and
+    /// the sources counted on `server` exceed this process's part (a source was just
+    /// taken in room a short poll borrowed; it ends within its poll's limit).
+    fn overdrawn(&self, inner: &Inner, server: &str) -> bool {
+        let Some(part) = self.part(inner) else {
+            return false;
+        };
+        let on = |m: &HashMap<String, usize>| m.get(server).copied().unwrap_or(0);
+        on(&inner.held_on) * self.slots_setting.connections_per_source()
+            + on(&inner.kept_on)
+            + on(&inner.short_on).saturating_sub(SHORT_SESSIONS)
+            > part.saturating_sub(SHORT_SESSIONS)
     }
 
     fn count<'a>(inner: &mut Inner, share: &'a Share, server: &str, source: &str) -> Held<'a> {
@@ -459,6 +507,21 @@ fn server_room(settings: &SourcesSettings, processes: usize) -> usize {
             (budget / processes.max(1)).saturating_sub(SHORT_SESSIONS)
                 / settings.connections_per_source()
         })
+}
+
+/// A short session of a server, counted until dropped ([`Share::short_session`]).
+pub struct Short<'a> {
+    share: &'a Share,
+    server: String,
+}
+
+impl Drop for Short<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.share.inner.lock().expect("share lock");
+        *inner.short_on.get_mut(&self.server).expect("short") -= 1;
+        drop(inner);
+        self.share.short_freed.notify_waiters();
+    }
 }
 
 /// A poll session kept open between polls, counted on its server until dropped (or
@@ -749,6 +812,40 @@ mod tests {
             20
         );
         drop(held);
+    }
+
+    #[tokio::test]
+    async fn short_sessions_borrow_the_room_nothing_uses_and_only_that() {
+        // 20 connections, one process: 19 and a short one, 4 per source.
+        let share = Share::new(&settings(None, Some(20)));
+        share.set_sources(10);
+        share.members("a", 1);
+        let first = share.short_session("s").await.expect("a budget");
+        let borrowing = tokio::time::timeout(Duration::from_millis(50), share.short_session("s"));
+        assert!(
+            borrowing.await.is_err(),
+            "until the process has joined, it borrows nothing"
+        );
+        join(&share, 10);
+        let held: Vec<Held> = (0..4).map(|_| hold(&share, "s").expect("room")).collect();
+        // 16 for the sources, 3 unused: 3 short sessions beside the first.
+        let mut short = Vec::new();
+        for _ in 0..3 {
+            short.push(share.short_session("s").await.expect("unused room"));
+        }
+        let waiting = tokio::time::timeout(Duration::from_millis(50), share.short_session("s"));
+        assert!(waiting.await.is_err(), "no room left");
+        assert!(
+            share.try_keep("s").is_none(),
+            "no room for a kept session either"
+        );
+        drop(held);
+        let taken = hold(&share, "s").expect("room");
+        assert!(
+            !share.overdrawn(&share.inner.lock().unwrap(), "s"),
+            "4 + 3 borrowed of 19"
+        );
+        drop((taken, short, first));
     }
 
     #[test]

@@ -7,14 +7,18 @@
 //!         [--hostile N] [--previous REF]
 //!
 //! Scenarios: kill-storm, pg-restart, freeze, slow-freeze, destination-outage, poison,
-//! big-payloads, hot-key, horizon, hostile, fleet-turns (tests/chaos/fleet_turns.rs), rolling-upgrade (`--previous REF`: the build
-//! upgraded from; see tests/chaos/rolling_upgrade.rs). `--short` is the CI size (kill-storm,
-//! freeze, slow-freeze, horizon with a 180 s hold and hostile only, small sizes): rolling-upgrade is left out of it
-//! because its first run builds a previous release from source.
+//! big-payloads, hot-key, horizon, hostile, fleet-turns (tests/chaos/fleet_turns.rs),
+//! fleet-acceptance (tests/chaos/fleet_acceptance.rs, on a throwaway cluster of its own),
+//! rolling-upgrade (`--previous REF`: the build upgraded from; see
+//! tests/chaos/rolling_upgrade.rs). `--short` is the CI size (kill-storm, freeze,
+//! slow-freeze, horizon with a 180 s hold, hostile and fleet-turns only, small sizes):
+//! rolling-upgrade is left out of it because its first run builds a previous release from
+//! source.
 //! Not part of `make test` (`test = false` in Cargo.toml).
 
 #[path = "../common/mod.rs"]
 mod common;
+mod fleet_acceptance;
 mod fleet_turns;
 mod hook;
 mod rolling_upgrade;
@@ -102,6 +106,7 @@ fn main() {
         "horizon",
         "hostile",
         "fleet-turns",
+        "fleet-acceptance",
         "rolling-upgrade",
     ];
     let chosen: Vec<String> = match flag("--only") {
@@ -153,6 +158,7 @@ async fn run(name: &str, sizes: &Sizes) -> Outcome {
         "horizon" => horizon(sizes).await,
         "hostile" => hostile(sizes).await,
         "fleet-turns" => fleet_turns(sizes).await,
+        "fleet-acceptance" => fleet_acceptance().await,
         "rolling-upgrade" => rolling_upgrade::rolling_upgrade(sizes).await,
         _ => unreachable!(),
     }
@@ -177,6 +183,16 @@ async fn fleet_turns(sizes: &Sizes) -> Outcome {
         db.finish().await;
     }
     result
+}
+
+/// `examples/sources-discover.toml` by 3 processes over 20 databases of 300 messages, one
+/// killed: with a budget of 40, then of 60.
+async fn fleet_acceptance() -> Outcome {
+    let mut figures = Vec::new();
+    for budget in [40, 60] {
+        figures.push(fleet_acceptance::run(budget).await?);
+    }
+    Ok(figures.join("; "))
 }
 
 /// Fails the scenario with `why` unless `ok`.
