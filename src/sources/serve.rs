@@ -183,7 +183,7 @@ pub async fn run(fleet: Arc<Fleet>, name: String, url: String, stop: Cancellatio
                     // otherwise.
                     (slot, _) => {
                         let state = match queued {
-                            Some(since) if since.elapsed() > fleet.share.wait_bound() => {
+                            Some(since) if waited(&fleet, since) > fleet.share.wait_bound() => {
                                 SourceState::Waiting
                             }
                             Some(_) => SourceState::Queued,
@@ -359,9 +359,21 @@ fn short_within(fleet: &Fleet) -> Duration {
 /// keep the process from serving the others).
 fn joining(fleet: &Fleet) -> bool {
     let up = fleet.started.elapsed();
-    let interval = fleet.settings.discover_interval;
-    let first = interval * 11 / 10 + fleet.settings.lease / 3 + LEAVE_WITHIN;
-    up < first || (!fleet.share.joined() && up < interval * 3)
+    up < joining_time(fleet) || (!fleet.share.joined() && up < fleet.settings.discover_interval * 3)
+}
+
+/// The first part of [`joining`]: 1.1 I + L/3 + [`LEAVE_WITHIN`].
+fn joining_time(fleet: &Fleet) -> Duration {
+    fleet.settings.discover_interval * 11 / 10 + fleet.settings.lease / 3 + LEAVE_WITHIN
+}
+
+/// How long a source queued since `since` has waited for this process by the turns' bound,
+/// which a process starting adds its joining time to: from then, or from the end of that
+/// time.
+fn waited(fleet: &Fleet, since: Instant) -> Duration {
+    since
+        .elapsed()
+        .min(fleet.started.elapsed().saturating_sub(joining_time(fleet)))
 }
 
 /// Leaves a source this process does not serve (its membership), on the kept poll session

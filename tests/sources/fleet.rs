@@ -30,18 +30,16 @@ const PER_SOURCE: i64 = 500;
 /// `max_connections_per_server`, chosen so that the survivors of the kill need all of it.
 /// A served source holds its pool (`--source-pool-size 2`) and its LISTEN session: 3
 /// connections. Once the killed process's membership lapses, 67 sources (50 + 5 schemas +
-/// 10 added + the 2 that break later) share 2 processes: each takes ceil(67 / 2) = 34, 102
-/// connections, and its part of the budget is the budget ÷ 2, so 204 = 2 × 102 is the least
-/// that lets the added sources be served. Before the kill each of the 3 processes has
-/// 204 ÷ 3 = 68 connections, room for 22 sources, above its fair share of
-/// ceil(57 / 3) = 19; the 11 connections its share leaves keep poll sessions of sources it
-/// does not serve open between polls (2 once the 10 added sources raise its share to 23),
-/// and after the kill none are left for them.
+/// 10 added + the 2 that break later) share 2 processes, and each process's part of the
+/// budget is the budget ÷ 2, 102, one of them kept for short sessions: room for 33 sources
+/// each, 66, so 204 is the least that serves the 65 sources that do not break. Before the
+/// kill each of the 3 processes has 204 ÷ 3 = 68 connections, one for short sessions and
+/// room for 22 sources, above its fair share of ceil(57 / 3) = 19; the 10 connections its
+/// share leaves keep poll sessions of sources it does not serve open between polls (1 once
+/// the 10 added sources raise its share to 23), and after the kill none are left for them.
 const BUDGET: i64 = 204;
-/// The cluster's `max_connections`: the budget, plus the short poll sessions (each process
-/// polls every source it does not serve once a discovery interval, on a new session unless
-/// its budget keeps one open), `status --all-sources`
-/// (8 at a time) and the test's own sessions. The relayers' sessions reached 204–212.
+/// The cluster's `max_connections`: the budget (which every relayer session counts in),
+/// `status --all-sources` (8 at a time) and the test's own sessions.
 const MAX_CONNECTIONS: &str = "400";
 /// The third column names a source's outbox schema (NULL: `outbox`).
 const CATALOGUE: &str = "SELECT name, url, schema FROM public.sources";
