@@ -609,7 +609,50 @@ fn row(
 
 #[cfg(test)]
 mod tests {
-    use super::{due_in, rate, signed_rate};
+    use super::{Line, Status, due_in, rate, signed_rate, states};
+
+    #[test]
+    fn a_source_with_ready_messages_and_nobody_serving_it_is_queued_then_waiting() {
+        let line = |name: &str, ready: i64, oldest: Option<f64>, served_by: &[&str]| Line {
+            source: name.to_owned(),
+            health: "ok".to_owned(),
+            schema_version: Some(1),
+            figures: Some(Status {
+                ready,
+                delayed: 0,
+                in_flight: 0,
+                expired_leases: 0,
+                dead_letters: 0,
+                oldest_ready_age_secs: oldest,
+            }),
+            served_by: served_by.iter().map(|s| (*s).to_owned()).collect(),
+            state: None,
+            server: "db:5432".to_owned(),
+        };
+        // I = 10 s, L = 15 s, no budget: the bound is 3I + L/3 = 35 s.
+        let settings = outbox_relay::sources::SourcesSettings {
+            discover_interval: std::time::Duration::from_secs(10),
+            lease: std::time::Duration::from_secs(15),
+            ..Default::default()
+        };
+        let mut lines = [
+            line("served", 5, Some(1.0), &["w1"]),
+            line("idle", 0, None, &[]),
+            line("queued", 3, Some(20.0), &[]),
+            line("waiting", 3, Some(36.0), &[]),
+        ];
+        states(&settings, &mut lines);
+        let got: Vec<_> = lines.iter().map(|l| l.state).collect();
+        assert_eq!(
+            got,
+            [
+                Some("serving"),
+                Some("idle"),
+                Some("queued"),
+                Some("waiting")
+            ]
+        );
+    }
 
     #[test]
     fn a_due_time_is_shown_as_how_long_from_the_observation() {
