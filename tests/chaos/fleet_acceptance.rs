@@ -124,17 +124,20 @@ pub async fn run(budget: i64) -> Result<String, String> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
 
-    // Idle: the pools' connections idle for L/3 are closed at the next renewal (every L/3).
-    tokio::time::sleep(LEASE * 2 / 3 + Duration::from_secs(2)).await;
+    // Idle: a source's observation, up to I old, may still show the ready messages of a
+    // source just drained, which is then queued and taken in turn and found empty; once
+    // every observation is newer than the drain, the sources served keep still, and their
+    // pools' connections idle for L/3 are closed at their next renewal (every L/3).
+    tokio::time::sleep(INTERVAL + LEASE * 2 / 3 + Duration::from_secs(2)).await;
     // Per source: the fewest and the most sessions of a serving process (its pool and
-    // LISTEN, `outbox-relay`) over three samples a second apart, the most poll sessions of
+    // LISTEN, `outbox-relay`) over five samples a second apart, the most poll sessions of
     // the others (`outbox-relay standby` kept, or `outbox-relay poll`), and whether it is
     // served.
     let mut idle: BTreeMap<String, Idle> = ids
         .keys()
         .map(|name| (name.clone(), Idle::default()))
         .collect();
-    for _ in 0..3 {
+    for _ in 0..5 {
         let rows = admin
             .query(
                 "SELECT datname::text, \
@@ -175,6 +178,22 @@ pub async fn run(budget: i64) -> Result<String, String> {
             .get::<_, i64>(0)
             > 0;
     }
+    // What each session of the served sources last ran, and when.
+    let sessions: Vec<String> = admin
+        .query(
+            "SELECT format('%s: %s ago, %s ago: %s', datname, \
+                    date_trunc('second', clock_timestamp() - backend_start), \
+                    date_trunc('second', clock_timestamp() - state_change), \
+                    left(query, 70)) \
+               FROM pg_stat_activity WHERE application_name = 'outbox-relay' \
+              ORDER BY datname",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     sampler.abort();
 
     // The longest a message waited for its source to be served: from the start (every
@@ -237,7 +256,9 @@ pub async fn run(budget: i64) -> Result<String, String> {
     }
     if served.iter().any(|e| e.fewest > 2) {
         return Err(format!(
-            "an idle served source held more than its LISTEN session and one other: {figures}"
+            "an idle served source held more than its LISTEN session and one other: {figures}; \
+             sessions:\n{}",
+            sessions.join("\n")
         ));
     }
     // A poll session at most of each live process that does not serve it.
