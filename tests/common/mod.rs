@@ -540,6 +540,30 @@ impl Drop for Relayer {
     }
 }
 
+/// A child process killed when the test that started it ends, failed or not: a relayer left
+/// running after a failed assertion would go on serving what it discovers on the server.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl TestDb {
     /// A directory for this test's files (sink output, logs), next to the target dir.
     pub fn scratch_dir(&self) -> std::path::PathBuf {

@@ -720,17 +720,19 @@ async fn the_example_config_serves_every_outbox_database_of_a_server_and_skips_t
     let sinks = Sinks::new(vec![db.scratch_dir().join("example.jsonl")]);
     let sink = &sinks.files[0];
     let log = db.scratch_dir().join("example.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["run", "--config"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sources-discover.toml"))
-        .args(["--worker-id", "example", "--telemetry-addr"])
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .env("OUTBOX_SOURCES_SERVER_URL", base_url())
-        .env("OUTBOX_SINK_FILE", sink)
-        .env("RUST_LOG", "info")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = common::KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["run", "--config"])
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sources-discover.toml"))
+            .args(["--worker-id", "example", "--telemetry-addr"])
+            .arg(format!("127.0.0.1:{}", free_port()))
+            .env("OUTBOX_SOURCES_SERVER_URL", base_url())
+            .env("OUTBOX_SINK_FILE", sink)
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let expected: BTreeSet<Uuid> = served.iter().flat_map(|s| s.ids.clone()).collect();
     eventually(
         Duration::from_secs(60),
