@@ -14,12 +14,28 @@
 -- Returns:    NULL (an AFTER trigger: the row is inserted as given).
 -- Locks:      those of outbox.enqueue.
 -- Guarantees: exactly one outbox.enqueue call per inserted row, in the inserting
---             transaction and with its rights.
--- Raises:     what outbox.enqueue raises for the row (P7001 for a NULL topic, 23505 for a
---             known id); 22P02 for an id that is not a uuid, 22007/22008 for a bad time.
---             Each fails the producer's INSERT: nothing is inserted that is not relayed.
+--             transaction and with its rights. The payload is the column's value as
+--             stored, whatever the session's settings: a bytea's bytes, a json's or a
+--             text's stored text, a jsonb's text; its type is the column's type now, not
+--             the type it had when the table was adopted.
+-- Raises:     42703 naming the table and each mapped column the row no longer has (a
+--             column renamed or dropped since the adoption: run outbox-relay adopt again);
+--             42804 when the payload column's type is no longer one a payload can take;
+--             P7001 (the topic column) when the row's topic is NULL or empty; what
+--             outbox.enqueue raises for the row (23505 for a known id); 22P02 for an id
+--             that is not a uuid, 22007/22008 for a bad time. Each fails the producer's
+--             INSERT: nothing is inserted that is not relayed.
 -- Shape:      the row is read through to_jsonb(NEW) once, so one function serves every
 --             table and mapping; the mapping is parsed from the trigger argument per row.
+--             A json or bytea payload is read from NEW itself (EXECUTE … USING NEW), as
+--             to_jsonb would rewrite a json and print a bytea by bytea_output.
+--             With an id column, enqueue takes a transaction-scoped advisory lock per row:
+--             a transaction that inserts more rows than the lock table holds (about
+--             max_locks_per_transaction × max_connections, less what others hold; 6,400 by
+--             default) fails with 53200; insert in transactions of a thousand rows or so.
+--             Measured (docs/from-debezium.md): the insert of the Quarkus extension's row
+--             costs 3–4× the plain insert, 1.1–1.2× the same insert with the application's
+--             own call of enqueue (the id checks are enqueue's).
 CREATE OR REPLACE FUNCTION outbox.adopted_row() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
@@ -27,27 +43,58 @@ AS $$
 DECLARE
     v_map jsonb := TG_ARGV[0]::jsonb;
     v_row jsonb := to_jsonb(NEW);
-    v_kind text := v_map ->> 'payload_kind';
+    v_table text := format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME);
+    v_column text := v_map ->> 'payload';
+    v_missing text;
+    v_type text;
+    v_text text;
     v_payload bytea;
     v_content_type text;
+    v_topic text;
     v_headers jsonb := '{}';
     v_header record;
     v_trace text;
 BEGIN
-    IF v_row ->> (v_map ->> 'payload') IS NULL THEN
+    -- Each column the mapping names must still be a column of the row (by key: a column
+    -- that is there but NULL is a NULL value, not a missing column).
+    SELECT string_agg(quote_ident(m.name), ', ')
+      INTO v_missing
+      FROM jsonb_array_elements_text(
+               jsonb_build_array(v_map -> 'topic', v_map -> 'key', v_map -> 'id', v_map -> 'payload',
+                                 v_map -> 'available_at', v_map -> 'trace')
+               || jsonb_path_query_array(coalesce(v_map -> 'headers', '{}'), '$.*')) AS m(name)
+     WHERE m.name IS NOT NULL AND NOT v_row ? m.name;
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: the adopted table % has no column % any more, which its adoption maps', v_table, v_missing
+            USING ERRCODE = '42703',
+                  HINT = 'After changing the columns of an adopted table, run outbox-relay adopt on it again.';
+    END IF;
+
+    -- The payload, by the column's type now.
+    SELECT format_type(a.atttypid, NULL) INTO v_type
+      FROM pg_attribute AS a
+     WHERE a.attrelid = TG_RELID AND a.attname = v_column AND NOT a.attisdropped;
+    IF v_row ->> v_column IS NULL THEN
         -- No payload: an empty one, of no type (a tombstone for the debezium envelope).
         v_payload := '\x'::bytea;
         v_content_type := 'application/octet-stream';
-    ELSIF v_kind = 'json' THEN
-        v_payload := convert_to((v_row -> (v_map ->> 'payload'))::text, 'UTF8');
+    ELSIF v_type = 'bytea' THEN
+        EXECUTE format('SELECT ($1).%I', v_column) INTO v_payload USING NEW;
+        v_content_type := 'application/octet-stream';
+    ELSIF v_type = 'json' THEN
+        EXECUTE format('SELECT ($1).%I::text', v_column) INTO v_text USING NEW;
+        v_payload := convert_to(v_text, 'UTF8');
         v_content_type := 'application/json';
-    ELSIF v_kind = 'text' THEN
-        v_payload := convert_to(v_row ->> (v_map ->> 'payload'), 'UTF8');
+    ELSIF v_type = 'jsonb' THEN
+        v_payload := convert_to((v_row -> v_column)::text, 'UTF8');
+        v_content_type := 'application/json';
+    ELSIF v_type IN ('text', 'character varying') THEN
+        v_payload := convert_to(v_row ->> v_column, 'UTF8');
         v_content_type := 'text/plain; charset=utf-8';
     ELSE
-        -- to_jsonb writes a bytea as the text of its hex form, \x…
-        v_payload := decode(substr(v_row ->> (v_map ->> 'payload'), 3), 'hex');
-        v_content_type := 'application/octet-stream';
+        RAISE EXCEPTION 'outbox: the payload column % of the adopted table % is of type %, which a payload cannot take', quote_ident(v_column), v_table, v_type
+            USING ERRCODE = '42804',
+                  HINT = 'After changing the columns of an adopted table, run outbox-relay adopt on it again.';
     END IF;
 
     FOR v_header IN SELECT h.key, h.value FROM jsonb_each_text(v_map -> 'headers') AS h LOOP
@@ -60,8 +107,15 @@ BEGIN
         v_headers := v_headers || jsonb_build_object('traceparent', v_trace);
     END IF;
 
+    v_topic := coalesce(v_row ->> (v_map ->> 'topic'), v_map ->> 'topic_value');
+    IF coalesce(v_topic, '') = '' THEN
+        PERFORM outbox.invalid_argument(v_map ->> 'topic',
+            format('the topic column %I of the adopted table %s is NULL or empty in an inserted row',
+                   v_map ->> 'topic', v_table));
+    END IF;
+
     PERFORM outbox.enqueue(
-        coalesce(v_row ->> (v_map ->> 'topic'), v_map ->> 'topic_value'),
+        v_topic,
         v_payload,
         v_row ->> (v_map ->> 'key'),
         v_headers,
@@ -81,18 +135,24 @@ GRANT EXECUTE ON FUNCTION outbox.adopted_row() TO outbox_relay;
 
 
 -- outbox.adopted_row_updated: the statement trigger of an adopted table (trigger
--- outbox_adopt_updates, AFTER UPDATE FOR EACH STATEMENT). Not callable other than as a
--- trigger.
+-- outbox_adopt_updates, AFTER UPDATE FOR EACH STATEMENT, REFERENCING NEW TABLE AS
+-- outbox_adopt_updated_rows). Not callable other than as a trigger.
 --
 -- Returns:    NULL; relays nothing.
--- Raises:     a WARNING naming the table, once per UPDATE statement (however many rows it
---             changed): an update of an outbox row is not an event, as Debezium's router
---             also ignores it with a warning.
+-- Raises:     a WARNING naming the table, once per UPDATE statement that updated rows
+--             (however many): an update of an outbox row is not an event, as Debezium's
+--             router also ignores it with a warning. An UPDATE of no rows, and an
+--             INSERT … ON CONFLICT DO UPDATE that updated none, do not warn.
+-- Shape:      the transition table holds the statement's updated rows; it is read for one
+--             row only.
 CREATE OR REPLACE FUNCTION outbox.adopted_row_updated() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM outbox_adopt_updated_rows) THEN
+        RETURN NULL;
+    END IF;
     RAISE WARNING 'outbox: an UPDATE of the adopted table %.% is not relayed (only inserted rows are)',
         quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME);
     RETURN NULL;
@@ -100,7 +160,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION outbox.adopted_row_updated() IS
-    'Trigger outbox_adopt_updates of an adopted table: warns once per UPDATE statement that updates are not relayed.';
+    'Trigger outbox_adopt_updates of an adopted table: warns once per statement that updated rows that updates are not relayed.';
 
 REVOKE ALL ON FUNCTION outbox.adopted_row_updated() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.adopted_row_updated() TO outbox_relay;
@@ -112,18 +172,21 @@ GRANT EXECUTE ON FUNCTION outbox.adopted_row_updated() TO outbox_relay;
 -- Inputs:     p_table    the table (a regular or partitioned table outside schema outbox)
 --             p_preset   'debezium' (the default) or NULL for none (p_mapping alone)
 --             p_mapping  mapping keys (see the header) that replace the preset's
--- Returns:    the resolved mapping the trigger holds (with payload_kind, from the payload
---             column's type).
+-- Returns:    the resolved mapping the trigger holds.
 -- Locks:      the table, SHARE ROW EXCLUSIVE (CREATE TRIGGER): concurrent inserts wait
 --             for the caller's commit, so that no row commits between "not adopted" and
 --             "adopted" unseen.
 -- Guarantees: idempotent: adopting an adopted table replaces its mapping. The table's
 --             columns, rows, rights and other triggers are not changed.
--- Raises:     P7001 (p_table) for a table of schema outbox or a relation that is not a
---             table; P7001 (p_preset) for an unknown preset; P7001 (p_mapping) for a key
---             that is not a mapping key, a column the table lacks, a column of a type the
---             key cannot take, no topic, or no payload. 42501 when the caller lacks the
---             TRIGGER right on the table.
+-- Raises:     P7001 (p_table) for a table of schema outbox, a relation that is not a
+--             table, a partition (adopt its partitioned table), or, with the preset
+--             debezium, a table without the preset's columns (all those missing named);
+--             P7001 (p_preset) for an unknown preset; P7001 (p_mapping) for a key that is
+--             not a mapping key, a column the table lacks, a column of a type the key
+--             cannot take, no topic, no payload, or a max_attempts that is not a whole
+--             number from 1 to 2147483647. 42710 when the table has a trigger of its own
+--             named outbox_adopt or outbox_adopt_updates (it is not replaced). 42501 when
+--             the caller lacks the TRIGGER right on the table.
 -- Shape:      SECURITY INVOKER: it creates triggers with the caller's rights, so that it
 --             gives no one a way onto a table they could not put a trigger on.
 CREATE OR REPLACE FUNCTION outbox.adopt_table(
@@ -141,12 +204,32 @@ DECLARE
     v_header record;
     v_headers jsonb := '{}';
     v_columns jsonb;
+    v_missing text;
 BEGIN
     IF p_table IS NULL THEN
         PERFORM outbox.invalid_argument('p_table', 'must not be NULL');
     END IF;
     IF (SELECT c.relkind NOT IN ('r', 'p') FROM pg_class AS c WHERE c.oid = p_table) THEN
         PERFORM outbox.invalid_argument('p_table', format('%s is not a table', p_table));
+    END IF;
+    -- A partition's triggers are its parent's: the parent is adopted (and unadopted).
+    IF (SELECT c.relispartition FROM pg_class AS c WHERE c.oid = p_table) THEN
+        PERFORM outbox.invalid_argument('p_table', format(
+            '%s is a partition of %s: adopt (and unadopt) the partitioned table instead',
+            p_table, (SELECT i.inhparent::regclass FROM pg_inherits AS i WHERE i.inhrelid = p_table)));
+    END IF;
+    -- A trigger of the adoption's names that is not the adoption's is the table's own:
+    -- CREATE OR REPLACE TRIGGER would replace it.
+    SELECT string_agg(t.tgname, ' and ') INTO v_key
+      FROM pg_trigger AS t
+     WHERE t.tgrelid = p_table
+       AND ((t.tgname = 'outbox_adopt' AND t.tgfoid <> 'outbox.adopted_row()'::regprocedure)
+            OR (t.tgname = 'outbox_adopt_updates'
+                AND t.tgfoid <> 'outbox.adopted_row_updated()'::regprocedure));
+    IF v_key IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: % already has a trigger named % that is not the adoption''s', p_table, v_key
+            USING ERRCODE = '42710',
+                  HINT = 'Rename that trigger (ALTER TRIGGER … RENAME TO …), then adopt the table.';
     END IF;
     IF (SELECT c.relnamespace = p.pronamespace
           FROM pg_class AS c, pg_proc AS p
@@ -179,6 +262,20 @@ BEGIN
         PERFORM outbox.invalid_argument('p_preset', format('%L is not a preset: ''debezium'' or NULL', p_preset));
     END IF;
     v_map := jsonb_strip_nulls(v_map || coalesce(p_mapping, '{}'));
+
+    -- The preset's columns the table lacks (and the mapping does not replace), all at once.
+    IF p_preset = 'debezium' THEN
+        SELECT string_agg(quote_ident(m.value), ', ' ORDER BY m.value) INTO v_missing
+          FROM jsonb_each_text(v_map) AS m
+         WHERE m.key IN ('topic', 'key', 'id', 'payload') AND NOT v_columns ? m.value
+           AND NOT coalesce(p_mapping, '{}') ? m.key;
+        IF v_missing IS NOT NULL THEN
+            PERFORM outbox.invalid_argument('p_table', format(
+                '%s lacks the column(s) %s that the preset debezium expects (Debezium''s outbox '
+                'table: id, aggregatetype, aggregateid, payload); map its own columns with '
+                'p_mapping (--mapping), or give no preset (--preset none)', p_table, v_missing));
+        END IF;
+    END IF;
 
     FOR v_key IN SELECT jsonb_object_keys(v_map) LOOP
         IF v_key NOT IN ('topic', 'topic_value', 'key', 'id', 'payload', 'headers',
@@ -218,19 +315,16 @@ BEGIN
         PERFORM outbox.invalid_argument('p_mapping', 'needs payload (a column)');
     END IF;
     IF v_map ? 'max_attempts' AND (jsonb_typeof(v_map -> 'max_attempts') <> 'number'
-                                  OR (v_map ->> 'max_attempts')::numeric < 1) THEN
-        PERFORM outbox.invalid_argument('p_mapping', 'max_attempts must be a number of at least 1');
+                                  OR (v_map ->> 'max_attempts')::numeric NOT BETWEEN 1 AND 2147483647
+                                  OR (v_map ->> 'max_attempts')::numeric % 1 <> 0) THEN
+        PERFORM outbox.invalid_argument('p_mapping', format(
+            'max_attempts must be a whole number from 1 to 2147483647, got %s', v_map -> 'max_attempts'));
     END IF;
-
-    v_type := v_columns ->> (v_map ->> 'payload');
-    v_map := v_map || jsonb_build_object('payload_kind', CASE
-        WHEN v_type IN ('jsonb', 'json') THEN 'json'
-        WHEN v_type = 'bytea' THEN 'bytea'
-        ELSE 'text' END);
 
     EXECUTE format('CREATE OR REPLACE TRIGGER outbox_adopt AFTER INSERT ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION outbox.adopted_row(%L)', p_table, v_map::text);
     EXECUTE format('CREATE OR REPLACE TRIGGER outbox_adopt_updates AFTER UPDATE ON %s '
+                   'REFERENCING NEW TABLE AS outbox_adopt_updated_rows '
                    'FOR EACH STATEMENT EXECUTE FUNCTION outbox.adopted_row_updated()', p_table);
     RETURN v_map;
 END;
@@ -253,7 +347,8 @@ GRANT EXECUTE ON FUNCTION outbox.adopt_table(regclass, text, jsonb) TO outbox_re
 --             other triggers untouched (a trigger of another function that happens to be
 --             named outbox_adopt is left alone). Messages already enqueued stay in the
 --             outbox and are delivered.
--- Raises:     P7001 (p_table) when it is NULL; 42501 without the right to drop triggers
+-- Raises:     P7001 (p_table) when it is NULL or a partition (unadopt its partitioned
+--             table); 42501 without the right to drop triggers
 --             of the table (its owner).
 CREATE OR REPLACE FUNCTION outbox.unadopt_table(p_table regclass) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -264,6 +359,12 @@ DECLARE
 BEGIN
     IF p_table IS NULL THEN
         PERFORM outbox.invalid_argument('p_table', 'must not be NULL');
+    END IF;
+    -- A partition's triggers are its parent's: the parent is adopted (and unadopted).
+    IF (SELECT c.relispartition FROM pg_class AS c WHERE c.oid = p_table) THEN
+        PERFORM outbox.invalid_argument('p_table', format(
+            '%s is a partition of %s: adopt (and unadopt) the partitioned table instead',
+            p_table, (SELECT i.inhparent::regclass FROM pg_inherits AS i WHERE i.inhrelid = p_table)));
     END IF;
     IF EXISTS (SELECT 1 FROM pg_trigger AS t
                 WHERE t.tgrelid = p_table AND t.tgname = 'outbox_adopt'
@@ -287,18 +388,22 @@ REVOKE ALL ON FUNCTION outbox.unadopt_table(regclass) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.unadopt_table(regclass) TO outbox_relay;
 
 
--- outbox.adopted_tables: the tables adopted in this database, one row each: table_name (the
--- table, schema-qualified), mapping (the resolved mapping its trigger holds), enabled
+-- outbox.adopted_tables: the tables adopted in this database, one row each (a partitioned
+-- table once, not its partitions, whose triggers are clones of its own): table_name (the
+-- table, schema-qualified always), mapping (the resolved mapping its trigger holds), enabled
 -- (false when the trigger outbox_adopt was disabled with ALTER TABLE … DISABLE TRIGGER:
 -- rows inserted then are not relayed). Read from the catalogue (pg_trigger), which is the
 -- adoption's only state.
 CREATE VIEW outbox.adopted_tables AS
-SELECT t.tgrelid::regclass::text                                                  AS table_name,
+SELECT format('%I.%I', n.nspname, c.relname)                                      AS table_name,
        convert_from(substring(t.tgargs FROM 1 FOR length(t.tgargs) - 1), 'UTF8')::jsonb AS mapping,
        t.tgenabled <> 'D'                                                         AS enabled
   FROM pg_catalog.pg_trigger AS t
+  JOIN pg_catalog.pg_class AS c ON c.oid = t.tgrelid
+  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
  WHERE t.tgfoid = 'outbox.adopted_row()'::regprocedure
-   AND t.tgname = 'outbox_adopt';
+   AND t.tgname = 'outbox_adopt'
+   AND t.tgparentid = 0;
 
 COMMENT ON VIEW outbox.adopted_tables IS
     'The tables adopted in this database (adopt_table): the table, the mapping its trigger holds, and whether the trigger is enabled.';

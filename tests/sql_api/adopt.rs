@@ -65,7 +65,7 @@ async fn the_debezium_preset_relays_each_inserted_row_also_when_it_is_deleted_at
         .unwrap()
         .get(0);
     assert_eq!(mapping["topic"], "aggregatetype");
-    assert_eq!(mapping["payload_kind"], "json");
+    assert!(mapping.get("payload_kind").is_none(), "{mapping}");
 
     // Insert, then delete in the same transaction (the extension's default).
     let id = Uuid::new_v4();
@@ -457,7 +457,26 @@ async fn a_generic_mapping_relays_a_table_of_any_shape() {
             serde_json::json!({"topic_value": "t", "payload": "body", "color": "n"}),
             "not a mapping key",
         ),
-        (Some("debezium"), serde_json::json!({}), "has no column"),
+        (
+            Some("debezium"),
+            serde_json::json!({}),
+            "lacks the column(s) aggregateid, aggregatetype, id, payload that the preset debezium expects",
+        ),
+        (
+            None,
+            serde_json::json!({"topic_value": "t", "payload": "body", "max_attempts": 1.5}),
+            "max_attempts must be a whole number",
+        ),
+        (
+            None,
+            serde_json::json!({"topic_value": "t", "payload": "body", "max_attempts": 3e9}),
+            "max_attempts must be a whole number",
+        ),
+        (
+            None,
+            serde_json::json!({"topic_value": "t", "payload": "body", "max_attempts": 0}),
+            "max_attempts must be a whole number",
+        ),
         (Some("kafka-connect"), serde_json::json!({}), "not a preset"),
     ] {
         let (code, text) = sqlstate(
@@ -617,3 +636,282 @@ async fn the_cut_over_splits_the_rows_between_debezium_s_slot_and_the_outbox() {
 }
 
 const MINUTE_SQL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The payload is the column's stored value, whatever the inserting session's settings: a
+/// bytea's bytes under `bytea_output = 'escape'`, a json column's text as stored (key order,
+/// white space and duplicate keys kept), a text column's text ('' an empty payload).
+#[tokio::test]
+async fn payloads_arrive_as_stored_whatever_the_session_s_settings() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "CREATE TABLE raw_events (aggregatetype text, b bytea, j json, t text);
+         SELECT outbox.adopt_table('raw_events', NULL, '{\"topic\": \"aggregatetype\", \"payload\": \"b\"}')",
+    )
+    .await
+    .unwrap();
+    let bytes: Vec<u8> = (0..=255u8).chain(*b"\\x00").collect();
+    c.batch_execute("SET bytea_output = 'escape'").await.unwrap();
+    c.execute(
+        "INSERT INTO raw_events (aggregatetype, b) VALUES ('bytes', $1)",
+        &[&bytes],
+    )
+    .await
+    .unwrap();
+    let json = "{ \"b\": 1,\n  \"a\": 2, \"a\": 3 }";
+    c.execute(
+        "SELECT outbox.adopt_table('raw_events', NULL, '{\"topic\": \"aggregatetype\", \"payload\": \"j\"}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO raw_events (aggregatetype, j) VALUES ('json', $1::text::json)",
+        &[&json],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "SELECT outbox.adopt_table('raw_events', NULL, '{\"topic\": \"aggregatetype\", \"payload\": \"t\"}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO raw_events (aggregatetype, t) VALUES ('text', '')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let payload = |topic: &'static str| {
+        let c = &c;
+        async move {
+            let r = c
+                .query_one(
+                    "SELECT payload, content_type FROM outbox.messages WHERE topic = $1",
+                    &[&topic],
+                )
+                .await
+                .unwrap();
+            (r.get::<_, Vec<u8>>(0), r.get::<_, String>(1))
+        }
+    };
+    assert_eq!(
+        payload("bytes").await,
+        (bytes, "application/octet-stream".to_owned()),
+        "the bytes, byte for byte"
+    );
+    assert_eq!(
+        payload("json").await,
+        (json.as_bytes().to_vec(), "application/json".to_owned()),
+        "the json column's stored text"
+    );
+    assert_eq!(
+        payload("text").await,
+        (Vec::new(), "text/plain; charset=utf-8".to_owned()),
+        "an empty text is an empty payload"
+    );
+    db.finish().await;
+}
+
+/// The mapping names columns and the trigger reads their types at each insert: a mapped
+/// column renamed after the adoption fails the insert naming the table and the column and
+/// saying to adopt again; a column's new type is the one used; a NULL or empty topic names
+/// the topic column and the table.
+#[tokio::test]
+async fn ddl_after_the_adoption_fails_inserts_clearly_or_follows_the_column_s_type() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(QUARKUS_TABLE).await.unwrap();
+    c.execute("SELECT outbox.adopt_table('outboxevent')", &[])
+        .await
+        .unwrap();
+    let insert = "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, timestamp, payload)
+                  VALUES (gen_random_uuid(), $1, 'k', 'T', now(), $2::text::json)";
+
+    c.batch_execute("ALTER TABLE outboxevent RENAME COLUMN payload TO body")
+        .await
+        .unwrap();
+    let (code, text) = sqlstate(
+        c.execute(
+            "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, timestamp, body)
+             VALUES (gen_random_uuid(), 'Order', 'k', 'T', now(), '{}')",
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(code, "42703", "{text}");
+    assert!(
+        text.contains("public.outboxevent has no column payload"),
+        "{text}"
+    );
+    assert!(text.contains("outbox-relay adopt"), "{text}");
+    assert_eq!(count(&c, "SELECT count(*) FROM outboxevent").await, 0);
+
+    // The column back, of another type: text now, and sent as text.
+    c.batch_execute(
+        "ALTER TABLE outboxevent RENAME COLUMN body TO payload;
+         ALTER TABLE outboxevent ALTER COLUMN payload TYPE text",
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, timestamp, payload)
+         VALUES (gen_random_uuid(), 'Order', 'k', 'T', now(), 'plain')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let content_type: String = c
+        .query_one("SELECT content_type FROM outbox.messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(content_type, "text/plain; charset=utf-8");
+    c.batch_execute("ALTER TABLE outboxevent ALTER COLUMN payload TYPE json USING payload::json")
+        .await
+        .unwrap();
+
+    for topic in [None, Some("")] {
+        let (code, text) = sqlstate(c.execute(insert, &[&topic, &"{}"]).await);
+        if topic.is_none() {
+            // NOT NULL of the Quarkus table refuses it first.
+            assert_eq!(code, "23502", "{text}");
+            continue;
+        }
+        assert_eq!(code, "P7001", "{text}");
+        assert!(
+            text.contains("topic column aggregatetype of the adopted table public.outboxevent"),
+            "{text}"
+        );
+        assert!(!text.contains("p_topic"), "{text}");
+    }
+    db.finish().await;
+}
+
+/// A table's own trigger of the adoption's names is neither replaced by adopt_table nor
+/// dropped by unadopt_table.
+#[tokio::test]
+async fn a_trigger_of_the_table_s_own_under_the_adoption_s_name_is_left_alone() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(QUARKUS_TABLE).await.unwrap();
+    c.batch_execute(
+        "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$;
+         CREATE TRIGGER outbox_adopt_updates AFTER UPDATE ON outboxevent
+             FOR EACH ROW EXECUTE FUNCTION audit()",
+    )
+    .await
+    .unwrap();
+    let (code, text) = sqlstate(
+        c.execute("SELECT outbox.adopt_table('outboxevent')", &[])
+            .await,
+    );
+    assert_eq!(code, "42710", "{text}");
+    assert!(
+        text.contains("already has a trigger named outbox_adopt_updates"),
+        "{text}"
+    );
+    let removed: bool = c
+        .query_one("SELECT outbox.unadopt_table('outboxevent')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!removed);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'outboxevent'::regclass \
+             AND tgname = 'outbox_adopt_updates' AND tgfoid = 'audit()'::regprocedure"
+        )
+        .await,
+        1,
+        "the table's own trigger is still there"
+    );
+    db.finish().await;
+}
+
+/// The UPDATE warning comes only from a statement that updated rows: not from an UPDATE of
+/// no rows nor from an INSERT … ON CONFLICT DO UPDATE that inserted.
+#[tokio::test]
+async fn only_an_update_of_rows_warns() {
+    let db = TestDb::new().await;
+    let (c, mut connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = m {
+                let _ = tx.send(n.message().to_owned());
+            }
+        }
+    });
+    c.batch_execute(QUARKUS_TABLE).await.unwrap();
+    c.execute("SELECT outbox.adopt_table('outboxevent')", &[])
+        .await
+        .unwrap();
+    let upsert = "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, timestamp, payload)
+                  VALUES ($1, 'Order', 'k', 'T', now(), '{}')
+                  ON CONFLICT (id) DO UPDATE SET type = 'again'";
+    let id = Uuid::new_v4();
+    c.execute(upsert, &[&id]).await.unwrap();
+    c.execute("UPDATE outboxevent SET type = 'x' WHERE false", &[])
+        .await
+        .unwrap();
+    c.execute("UPDATE outboxevent SET type = 'x'", &[])
+        .await
+        .unwrap();
+    drop(c);
+    let mut warnings = Vec::new();
+    while let Some(n) = notices.recv().await {
+        warnings.push(n);
+    }
+    assert_eq!(warnings.len(), 1, "only the UPDATE of a row: {warnings:?}");
+    db.finish().await;
+}
+
+/// A partitioned table is adopted as a whole: a partition is refused naming its parent,
+/// inserts into any partition are relayed, and the list shows the parent once,
+/// schema-qualified.
+#[tokio::test]
+async fn a_partitioned_table_is_adopted_through_its_parent_and_listed_qualified() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "CREATE TABLE events (aggregatetype text, aggregateid text, id uuid, payload jsonb)
+             PARTITION BY LIST (aggregatetype);
+         CREATE TABLE events_order PARTITION OF events FOR VALUES IN ('Order');
+         SELECT outbox.adopt_table('events')",
+    )
+    .await
+    .unwrap();
+    for sql in [
+        "SELECT outbox.adopt_table('events_order')",
+        "SELECT outbox.unadopt_table('events_order')",
+    ] {
+        let (code, text) = sqlstate(c.execute(sql, &[]).await);
+        assert_eq!(code, "P7001", "{text}");
+        assert!(
+            text.contains("public.events_order is a partition of public.events"),
+            "{text}"
+        );
+    }
+    c.execute(
+        "INSERT INTO events VALUES ('Order', 'k', gen_random_uuid(), '{}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox.messages").await, 1);
+    let listed: Vec<String> = c
+        .query("SELECT table_name FROM outbox.adopted_tables", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(listed, vec!["public.events".to_owned()]);
+    db.finish().await;
+}
