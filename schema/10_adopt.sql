@@ -113,9 +113,8 @@ BEGIN
                || jsonb_path_query_array(coalesce(v_map -> 'headers', '{}'), '$.*')) AS m(name)
      WHERE m.name IS NOT NULL AND NOT v_row ? m.name;
     IF v_missing IS NOT NULL THEN
-        RAISE EXCEPTION 'outbox: the adopted table % has no column % any more, which its adoption maps', v_table, v_missing
-            USING ERRCODE = '42703',
-                  HINT = 'After changing the columns of an adopted table, run outbox-relay adopt on it again.';
+        RAISE EXCEPTION 'outbox: the adopted table % has no column % any more, which its adoption maps: after changing the columns of an adopted table, run outbox-relay adopt on it again', v_table, v_missing
+            USING ERRCODE = '42703';
     END IF;
 
     -- The payload, by the column's type now.
@@ -140,9 +139,8 @@ BEGIN
         v_payload := convert_to(v_row ->> v_column, 'UTF8');
         v_content_type := 'text/plain; charset=utf-8';
     ELSE
-        RAISE EXCEPTION 'outbox: the payload column % of the adopted table % is of type %, which a payload cannot take', quote_ident(v_column), v_table, v_type
-            USING ERRCODE = '42804',
-                  HINT = 'After changing the columns of an adopted table, run outbox-relay adopt on it again.';
+        RAISE EXCEPTION 'outbox: the payload column % of the adopted table % is of type %, which a payload cannot take: after changing the columns of an adopted table, run outbox-relay adopt on it again', quote_ident(v_column), v_table, v_type
+            USING ERRCODE = '42804';
     END IF;
 
     FOR v_header IN SELECT h.key, h.value FROM jsonb_each_text(v_map -> 'headers') AS h LOOP

@@ -9,7 +9,7 @@ use super::{Result, Store};
 /// One adopted table, as `outbox.adopted_tables` shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdoptedTable {
-    /// The table, schema-qualified where the search path needs it.
+    /// The table, schema-qualified.
     pub table: String,
     /// The resolved mapping its trigger holds.
     pub mapping: serde_json::Value,

@@ -280,7 +280,7 @@ async fn an_unchanged_quarkus_application_gets_the_records_debezium_documents() 
     // The adoption listed, then removed with one command; the table relays nothing more.
     let listed = common::verb(&["adopt", "--list"], &db.url);
     assert!(
-        common::text(&listed.stdout).starts_with("outboxevent\t{"),
+        common::text(&listed.stdout).starts_with("public.outboxevent\t{"),
         "{}",
         common::text(&listed.stdout)
     );
