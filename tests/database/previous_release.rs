@@ -96,7 +96,16 @@ fn previous_release() -> (String, i32) {
     let commit = if on_disk > at("HEAD") {
         git(&["rev-parse", "HEAD"])
     } else {
-        let last = git(&["log", "-1", "--format=%H", "--", "schema/migrations/"]);
+        // The commit that added the newest migration (not one that edited it before its
+        // release): its parent is the previous release.
+        let last = git(&[
+            "log",
+            "-1",
+            "--diff-filter=A",
+            "--format=%H",
+            "--",
+            "schema/migrations/",
+        ]);
         git(&["rev-parse", &format!("{}^", last.trim())])
     };
     let commit = commit.trim().to_owned();
