@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::cluster::Cluster;
 use crate::common::{TestDb, connect, free_port};
+use crate::fleet_turns::delivered;
 use outbox_relay::store::with_database;
 use uuid::Uuid;
 
@@ -306,14 +307,4 @@ fn example(db: &TestDb, i: usize, file: &Path, budget: i64) -> std::process::Chi
         .stderr(std::fs::File::create(&log).expect("the log file"))
         .spawn()
         .expect("start the example")
-}
-
-/// The ids in the sink file.
-fn delivered(file: &Path) -> HashSet<Uuid> {
-    std::fs::read_to_string(file)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["outbox_id"].as_str()?.parse().ok())
-        .collect()
 }

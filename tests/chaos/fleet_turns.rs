@@ -92,8 +92,8 @@ fn worker(db: &TestDb, name: &str, file: &Path, budget: &str) -> Relayer {
     )
 }
 
-/// The ids in the shared sink file.
-fn delivered(file: &Path) -> HashSet<Uuid> {
+/// The ids in a sink file (the file destination's JSON lines).
+pub fn delivered(file: &Path) -> HashSet<Uuid> {
     std::fs::read_to_string(file)
         .unwrap_or_default()
         .lines()
