@@ -54,6 +54,37 @@ async fn insert_event(
     .expect("the application's insert");
 }
 
+/// The Quarkus extension's outbox table, adopted with the `debezium` preset.
+async fn adopt_quarkus_table(c: &tokio_postgres::Client) {
+    c.batch_execute(QUARKUS_TABLE).await.unwrap();
+    c.execute("SELECT outbox.adopt_table('outboxevent')", &[])
+        .await
+        .unwrap();
+}
+
+/// A connection to `url` and the (severity, message) of every notice it receives, until
+/// the client is dropped.
+async fn with_notices(
+    url: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+) {
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, notices) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = m {
+                let _ = tx.send((n.severity().to_owned(), n.message().to_owned()));
+            }
+        }
+    });
+    (client, notices)
+}
+
 #[tokio::test]
 async fn the_debezium_preset_relays_each_inserted_row_also_when_it_is_deleted_at_once() {
     let db = TestDb::new().await;
@@ -135,28 +166,14 @@ async fn the_debezium_preset_relays_each_inserted_row_also_when_it_is_deleted_at
 async fn updates_and_deletes_of_old_rows_are_not_relayed_and_an_update_warns() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    c.batch_execute(QUARKUS_TABLE).await.unwrap();
-    c.execute("SELECT outbox.adopt_table('outboxevent')", &[])
-        .await
-        .unwrap();
+    adopt_quarkus_table(&c).await;
     let id = Uuid::new_v4();
     insert_event(&c, id, "7", serde_json::json!({"n": 1})).await;
     insert_event(&c, Uuid::new_v4(), "7", serde_json::json!({"n": 2})).await;
     assert_eq!(count(&c, "SELECT count(*) FROM outbox.messages").await, 2);
 
     // The warning arrives as a notice on the connection that updated.
-    let (client, mut connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
-            if let tokio_postgres::AsyncMessage::Notice(n) = m {
-                let _ = tx.send((n.severity().to_owned(), n.message().to_owned()));
-            }
-        }
-    });
+    let (client, mut notices) = with_notices(&db.url).await;
     let updated = client
         .execute("UPDATE outboxevent SET type = 'OrderChanged'", &[])
         .await
@@ -724,10 +741,7 @@ async fn payloads_arrive_as_stored_whatever_the_session_s_settings() {
 async fn ddl_after_the_adoption_fails_inserts_clearly_or_follows_the_column_s_type() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    c.batch_execute(QUARKUS_TABLE).await.unwrap();
-    c.execute("SELECT outbox.adopt_table('outboxevent')", &[])
-        .await
-        .unwrap();
+    adopt_quarkus_table(&c).await;
     let insert =
         "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, timestamp, payload)
                   VALUES (gen_random_uuid(), $1, 'k', 'T', now(), $2::text::json)";
@@ -839,22 +853,8 @@ async fn a_trigger_of_the_table_s_own_under_the_adoption_s_name_is_left_alone() 
 #[tokio::test]
 async fn only_an_update_of_rows_warns() {
     let db = TestDb::new().await;
-    let (c, mut connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
-            if let tokio_postgres::AsyncMessage::Notice(n) = m {
-                let _ = tx.send(n.message().to_owned());
-            }
-        }
-    });
-    c.batch_execute(QUARKUS_TABLE).await.unwrap();
-    c.execute("SELECT outbox.adopt_table('outboxevent')", &[])
-        .await
-        .unwrap();
+    let (c, mut notices) = with_notices(&db.url).await;
+    adopt_quarkus_table(&c).await;
     let upsert =
         "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, timestamp, payload)
                   VALUES ($1, 'Order', 'k', 'T', now(), '{}')
@@ -869,7 +869,7 @@ async fn only_an_update_of_rows_warns() {
         .unwrap();
     drop(c);
     let mut warnings = Vec::new();
-    while let Some(n) = notices.recv().await {
+    while let Some((_, n)) = notices.recv().await {
         warnings.push(n);
     }
     assert_eq!(warnings.len(), 1, "only the UPDATE of a row: {warnings:?}");
