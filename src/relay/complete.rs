@@ -63,21 +63,18 @@ impl Relay {
             .zip(&outcomes)
             .zip(delays.iter_mut())
             .map(|((m, outcome), delay)| {
+                let mut retrying = |reason: &String, hint: Option<Duration>| {
+                    *delay = retry::delay(&self.settings.retry, m.attempt_no, hint);
+                    let at = now + chrono::Duration::from_std(*delay).unwrap_or_default();
+                    (AttemptState::Retryable, Some(reason.clone()), Some(at))
+                };
                 let (state, error, retry_at) = match outcome {
                     Outcome::Delivered => (AttemptState::Dispatched, None, None),
                     Outcome::Retryable {
                         reason,
                         retry_after,
-                    } => {
-                        *delay = retry::delay(&self.settings.retry, m.attempt_no, *retry_after);
-                        let at = now + chrono::Duration::from_std(*delay).unwrap_or_default();
-                        (AttemptState::Retryable, Some(reason.clone()), Some(at))
-                    }
-                    Outcome::Unanswered { reason } => {
-                        *delay = retry::delay(&self.settings.retry, m.attempt_no, None);
-                        let at = now + chrono::Duration::from_std(*delay).unwrap_or_default();
-                        (AttemptState::Retryable, Some(reason.clone()), Some(at))
-                    }
+                    } => retrying(reason, *retry_after),
+                    Outcome::Unanswered { reason } => retrying(reason, None),
                     Outcome::Permanent { reason } => {
                         (AttemptState::Failed, Some(reason.clone()), None)
                     }
