@@ -617,12 +617,37 @@ pub async fn metric(addr: &str, name: &str) -> Option<f64> {
     )
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, for a server a test starts itself, reserved for this test
+/// process's life.
+///
+/// The port comes from 20000–32767, below the kernel's ephemeral range (32768 and up), so
+/// no `bind(0)` of another test (a proxy, a client socket) can be handed it between the
+/// choice and the server's own bind: when that happened, the server failed to bind, the
+/// readiness check found the other test's listener on the port, and the two tests shared
+/// one server. A lock file per port under the target directory keeps concurrent test
+/// processes from choosing the same port; the lock is held until this process exits.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
+    static HELD: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+    const LOW: u16 = 20_000;
+    const HIGH: u16 = 32_767;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ports");
+    std::fs::create_dir_all(&dir).expect("create the port lock directory");
+    let start = (uuid::Uuid::new_v4().as_u128() % u128::from(HIGH - LOW + 1)) as u16;
+    for step in 0..=(HIGH - LOW) {
+        let port = LOW + (start + step) % (HIGH - LOW + 1);
+        let path = dir.join(format!("{port}.lock"));
+        let Ok(file) = std::fs::File::create(&path) else {
+            continue;
+        };
+        if file.try_lock().is_err() {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            HELD.lock().unwrap().push(file);
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}–{HIGH} on 127.0.0.1");
 }
 
 /// A port on 127.0.0.1 that refuses every connection for as long as this value lives: the
