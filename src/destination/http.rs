@@ -167,7 +167,9 @@ impl Http {
         Ok(headers)
     }
 
-    async fn send(&self, m: &ClaimedMessage) -> Outcome {
+    /// One request for `m`, waiting for its answer at most `within` (the time left before
+    /// the call's dispatch deadline) when given.
+    async fn send(&self, m: &ClaimedMessage, within: Option<Duration>) -> Outcome {
         let id = m.id.to_string();
         let body = match &self.envelope {
             Some(e) if e.mode == Mode::Structured => match e.structured(m) {
@@ -184,13 +186,11 @@ impl Http {
             Ok(url) => url,
             Err(reason) => return Outcome::Permanent { reason },
         };
-        let response = self
-            .client
-            .post(&url)
-            .headers(headers)
-            .body(body)
-            .send()
-            .await;
+        let mut request = self.client.post(&url).headers(headers).body(body);
+        if let Some(within) = within {
+            request = request.timeout(within);
+        }
+        let response = request.send().await;
         match response {
             // A connection that was never made sent nothing; anything else (a timeout, a
             // connection lost after the request went out) may have arrived.
@@ -269,7 +269,8 @@ fn sign(secret: &[u8], id: &str, timestamp: &str, body: &[u8]) -> String {
 
 impl Destination for Http {
     /// One request per message, up to `concurrency` at once; the window is checked as each
-    /// request starts.
+    /// request starts, and each waits for its answer only until the call's deadline, so that
+    /// what was delivered before the deadline is answered as delivered.
     fn publish<'a>(
         &'a self,
         batch: &'a [ClaimedMessage],
@@ -279,7 +280,7 @@ impl Destination for Http {
             futures_util::stream::iter(batch)
                 .map(move |m| async move {
                     match window.check() {
-                        Ok(()) => self.send(m).await,
+                        Ok(()) => self.send(m, window.remaining()).await,
                         Err(not_sent) => not_sent,
                     }
                 })

@@ -17,8 +17,18 @@ use std::time::{Duration, Instant};
 use crate::message::Outcome;
 
 /// Until when a part may be published; cheap to clone (the clones share the end).
+///
+/// The window a destination is given for one call also carries that call's dispatch
+/// deadline ([`Window::within`]): nothing is started after it, and a destination bounds the
+/// requests it has in flight by [`Window::remaining`], so that it answers by the deadline
+/// with one outcome per message (delivered, unanswered, not sent) instead of being cut off
+/// with none.
 #[derive(Clone, Debug)]
-pub struct Window(Arc<Fence>);
+pub struct Window {
+    fence: Arc<Fence>,
+    /// The dispatch deadline of the call this window was given to; `None` outside a call.
+    deadline: Option<Instant>,
+}
 
 #[derive(Debug)]
 struct Fence {
@@ -31,40 +41,79 @@ struct Fence {
 /// The reason of a message given back because the window closed before it was sent.
 pub const WINDOW_CLOSED: &str = "the publish window of its lease closed before it was sent (the lease may be another relayer's by now)";
 
+/// The reason of a message given back because its call's dispatch deadline passed before it
+/// was sent.
+pub const DEADLINE_PASSED: &str =
+    "not sent: the batch's dispatch deadline (timeout_ms) passed before its turn";
+
 impl Window {
     /// A window open until `end` (by [`Instant`], the monotonic clock).
     pub fn until(end: Instant) -> Self {
         let origin = Instant::now();
-        Window(Arc::new(Fence {
-            origin,
-            end: AtomicU64::new(nanos(end.saturating_duration_since(origin))),
-        }))
+        Window {
+            fence: Arc::new(Fence {
+                origin,
+                end: AtomicU64::new(nanos(end.saturating_duration_since(origin))),
+            }),
+            deadline: None,
+        }
     }
 
     /// A window that never closes by itself, for tools that hold no lease (a destination
     /// called outside a relayer); [`Window::close`] still closes it.
     pub fn unbounded() -> Self {
-        Window(Arc::new(Fence {
-            origin: Instant::now(),
-            end: AtomicU64::new(u64::MAX),
-        }))
+        Window {
+            fence: Arc::new(Fence {
+                origin: Instant::now(),
+                end: AtomicU64::new(u64::MAX),
+            }),
+            deadline: None,
+        }
     }
 
-    /// Whether a message may be sent now.
+    /// This window for one call whose dispatch deadline is `deadline` (the earlier one, if
+    /// it already has one): it shares the lease's end, and closes for new sends at the
+    /// deadline as well.
+    pub fn within(&self, deadline: Instant) -> Window {
+        Window {
+            fence: self.fence.clone(),
+            deadline: Some(self.deadline.map_or(deadline, |d| d.min(deadline))),
+        }
+    }
+
+    /// How long a request started now may wait for its answer: the time left before the
+    /// call's dispatch deadline; `None` outside a call (no deadline to keep).
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Whether a message may be sent now: the lease's window is open and the call's
+    /// deadline, if any, has not passed.
     #[inline]
     pub fn is_open(&self) -> bool {
-        nanos(self.0.origin.elapsed()) < self.0.end.load(Ordering::Acquire)
+        self.lease_open() && self.deadline.is_none_or(|d| Instant::now() < d)
+    }
+
+    #[inline]
+    fn lease_open(&self) -> bool {
+        nanos(self.fence.origin.elapsed()) < self.fence.end.load(Ordering::Acquire)
     }
 
     /// `Ok` while the window is open; else the outcome of a message that may no longer be
-    /// sent ([`Outcome::NotAttempted`]). A destination calls this before each request,
-    /// pipeline flush or produce call, and answers a message it refuses with the outcome.
+    /// sent ([`Outcome::NotAttempted`], saying whether the lease's window closed or the
+    /// call's deadline passed). A destination calls this before each request, pipeline
+    /// flush or produce call, and answers a message it refuses with the outcome.
     #[inline]
     pub fn check(&self) -> Result<(), Outcome> {
-        if self.is_open() {
-            Ok(())
-        } else {
+        if !self.lease_open() {
             Err(Self::closed())
+        } else if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            Err(Outcome::NotAttempted {
+                reason: DEADLINE_PASSED.to_owned(),
+            })
+        } else {
+            Ok(())
         }
     }
 
@@ -77,8 +126,8 @@ impl Window {
 
     /// When the window closes (now, if it is closed).
     pub fn end(&self) -> Instant {
-        let end = self.0.end.load(Ordering::Acquire);
-        self.0
+        let end = self.fence.end.load(Ordering::Acquire);
+        self.fence
             .origin
             .checked_add(Duration::from_nanos(end))
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365))
@@ -87,9 +136,9 @@ impl Window {
     /// Moves the end to `end` if that is later (the leases were extended). A closed window
     /// stays closed.
     pub fn extend_to(&self, end: Instant) {
-        let to = nanos(end.saturating_duration_since(self.0.origin));
+        let to = nanos(end.saturating_duration_since(self.fence.origin));
         let _ = self
-            .0
+            .fence
             .end
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
                 (now != 0 && to > now).then_some(to)
@@ -98,7 +147,7 @@ impl Window {
 
     /// Closes the window for good: nothing more of the part is sent.
     pub fn close(&self) {
-        self.0.end.store(0, Ordering::Release);
+        self.fence.end.store(0, Ordering::Release);
     }
 }
 
@@ -139,5 +188,35 @@ mod tests {
             std::hint::spin_loop();
         }
         assert!(Window::unbounded().is_open());
+    }
+
+    #[test]
+    fn a_call_window_closes_at_its_deadline_and_with_the_lease() {
+        let lease = Window::until(Instant::now() + Duration::from_secs(60));
+        assert_eq!(lease.remaining(), None, "no deadline outside a call");
+        let call = lease.within(Instant::now() + Duration::from_millis(30));
+        assert!(call.is_open());
+        assert!(call.remaining().unwrap() <= Duration::from_millis(30));
+        let limit = Instant::now() + Duration::from_secs(5);
+        while call.is_open() {
+            assert!(Instant::now() < limit, "the call's window never closed");
+            std::hint::spin_loop();
+        }
+        assert_eq!(
+            call.check(),
+            Err(Outcome::NotAttempted {
+                reason: DEADLINE_PASSED.to_owned()
+            })
+        );
+        assert_eq!(call.remaining(), Some(Duration::ZERO));
+        assert!(lease.is_open(), "the lease's window is not the call's");
+
+        let call = lease.within(Instant::now() + Duration::from_secs(60));
+        lease.close();
+        assert_eq!(
+            call.check(),
+            Err(Window::closed()),
+            "it shares the lease's end"
+        );
     }
 }

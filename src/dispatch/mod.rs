@@ -315,6 +315,13 @@ impl Dispatcher {
     }
 }
 
+/// How long after a call's dispatch deadline the destination may take to hand back its
+/// outcomes (its calls cut off at the deadline included): a tenth of the deadline, from 20 ms
+/// to 1 s.
+fn answer_grace(deadline: Duration) -> Duration {
+    (deadline / 10).clamp(Duration::from_millis(20), Duration::from_secs(1))
+}
+
 /// The half-open probe of `messages`: the first of the fewest-tried messages among those
 /// no earlier message of the part holds back (unkeyed, or the first of their key). A
 /// message that already failed is probed only when nothing fresher is there, so an outage
@@ -345,7 +352,15 @@ fn runs(messages: &[ClaimedMessage]) -> Option<Vec<Option<usize>>> {
 
 impl Lane {
     /// One call of the destination with `messages`, answered by `deadline`; one outcome per
-    /// message. Not made once `window` has closed: every message is given back.
+    /// message. Not made once `window` has closed or the deadline has passed: every message
+    /// is given back.
+    ///
+    /// The destination gets the window of this call ([`Window::within`] the deadline): it
+    /// starts nothing after the deadline (those messages are given back without an
+    /// attempt) and bounds what it has in flight by it, so that it answers with one outcome
+    /// per message: a message delivered before the deadline stays delivered, one sent and
+    /// not answered is unanswered. A destination that has not answered a short grace after
+    /// the deadline is cut off, and every message of the call is then unanswered.
     async fn attempt(
         &self,
         messages: &[ClaimedMessage],
@@ -355,9 +370,13 @@ impl Lane {
         if !window.is_open() {
             return vec![Window::closed(); messages.len()];
         }
+        let call = window.within(deadline.into_std());
+        if let Err(not_sent) = call.check() {
+            return vec![not_sent; messages.len()];
+        }
         let answer = AssertUnwindSafe(tokio::time::timeout_at(
-            deadline,
-            self.destination.publish(messages, window),
+            deadline + answer_grace(self.deadline),
+            self.destination.publish(messages, &call),
         ))
         .catch_unwind()
         .await;

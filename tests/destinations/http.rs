@@ -30,6 +30,9 @@ pub struct Seen {
     pub frozen: bool,
     /// Take every request (it is recorded) and answer 200 only after this long.
     pub late: Option<std::time::Duration>,
+    /// Take every request of this topic (it is recorded) and answer 200 only after this
+    /// long; other topics are answered as usual.
+    pub slow_topic: Option<(String, std::time::Duration)>,
 }
 
 /// The test webhook server: POST /hooks/{topic}; topic `rejected` gets 400.
@@ -66,7 +69,13 @@ impl Hooks {
                     while seen.lock().unwrap().frozen {
                         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                     }
-                    let late = seen.lock().unwrap().late;
+                    let late = {
+                        let s = seen.lock().unwrap();
+                        match &s.slow_topic {
+                            Some((slow, after)) if *slow == topic => Some(*after),
+                            _ => s.late,
+                        }
+                    };
                     if let Some(after) = late {
                         seen.lock()
                             .unwrap()
@@ -288,6 +297,117 @@ async fn calls_answered_after_the_deadline_are_attempts_and_the_budget_ends_them
         "as many requests as attempts: none sent without its attempt"
     );
     assert_eq!(hooks.delivered("orders"), ids);
+    db.finish().await;
+}
+
+/// One slow request after quick ones, one request at a time: the quick ones answered before
+/// the dispatch deadline are delivered (one request, one DISPATCHED attempt each), and only
+/// the slow one is unanswered; the deadline does not turn the batch's deliveries into
+/// resends.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_was_answered_before_the_deadline_stays_delivered() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let hooks = Hooks::serve().await;
+    hooks.seen.lock().unwrap().slow_topic =
+        Some(("slow".into(), std::time::Duration::from_millis(1_500)));
+    c.batch_execute(
+        "SELECT outbox.enqueue('orders', convert_to(format('{\"n\": %s}', n), 'UTF8')) \
+           FROM generate_series(1, 20) AS n; \
+         SELECT outbox.enqueue('slow', convert_to('{}', 'UTF8'), p_max_attempts => 2)",
+    )
+    .await
+    .unwrap();
+    let mut w = relayer(
+        &db,
+        "one-slow",
+        &hooks.url(),
+        "timeout_ms = 500\nconcurrency = 1",
+        &["--circuit-failures", "10"],
+    );
+    common::eventually(
+        MINUTE,
+        "the slow message to run out of attempts",
+        || async {
+            common::count(&c, "SELECT count(*) FROM outbox.dead_letters").await == 1
+                && common::pending(&c).await == 0
+        },
+    )
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    let history = histories(&c).await;
+    let quick: Vec<&String> = history
+        .values()
+        .filter(|h| h.contains("DISPATCHED"))
+        .collect();
+    assert_eq!(quick.len(), 20, "{history:?}");
+    assert!(
+        quick.iter().all(|h| *h == "1:DISPATCHED"),
+        "each quick message is delivered by its first request: {history:?}"
+    );
+    let (orders, slow) = {
+        let seen = hooks.seen.lock().unwrap();
+        let count = |topic: &str| seen.requests.iter().filter(|r| r.0 == topic).count();
+        (count("orders"), count("slow"))
+    };
+    assert_eq!(orders, 20, "no quick message is sent twice");
+    assert_eq!(slow, 2, "the slow one is sent once per attempt");
+    db.finish().await;
+}
+
+/// One request at a time, the first one slow: it is unanswered at the dispatch deadline,
+/// and the messages whose turn had not come are given back unsent, without an attempt
+/// (the budget counts calls that were made), then delivered by their first attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_not_sent_by_the_deadline_are_given_back_without_an_attempt() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let hooks = Hooks::serve().await;
+    hooks.seen.lock().unwrap().slow_topic =
+        Some(("slow".into(), std::time::Duration::from_millis(1_500)));
+    c.batch_execute(
+        "SELECT outbox.enqueue('slow', convert_to('{}', 'UTF8'), p_max_attempts => 1); \
+         SELECT outbox.enqueue('orders', convert_to(format('{\"n\": %s}', n), 'UTF8')) \
+           FROM generate_series(1, 5) AS n",
+    )
+    .await
+    .unwrap();
+    let mut w = relayer(
+        &db,
+        "one-at-a-time",
+        &hooks.url(),
+        "timeout_ms = 500\nconcurrency = 1",
+        &["--circuit-failures", "10"],
+    );
+    common::eventually(MINUTE, "every message to be settled", || async {
+        common::pending(&c).await == 0
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    let history = histories(&c).await;
+    assert_eq!(history.len(), 6, "{history:?}");
+    assert_eq!(
+        history.values().filter(|h| *h == "1:DISPATCHED").count(),
+        5,
+        "the messages behind the slow one were not charged for the call they did not get: \
+         {history:?}"
+    );
+    assert_eq!(
+        history.values().filter(|h| *h == "1:RETRYABLE").count(),
+        1,
+        "the slow one's call is its attempt: {history:?}"
+    );
+    let orders = hooks
+        .seen
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|r| r.0 == "orders")
+        .count();
+    assert_eq!(orders, 5);
     db.finish().await;
 }
 
