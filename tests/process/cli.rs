@@ -1259,6 +1259,56 @@ async fn the_hot_key_shape_drains_every_round_and_prints_the_medians() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_stall_shape_delivers_everything_and_records_the_unanswered_calls() {
+    // The bench makes and drops a database of its own beside this one. Its receiver answers
+    // nothing for 3 s against a 500 ms timeout: the calls of the stall go out and get no
+    // answer, so they are attempts (RETRYABLE rows); every message still arrives.
+    let db = TestDb::new().await;
+    let out = relay(
+        &db,
+        &[
+            "bench",
+            "--stall-secs",
+            "3",
+            "--stall-steady-secs",
+            "2",
+            "--stall-rate",
+            "50",
+            "--stall-timeout-ms",
+            "500",
+            "--workers",
+            "1",
+        ],
+        b"",
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (phase, n) in [("before", 100), ("during", 150), ("after", 100)] {
+        let line = printed
+            .lines()
+            .find(|l| l.contains(&format!("enqueued {phase} the stall: ")))
+            .unwrap_or_else(|| panic!("no line for {phase}:\n{printed}"));
+        assert!(
+            line.contains(&format!(": {n} messages, {n} arrived, ")),
+            "every message enqueued {phase} the stall arrives: {line}"
+        );
+    }
+    let attempts = printed
+        .lines()
+        .find(|l| l.contains("attempts recorded: "))
+        .unwrap_or_else(|| panic!("no attempts line:\n{printed}"));
+    assert!(
+        attempts.contains("DISPATCHED 350 ") && attempts.contains("RETRYABLE "),
+        "the unanswered calls of the stall are recorded as attempts: {attempts}"
+    );
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_sources_shape_prints_the_drain_and_the_wal_it_wrote() {
     // The bench makes and drops databases of its own beside this one.
     let db = TestDb::new().await;

@@ -13,7 +13,8 @@
 //! - `peers.rs` (`--peers`): against graphile-worker, pg-boss and pgmq;
 //! - `many_sources.rs` (`--sources`): one fleet draining many outbox databases, and its
 //!   fairness.
-//! - `quiet.rs` (`--quiet-sources`): the latency of quiet sources beside a deep backlog.
+//! - `quiet.rs` (`--quiet-sources`): the latency of quiet sources beside a deep backlog;
+//! - `stall.rs` (`--stall-secs`): the duplicates a stall of the destination leaves.
 //!
 //! This file holds the options and what the shapes share: relays started and stopped,
 //! messages filled and drained into the [`Recorder`] (`recorder.rs`), figures reported.
@@ -40,6 +41,7 @@ mod peers;
 mod producer_cost;
 mod quiet;
 mod recorder;
+mod stall;
 mod sustained;
 
 use drain::bare_drain;
@@ -161,6 +163,21 @@ pub struct Options {
     /// drains a backlog of `--messages`.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=500))]
     pub quiet_sources: u32,
+    /// Instead of the other measurements: an HTTP receiver of the bench's own answers nothing
+    /// for this many seconds in the middle of a steady stream, then processes what it held;
+    /// prints the duplicates of the messages enqueued before, during and after the stall, and
+    /// the attempts recorded.
+    #[arg(long, default_value_t = 0)]
+    pub stall_secs: u64,
+    /// The stall shape's steady traffic before the stall and again after it, seconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub stall_steady_secs: u64,
+    /// The stall shape's enqueue rate, messages per second.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub stall_rate: u64,
+    /// The stall shape's `timeout_ms` of the HTTP destination (its dispatch deadline).
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub stall_timeout_ms: u64,
 }
 
 pub async fn run(database_url: &str, o: &Options) -> Result<()> {
@@ -220,6 +237,9 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     }
     if o.quiet_sources > 0 {
         return quiet::run(url, o, &sql).await;
+    }
+    if o.stall_secs > 0 {
+        return stall::run(url, o, &sql).await;
     }
 
     drain::run(url, o, &sql).await
