@@ -2,8 +2,12 @@
 --
 -- An application writes a message into the outbox in the same transaction as its business
 -- change, by calling one of:
---   outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text)   any bytes
---   outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer)         JSON
+--   outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text, text, text)
+--                                                                           any bytes
+--   outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer, text, text)
+--                                                                           JSON
+-- and, internal to both, outbox.with_trace_context (the creation context checked and put
+-- into the headers).
 -- Callers: logins in outbox_producer (applications) and outbox_relay (the relayer's
 -- `enqueue` verb). Neither role has any right on the tables: the bytea form is SECURITY
 -- DEFINER; the jsonb form is a plain SQL function that calls it.
@@ -18,6 +22,99 @@
 -- * The relayers are woken by NOTIFY outbox_new (empty payload) at the caller's commit; a
 --   delayed message is found by the relayers' poll instead.
 -- * Errors: P7001 for a refused argument, 23505 for a reused outbox_id (see 02_errors.sql).
+-- * Trace context (docs/tracing.md): the message's creation context, the W3C `traceparent`
+--   and `tracestate` of the producer's span, is kept in its headers under those names, so
+--   that every destination that carries headers carries it. It comes from, first that is
+--   given: the arguments p_traceparent/p_tracestate; the settings outbox.traceparent/
+--   outbox.tracestate of the caller's transaction (`SET LOCAL outbox.traceparent = '…'`,
+--   or set_config('outbox.traceparent', …, true): one line in an instrumented producer,
+--   whose enqueue calls stay as they are); the headers traceparent/tracestate in
+--   p_headers, kept as given. The arguments and the settings are checked (W3C Trace
+--   Context level 1, version 00) and replace both headers of p_headers: a tracestate
+--   belongs to the trace of its traceparent, so the two come from one place. Headers are
+--   the message's data (a producer may copy them from a message it received), the setting
+--   is the transaction's own current context, the argument the caller's choice for this
+--   one message: the more deliberate source wins. In an outbox in another schema the
+--   settings are named after that schema (`<schema>.traceparent`).
+
+
+-- outbox.with_trace_context: internal; called by enqueue(bytea) when a trace context comes
+-- from its arguments or from the settings. Not granted (enqueue runs it as the owner).
+--
+-- Inputs:     p_headers      the message's headers (a JSON object).
+--             p_traceparent  a W3C traceparent, version 00: `00-` 32 hex digits (the trace
+--                            id, not all zeros) `-` 16 hex digits (the parent id, not all
+--                            zeros) `-` 2 hex digits (the flags), lower case, nothing
+--                            around it. Other versions are refused (level 1 defines 00
+--                            only).
+--             p_tracestate   NULL, or a W3C tracestate: at most 512 characters and 32
+--                            list members (empty members, and spaces or tabs around the
+--                            commas, allowed), each key=value with key lcalpha followed by
+--                            up to 255 of lcalpha, digits, _ - * / (or tenant@system), and
+--                            value 1 to 256 printable ASCII characters other than , and =,
+--                            not ending in a space.
+--             p_from         how the two are named in an error: 'p_' (the arguments
+--                            p_traceparent, p_tracestate) or 'outbox.' (the settings).
+-- Returns:    p_headers with its traceparent and tracestate replaced by these (no
+--             tracestate when p_tracestate is NULL).
+-- Raises:     P7001 naming the argument or setting and quoting the value when
+--             p_traceparent is NULL (a tracestate without its traceparent) or malformed,
+--             or when p_tracestate is malformed.
+-- Shape:      regular expressions over the text, no table; IMMUTABLE like the checks of
+--             02_errors.sql. Duplicate tracestate keys are not looked for.
+CREATE OR REPLACE FUNCTION outbox.with_trace_context(
+    p_headers jsonb,
+    p_traceparent text,
+    p_tracestate text,
+    p_from text
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_member text;
+    v_members integer := 0;
+BEGIN
+    IF p_traceparent IS NULL THEN
+        PERFORM outbox.invalid_argument(p_from || 'tracestate',
+            format('%L comes without a traceparent (give %straceparent too)', p_tracestate, p_from));
+    END IF;
+    IF p_traceparent !~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+       OR substr(p_traceparent, 4, 32) = repeat('0', 32)
+       OR substr(p_traceparent, 37, 16) = repeat('0', 16) THEN
+        PERFORM outbox.invalid_argument(p_from || 'traceparent',
+            format('%L is not a W3C traceparent (00-<trace id: 32 lower-case hex digits, not all 0>-<parent id: 16 lower-case hex digits, not all 0>-<flags: 2 hex digits>)',
+                   p_traceparent));
+    END IF;
+    IF p_tracestate IS NULL THEN
+        RETURN (p_headers - 'tracestate') || jsonb_build_object('traceparent', p_traceparent);
+    END IF;
+    IF length(p_tracestate) > 512 THEN
+        PERFORM outbox.invalid_argument(p_from || 'tracestate',
+            format('%L is not a W3C tracestate: %s characters, at most 512', p_tracestate, length(p_tracestate)));
+    END IF;
+    FOREACH v_member IN ARRAY regexp_split_to_array(p_tracestate, ',') LOOP
+        v_member := btrim(v_member, E' \t');
+        CONTINUE WHEN v_member = '';
+        v_members := v_members + 1;
+        IF v_member !~ '^([a-z][a-z0-9_*/-]{0,255}|[a-z0-9][a-z0-9_*/-]{0,240}@[a-z][a-z0-9_*/-]{0,13})=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]$' THEN
+            PERFORM outbox.invalid_argument(p_from || 'tracestate',
+                format('%L is not a W3C tracestate: member %L is not key=value (key: a lower-case letter, then lower-case letters, digits, _ - * /, or tenant@system; value: printable ASCII other than , and =)',
+                       p_tracestate, v_member));
+        END IF;
+    END LOOP;
+    IF v_members > 32 THEN
+        PERFORM outbox.invalid_argument(p_from || 'tracestate',
+            format('%L is not a W3C tracestate: %s members, at most 32', p_tracestate, v_members));
+    END IF;
+    RETURN p_headers || jsonb_build_object('traceparent', p_traceparent, 'tracestate', p_tracestate);
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.with_trace_context(jsonb, text, text, text) IS
+    'Internal to enqueue: the headers with this W3C traceparent and tracestate in place of theirs; P7001 naming the argument or setting (p_from) when either is malformed.';
+
+REVOKE ALL ON FUNCTION outbox.with_trace_context(jsonb, text, text, text) FROM PUBLIC;
 
 
 -- outbox.enqueue (bytea payload): inserts one message and returns its outbox_id.
@@ -40,6 +137,16 @@
 --             p_max_attempts  attempts before the message is dead-lettered, at least 1;
 --                             default and NULL: 10.
 --             p_content_type  default and NULL: application/octet-stream.
+--             p_traceparent   the creation context, a W3C traceparent (version 00:
+--                             00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>,
+--                             lower case, neither id all zeros); stored as the header
+--                             traceparent. Default and NULL: the setting outbox.traceparent
+--                             of the caller's transaction when set and not empty, else the
+--                             traceparent of p_headers as given, else none.
+--             p_tracestate    its W3C tracestate (at most 32 key=value members, at most 512
+--                             characters); stored as the header tracestate. Default and
+--                             NULL: none when p_traceparent is given, else the setting
+--                             outbox.tracestate with the setting outbox.traceparent.
 -- Returns:    the message's outbox_id.
 -- Locks:      with p_outbox_id given: the pending message with that id, if any, FOR KEY
 --             SHARE, which waits for a transaction that is deleting it (a completion, a
@@ -63,7 +170,10 @@
 --             picked up by the winner's wake-up, the relayer's re-check shortly after it,
 --             or at worst the relayer's poll interval.
 -- Raises:     P7001 when p_topic is NULL or empty, p_payload is NULL, p_headers is not a
---             JSON object, or p_max_attempts is below 1. 23505 when p_outbox_id is pending,
+--             JSON object, p_max_attempts is below 1, or the trace context of the
+--             arguments or of the settings is malformed (or a tracestate comes without its
+--             traceparent), naming p_traceparent, p_tracestate, outbox.traceparent or
+--             outbox.tracestate and the value (outbox.with_trace_context). 23505 when p_outbox_id is pending,
 --             dead-lettered, or has attempts (its message was delivered or tried; after
 --             prune_attempts removed a delivered message's history, its id is accepted
 --             again); the message names the id and which, DETAIL is the id.
@@ -82,7 +192,10 @@
 --             msg/s, with the window 11,000. CPU per enqueue transaction: 112–117 µs against
 --             79–87 µs for the plain INSERT (SECURITY DEFINER with its search_path about
 --             5 µs, the wake-up about 5 µs); throughput 0.82–0.88×, 0.79–0.82× and
---             0.76–0.86× the plain INSERT's at 1, 16 and 64 connections.
+--             0.76–0.86× the plain INSERT's at 1, 16 and 64 connections. Without a trace
+--             context it reads the two settings (current_setting, no catalogue access);
+--             with one it also checks it and rewrites the headers (docs/tracing.md has the
+--             figures).
 CREATE OR REPLACE FUNCTION outbox.enqueue(
     p_topic text,
     p_payload bytea,
@@ -91,7 +204,9 @@ CREATE OR REPLACE FUNCTION outbox.enqueue(
     p_available_at timestamptz DEFAULT NULL,
     p_outbox_id uuid DEFAULT NULL,
     p_max_attempts integer DEFAULT 10,
-    p_content_type text DEFAULT 'application/octet-stream'
+    p_content_type text DEFAULT 'application/octet-stream',
+    p_traceparent text DEFAULT NULL,
+    p_tracestate text DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -100,6 +215,10 @@ AS $$
 DECLARE
     v_id uuid := coalesce(p_outbox_id, outbox.uuid_v7());
     v_used text;
+    v_headers jsonb := coalesce(p_headers, '{}');
+    v_traceparent text := p_traceparent;
+    v_tracestate text := p_tracestate;
+    v_trace_from text := 'p_';
 BEGIN
     IF p_topic IS NULL OR p_topic = '' THEN
         PERFORM outbox.invalid_argument('p_topic', 'must be a non-empty string');
@@ -112,6 +231,16 @@ BEGIN
     END IF;
     IF p_max_attempts IS NOT NULL AND p_max_attempts < 1 THEN
         PERFORM outbox.invalid_argument('p_max_attempts', format('must be at least 1, got %s', p_max_attempts));
+    END IF;
+    -- The creation context: the arguments, else the transaction's settings (empty once a
+    -- SET LOCAL has ended), else the headers as given.
+    IF v_traceparent IS NULL AND v_tracestate IS NULL THEN
+        v_traceparent := nullif(current_setting('outbox.traceparent', true), '');
+        v_tracestate := nullif(current_setting('outbox.tracestate', true), '');
+        v_trace_from := 'outbox.';
+    END IF;
+    IF v_traceparent IS NOT NULL OR v_tracestate IS NOT NULL THEN
+        v_headers := outbox.with_trace_context(v_headers, v_traceparent, v_tracestate, v_trace_from);
     END IF;
 
     IF p_outbox_id IS NOT NULL THEN
@@ -141,7 +270,7 @@ BEGIN
                                  available_at, max_attempts)
     VALUES (v_id, p_topic, p_message_key, p_payload,
             coalesce(p_content_type, 'application/octet-stream'),
-            coalesce(p_headers, '{}'), coalesce(p_available_at, clock_timestamp()),
+            v_headers, coalesce(p_available_at, clock_timestamp()),
             coalesce(p_max_attempts, 10));
 
     -- Wake the relayers at commit (NOTIFY outbox_new), unless this transaction already
@@ -160,18 +289,19 @@ BEGIN
 END;
 $$;
 
-COMMENT ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text) IS
-    'Inserts one message (bytea payload) in the caller''s transaction and returns its outbox_id; wakes the relayers at commit; P7001 on a bad argument, 23505 on a reused outbox_id.';
+COMMENT ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text, text, text) IS
+    'Inserts one message (bytea payload) in the caller''s transaction and returns its outbox_id, with its creation trace context (arguments, else the settings outbox.traceparent/outbox.tracestate, else p_headers) in its headers; wakes the relayers at commit; P7001 on a bad argument or trace context, 23505 on a reused outbox_id.';
 
-REVOKE ALL ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text) TO outbox_producer;
-GRANT EXECUTE ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text) TO outbox_relay;
+REVOKE ALL ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text, text, text) TO outbox_producer;
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, bytea, text, jsonb, timestamptz, uuid, integer, text, text, text) TO outbox_relay;
 
 
 -- outbox.enqueue (jsonb payload): enqueue(bytea) with the JSON as UTF-8 text and content
 -- type application/json.
 --
--- Inputs:     as enqueue(bytea), without p_content_type. p_payload is required (SQL NULL is
+-- Inputs:     as enqueue(bytea), without p_content_type (p_traceparent and p_tracestate
+--             follow p_max_attempts). p_payload is required (SQL NULL is
 --             refused; the JSON value null is a payload like any other). It is stored as
 --             jsonb prints it (keys in jsonb's order, a repeated key once, whitespace
 --             normalised), not as the caller's original text.
@@ -194,18 +324,20 @@ CREATE OR REPLACE FUNCTION outbox.enqueue(
     p_headers jsonb DEFAULT '{}',
     p_available_at timestamptz DEFAULT NULL,
     p_outbox_id uuid DEFAULT NULL,
-    p_max_attempts integer DEFAULT 10
+    p_max_attempts integer DEFAULT 10,
+    p_traceparent text DEFAULT NULL,
+    p_tracestate text DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE sql VOLATILE SECURITY INVOKER
 AS $$
     SELECT outbox.enqueue(p_topic, pg_catalog.convert_to(p_payload::pg_catalog.text, 'UTF8'),
                           p_message_key, p_headers, p_available_at, p_outbox_id, p_max_attempts,
-                          'application/json');
+                          'application/json', p_traceparent, p_tracestate);
 $$;
 
-COMMENT ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer) IS
-    'Inserts one message (JSON payload, stored as UTF-8 with content type application/json) through enqueue(bytea), inlined into the caller''s statement; returns its outbox_id; P7001, 23505 as enqueue(bytea).';
+COMMENT ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer, text, text) IS
+    'Inserts one message (JSON payload, stored as UTF-8 with content type application/json) through enqueue(bytea), inlined into the caller''s statement, trace context as enqueue(bytea); returns its outbox_id; P7001, 23505 as enqueue(bytea).';
 
-REVOKE ALL ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer) TO outbox_producer;
-GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer) TO outbox_relay;
+REVOKE ALL ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer, text, text) TO outbox_producer;
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer, text, text) TO outbox_relay;

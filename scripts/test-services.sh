@@ -16,8 +16,9 @@
 #   - what the build needs (scripts/build-deps.sh);
 #   - the toolchains and drivers of the README's producer snippets (tests/process/producers.rs): Go
 #     and pgx v4 (Debian's golang-go and golang-github-jackc-pgx-v4-dev: the Go module
-#     proxy is not reachable from every machine, Debian's packages are), psycopg in a
-#     virtual environment at target/venv, and pg (npm) in target/node_modules;
+#     proxy is not reachable from every machine, Debian's packages are), psycopg and the
+#     OpenTelemetry Python SDK (the trace context snippet) in a virtual environment at
+#     target/venv, and pg (npm) in target/node_modules;
 #   - moto in server mode and boto3 in the same virtual environment (the AWS destination
 #     tests start moto servers of their own and read back with boto3).
 # Starts RabbitMQ, and the machine's Redis (6379), NATS (4222), Mosquitto (1883) and a tansu broker (9092)
@@ -202,12 +203,14 @@ fi
 
 # The README's producer snippets run with the languages' own drivers (tests/process/producers.rs),
 # installed under the target directory, never into the machine's Python or Node.
-if [ ! -x "$target/venv/bin/python" ] || ! "$target/venv/bin/python" -c 'import psycopg' 2>/dev/null; then
-    echo "test-services: installing psycopg (PyPI) into the virtual environment $target/venv" \
-         "(the Python producer snippet's driver; under a minute)" >&2
-    python3 -m venv "$target/venv"
+if [ ! -x "$target/venv/bin/python" ] \
+    || ! "$target/venv/bin/python" -c 'import psycopg, opentelemetry.sdk.trace' 2>/dev/null; then
+    echo "test-services: installing psycopg and opentelemetry-sdk (PyPI) into the virtual" \
+         "environment $target/venv (the Python producer snippets' driver and the trace context" \
+         "snippet's SDK; under a minute)" >&2
+    [ -x "$target/venv/bin/python" ] || python3 -m venv "$target/venv"
     "$target/venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
-        'psycopg[binary]' || true
+        'psycopg[binary]' opentelemetry-sdk || true
 fi
 if [ ! -x "$target/venv/bin/moto_server" ] || ! "$target/venv/bin/python" -c 'import boto3' 2>/dev/null; then
     echo "test-services: installing moto[server] and boto3 (PyPI) into the virtual environment" \
@@ -241,8 +244,8 @@ command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")
 command -v node >/dev/null 2>&1 || missing+=("node and npm (apt-get install nodejs npm)")
 command -v zsh >/dev/null 2>&1 || missing+=("zsh (apt-get install zsh)")
 command -v fish >/dev/null 2>&1 || missing+=("fish (apt-get install fish)")
-"$target/venv/bin/python" -c 'import psycopg' 2>/dev/null \
-    || missing+=("psycopg in $target/venv (python3 -m venv $target/venv; $target/venv/bin/pip install 'psycopg[binary]')")
+"$target/venv/bin/python" -c 'import psycopg, opentelemetry.sdk.trace' 2>/dev/null \
+    || missing+=("psycopg and opentelemetry-sdk in $target/venv (python3 -m venv $target/venv; $target/venv/bin/pip install 'psycopg[binary]' opentelemetry-sdk)")
 PUBSUB_EMULATOR="${PUBSUB_EMULATOR_BIN:-/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator}"
 [ -x "$PUBSUB_EMULATOR" ] && command -v java >/dev/null 2>&1 \
     || missing+=("the Google Cloud Pub/Sub emulator at $PUBSUB_EMULATOR and Java 17 (apt-get install google-cloud-cli-pubsub-emulator openjdk-17-jre-headless, from Google Cloud's apt repository packages.cloud.google.com/apt; or gcloud components install pubsub-emulator, then PUBSUB_EMULATOR_BIN=<sdk>/platform/pubsub-emulator/bin/cloud-pubsub-emulator)")

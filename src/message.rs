@@ -1,5 +1,6 @@
 //! Domain types shared by the store, the destinations, dispatch and the relay: identities that must not be
-//! mixed up, a claimed message, and the outcome a destination reports for it.
+//! mixed up, a claimed message (with its creation trace context), and the outcome a destination
+//! reports for it.
 
 use std::fmt;
 
@@ -86,6 +87,68 @@ impl ClaimedMessage {
     }
 }
 
+/// A W3C Trace Context (level 1): the `traceparent` of the span that created a message, and
+/// the vendors' `tracestate` that goes with it (docs/tracing.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceContext {
+    /// `00-<trace id: 32 hex>-<parent id: 16 hex>-<flags: 2 hex>`, lower case, neither id
+    /// all zeros.
+    pub traceparent: String,
+    /// The list of `key=value` members, as given.
+    pub tracestate: Option<String>,
+}
+
+impl TraceContext {
+    /// The context of `traceparent` (and `tracestate`), or `None` when `traceparent` is not
+    /// a version 00 traceparent. `outbox.enqueue` checks both in full (03_enqueue.sql)
+    /// when they come from its arguments or settings; this reads what a message carries,
+    /// which a producer may also have put in its headers itself, unchecked.
+    pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Option<TraceContext> {
+        let parts: Vec<&str> = traceparent.split('-').collect();
+        let hex = |s: &str, len: usize| {
+            s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        };
+        let well_formed = matches!(parts.as_slice(), [version, trace, parent, flags]
+            if *version == "00"
+                && hex(trace, 32)
+                && hex(parent, 16)
+                && hex(flags, 2)
+                && trace.bytes().any(|b| b != b'0')
+                && parent.bytes().any(|b| b != b'0'));
+        well_formed.then(|| TraceContext {
+            traceparent: traceparent.to_owned(),
+            tracestate: tracestate.filter(|s| !s.is_empty()).map(str::to_owned),
+        })
+    }
+
+    /// The trace id: 32 lower-case hex digits.
+    pub fn trace_id(&self) -> &str {
+        &self.traceparent[3..35]
+    }
+
+    /// The id of the span that created the message: 16 lower-case hex digits.
+    pub fn parent_id(&self) -> &str {
+        &self.traceparent[36..52]
+    }
+
+    /// Whether the producer's span was sampled (flag 01).
+    pub fn sampled(&self) -> bool {
+        u8::from_str_radix(&self.traceparent[53..55], 16).is_ok_and(|f| f & 1 == 1)
+    }
+}
+
+impl ClaimedMessage {
+    /// The message's creation context: the trace context captured when it was enqueued,
+    /// kept unchanged by every attempt, from its headers `traceparent` and `tracestate`
+    /// (where `outbox.enqueue` stores the context of its arguments or of the producer's
+    /// `SET LOCAL outbox.traceparent`). `None` when it has no `traceparent` header, or one
+    /// that is not a string holding a version 00 traceparent.
+    pub fn trace_context(&self) -> Option<TraceContext> {
+        let text = |name: &str| self.headers.get(name).and_then(serde_json::Value::as_str);
+        TraceContext::parse(text("traceparent")?, text("tracestate"))
+    }
+}
+
 /// What a destination did with one message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -167,6 +230,10 @@ pub struct NewMessage {
     pub id: Option<OutboxId>,
     /// Attempts before the message is dead-lettered (default 10).
     pub max_attempts: Option<i32>,
+    /// The creation context, stored as the headers `traceparent` and `tracestate` in place
+    /// of those of `headers` (default: the transaction's `outbox.traceparent` setting, else
+    /// the headers as given). Checked by `outbox.enqueue`, which refuses a malformed one.
+    pub trace: Option<TraceContext>,
 }
 
 /// A message's payload: a JSON document (stored as its text, content type
@@ -186,5 +253,66 @@ impl Default for Payload {
 impl From<serde_json::Value> for Payload {
     fn from(value: serde_json::Value) -> Self {
         Payload::Json(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    #[test]
+    fn a_trace_context_reads_its_ids_and_flags() {
+        let t = TraceContext::parse(TRACEPARENT, Some("congo=t61")).unwrap();
+        assert_eq!(t.trace_id(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(t.parent_id(), "b7ad6b7169203331");
+        assert!(t.sampled());
+        assert_eq!(t.tracestate.as_deref(), Some("congo=t61"));
+        let unsampled = TraceContext::parse(&TRACEPARENT.replace("-01", "-02"), Some("")).unwrap();
+        assert!(!unsampled.sampled());
+        assert_eq!(unsampled.tracestate, None);
+    }
+
+    #[test]
+    fn a_malformed_traceparent_is_no_trace_context() {
+        for bad in [
+            "",
+            "00-x",
+            &TRACEPARENT.to_uppercase(),
+            &TRACEPARENT.replacen("00-", "01-", 1),
+            &format!("{TRACEPARENT}-00"),
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-011",
+        ] {
+            assert_eq!(TraceContext::parse(bad, None), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_claimed_message_gives_the_trace_context_of_its_headers() {
+        let m = ClaimedMessage::example(
+            serde_json::json!({"traceparent": TRACEPARENT, "tracestate": "a=b", "x": "1"}),
+        );
+        assert_eq!(
+            m.trace_context(),
+            Some(TraceContext {
+                traceparent: TRACEPARENT.into(),
+                tracestate: Some("a=b".into())
+            })
+        );
+        for headers in [
+            serde_json::json!({}),
+            serde_json::Value::Null,
+            serde_json::json!({"traceparent": 7}),
+            serde_json::json!({"traceparent": "00-x", "tracestate": "a=b"}),
+        ] {
+            assert_eq!(
+                ClaimedMessage::example(headers.clone()).trace_context(),
+                None,
+                "{headers}"
+            );
+        }
     }
 }

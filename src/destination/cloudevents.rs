@@ -2,7 +2,9 @@
 //! that consumers built on a CloudEvents SDK read the relayer's messages as events. This
 //! module owns the attribute mapping (`id` = outbox_id, `source` and `type` from templates,
 //! `time` = the enqueue time, `datacontenttype` = the message's content type, the
-//! `partitionkey` extension = the message key) and both content modes: binary (the
+//! `partitionkey` extension = the message key, the distributed-tracing extension's
+//! `traceparent` and `tracestate` = the message's creation trace context) and both content
+//! modes: binary (the
 //! attributes beside the payload, each protocol binding naming them its own way, which the
 //! destinations pass as a prefix) and structured (the JSON event format: one JSON object
 //! holding the attributes and the payload as `data`). The destinations decide where the
@@ -99,7 +101,11 @@ impl Envelope {
     }
 
     /// The context attributes of `m`, in the order of the spec: `specversion`, `id`,
-    /// `source`, `type`, `time`, `datacontenttype`, then `partitionkey` when it has a key.
+    /// `source`, `type`, `time`, `datacontenttype`, then `partitionkey` when it has a key,
+    /// then `traceparent` (and `tracestate`) when it has a creation trace context
+    /// ([`ClaimedMessage::trace_context`]). The distributed-tracing extension carries the
+    /// trace where the event started, whatever hops follow; the protocol's own headers
+    /// (`traceparent` over HTTP, NATS, Kafka, …) carry the current hop.
     pub(super) fn attributes(&self, m: &ClaimedMessage) -> Vec<(&'static str, String)> {
         let mut attributes = vec![
             ("specversion", "1.0".to_owned()),
@@ -114,6 +120,12 @@ impl Envelope {
         ];
         if let Some(key) = &m.key {
             attributes.push(("partitionkey", key.clone()));
+        }
+        if let Some(trace) = m.trace_context() {
+            attributes.push(("traceparent", trace.traceparent));
+            if let Some(state) = trace.tracestate {
+                attributes.push(("tracestate", state));
+            }
         }
         attributes
     }
@@ -238,6 +250,38 @@ mod tests {
         assert!(attributes.iter().all(|(n, _)| *n != "partitionkey"));
         assert!(attributes.contains(&("type", "com.example.orders.created".to_owned())));
         assert!(attributes.contains(&("source", "/outbox-relay".to_owned())));
+    }
+
+    #[test]
+    fn the_creation_trace_context_is_the_distributed_tracing_extension() {
+        const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let e = envelope("binary", None, None);
+        let mut m = message(None, "application/json", b"{}");
+        m.headers = serde_json::json!({"traceparent": TRACEPARENT, "tracestate": "congo=t61"});
+        let attributes = e.attributes(&m);
+        assert_eq!(
+            attributes[attributes.len() - 2..],
+            [
+                ("traceparent", TRACEPARENT.to_owned()),
+                ("tracestate", "congo=t61".to_owned())
+            ]
+        );
+        assert!(
+            e.headers(&m, "ce-", false)
+                .contains(&("ce-traceparent".into(), TRACEPARENT.into()))
+        );
+        let structured = envelope("structured", None, None);
+        let event: serde_json::Value =
+            serde_json::from_slice(&structured.structured(&m).unwrap()).unwrap();
+        assert_eq!(event["traceparent"], TRACEPARENT);
+        assert_eq!(event["tracestate"], "congo=t61");
+        m.headers = serde_json::json!({"traceparent": "00-not-one-01"});
+        assert!(
+            e.attributes(&m)
+                .iter()
+                .all(|(n, _)| *n != "traceparent" && *n != "tracestate"),
+            "no context, no extension"
+        );
     }
 
     #[test]

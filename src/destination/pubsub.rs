@@ -8,7 +8,9 @@
 //! 10 MB; the answer lists one message id per message, in order, so each message is
 //! delivered only once Pub/Sub answered its id. The payload is the message's `data`; the
 //! outbox metadata (`outbox-id` and the others) and the message's own headers are its
-//! attributes, with `content-type`; the message key is its `orderingKey`. A message
+//! attributes, with `content-type`; the message key is its `orderingKey`. A message with a
+//! creation trace context also carries its traceparent as `googclient_traceparent`, where
+//! Google's client libraries (with OpenTelemetry on) look for the publisher's context. A message
 //! Pub/Sub would refuse for its own sake (over 10 MB, too many or too long attributes, a
 //! topic name Pub/Sub does not allow) is permanent before anything is sent, and a request
 //! refused as invalid is sent again one message per request, so that only the message at
@@ -209,6 +211,10 @@ struct Prepared {
     bytes: usize,
 }
 
+/// The attribute in which Google's Pub/Sub client libraries carry the publisher's W3C
+/// traceparent (the one name under `goog` a publisher sets).
+const GOOGLE_TRACEPARENT: &str = "googclient_traceparent";
+
 /// A message of the batch ready to send, or its outcome already known.
 fn prepare(template: &str, at: usize, m: &ClaimedMessage) -> Result<Prepared, Outcome> {
     let permanent = |reason: String| Outcome::Permanent { reason };
@@ -227,6 +233,9 @@ fn prepare(template: &str, at: usize, m: &ClaimedMessage) -> Result<Prepared, Ou
     for (name, value) in metadata(m) {
         attributes.insert(name.to_owned(), value);
     }
+    if let Some(trace) = m.trace_context() {
+        attributes.insert(GOOGLE_TRACEPARENT.to_owned(), trace.traceparent);
+    }
     if attributes.len() > MAX_ATTRIBUTES {
         return Err(permanent(format!(
             "{} attributes: Pub/Sub takes at most {MAX_ATTRIBUTES} (the headers and the outbox's 4-5)",
@@ -235,7 +244,10 @@ fn prepare(template: &str, at: usize, m: &ClaimedMessage) -> Result<Prepared, Ou
     }
     let mut bytes = m.payload.len();
     for (name, value) in &attributes {
-        if name.is_empty() || name.len() > MAX_ATTRIBUTE_NAME_BYTES || name.starts_with("goog") {
+        if name.is_empty()
+            || name.len() > MAX_ATTRIBUTE_NAME_BYTES
+            || (name.starts_with("goog") && name != GOOGLE_TRACEPARENT)
+        {
             return Err(permanent(format!(
                 "header {name:?}: a Pub/Sub attribute name is 1-{MAX_ATTRIBUTE_NAME_BYTES} bytes, not starting with \"goog\""
             )));

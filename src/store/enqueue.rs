@@ -21,7 +21,7 @@ impl Store {
 ///
 /// ```no_run
 /// # async fn order_placed(pool: deadpool_postgres::Pool) -> anyhow::Result<()> {
-/// use outbox_relay::message::NewMessage;
+/// use outbox_relay::message::{NewMessage, TraceContext};
 ///
 /// let mut client = pool.get().await?;
 /// let tx = client.transaction().await?;
@@ -32,7 +32,8 @@ impl Store {
 ///         topic: "orders.placed".into(),
 ///         key: Some("order-42".into()),
 ///         payload: serde_json::json!({"order_id": 42}).into(),
-///         headers: Some(serde_json::json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})),
+///         // the request's span, as its W3C traceparent (docs/tracing.md)
+///         trace: TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None),
 ///         ..NewMessage::default()
 ///     },
 /// )
@@ -67,13 +68,17 @@ async fn enqueue_into(
     schema: &str,
     message: &NewMessage,
 ) -> std::result::Result<OutboxId, tokio_postgres::Error> {
-    let common: [(&(dyn ToSql + Sync), Type); 6] = [
+    let traceparent = message.trace.as_ref().map(|t| t.traceparent.as_str());
+    let tracestate = message.trace.as_ref().and_then(|t| t.tracestate.as_deref());
+    let common: [(&(dyn ToSql + Sync), Type); 8] = [
         (&message.topic, Type::TEXT),
         (&message.key, Type::TEXT),
         (&message.headers, Type::JSONB),
         (&message.available_at, Type::TIMESTAMPTZ),
         (&message.id.map(|id| id.0), Type::UUID),
         (&message.max_attempts, Type::INT4),
+        (&traceparent, Type::TEXT),
+        (&tracestate, Type::TEXT),
     ];
     // Unnamed, with the parameter types given: one round trip, and nothing left on the
     // server connection, so it works through a transaction pooler.
@@ -81,8 +86,8 @@ async fn enqueue_into(
         Payload::Json(json) => client
             .query_typed_one(
                 &super::naming::in_schema(
-                    "SELECT outbox.enqueue($1, $7::jsonb, $2, coalesce($3::jsonb, '{}'), $4, $5, \
-                     coalesce($6, 10))",
+                    "SELECT outbox.enqueue($1, $9::jsonb, $2, coalesce($3::jsonb, '{}'), $4, $5, \
+                     coalesce($6, 10), $7, $8)",
                     schema,
                 ),
                 &[&common[..], &[(json, Type::JSONB)]].concat(),
@@ -91,8 +96,8 @@ async fn enqueue_into(
         Payload::Bytes { data, content_type } => client
             .query_typed_one(
                 &super::naming::in_schema(
-                    "SELECT outbox.enqueue($1, $7::bytea, $2, coalesce($3::jsonb, '{}'), $4, $5, \
-                     coalesce($6, 10), $8)",
+                    "SELECT outbox.enqueue($1, $9::bytea, $2, coalesce($3::jsonb, '{}'), $4, $5, \
+                     coalesce($6, 10), $10, $7, $8)",
                     schema,
                 ),
                 &[

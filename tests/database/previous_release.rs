@@ -23,7 +23,9 @@
 //! It also fails, naming both, when a function or relation that a function the previous
 //! release calls names in its body (transitively) is gone: a call in flight during the
 //! migration runs the body it started with, and fails with 42883 on what was dropped, as
-//! V23's claim did when V29 dropped `claim_shard_candidates`.
+//! V23's claim did when V29 dropped `claim_shard_candidates`. A function dropped and
+//! created again under its name with added arguments that all have defaults (V36's
+//! `enqueue`) is not gone: every call of the old signature resolves to it.
 
 use crate::common::{self, TestDb};
 
@@ -574,6 +576,57 @@ async fn exists(c: &Client, what: &str) -> bool {
     c.query_one(kind, &[&name]).await.unwrap().get(0)
 }
 
+/// The shape of each function among `reached` on the database `c` is connected to, by its
+/// `regprocedure` text: its arguments as `pg_get_function_arguments` prints them (names,
+/// types, defaults), how many, and its result.
+async fn shapes(
+    c: &Client,
+    reached: &BTreeMap<String, String>,
+) -> BTreeMap<String, (String, i16, String)> {
+    let mut shapes = BTreeMap::new();
+    for what in reached.keys() {
+        if let Some(f) = what.strip_prefix("function ") {
+            let r = c
+                .query_one(
+                    "SELECT pg_get_function_arguments(p.oid), p.pronargs, pg_get_function_result(p.oid)
+                       FROM pg_proc AS p WHERE p.oid = to_regprocedure($1)",
+                    &[&f],
+                )
+                .await
+                .unwrap();
+            shapes.insert(f.to_owned(), (r.get(0), r.get(1), r.get(2)));
+        }
+    }
+    shapes
+}
+
+/// Whether the function `identity`, gone by its exact signature, was extended in place on
+/// the database `c` is connected to: exactly one function of its name and result whose
+/// arguments begin with all of the old ones as they were (`shape`: names, types and
+/// defaults) and whose added arguments all have defaults. Every call of the old signature,
+/// by position or by name, resolves to it, and a call in flight finds it when it next
+/// resolves the name. (The old function cannot stay beside it: Postgres finds any call
+/// that leaves the added arguments out ambiguous between the two.)
+async fn extended(c: &Client, identity: &str, shape: &(String, i16, String)) -> bool {
+    let (arguments, count, result) = shape;
+    let name = identity.split('(').next().unwrap_or_default();
+    let matching: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_proc AS p
+              WHERE p.pronamespace = 'outbox'::regnamespace
+                AND format('outbox.%s', p.proname) = $1
+                AND pg_get_function_result(p.oid) = $4
+                AND p.pronargs > $3
+                AND p.pronargdefaults >= p.pronargs - $3
+                AND ($2 = '' OR starts_with(pg_get_function_arguments(p.oid), $2 || ', '))",
+            &[&name, arguments, count, result],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    matching == 1
+}
+
 #[tokio::test]
 async fn the_previous_releases_statements_work_on_the_newest_schema() {
     let (commit, previous) = previous_release();
@@ -618,6 +671,7 @@ async fn the_previous_releases_statements_work_on_the_newest_schema() {
         );
     }
     let reached_before = reached(&old, &statements).await;
+    let shapes_before = shapes(&old, &reached_before).await;
 
     let applied = outbox_relay::store::Store::connect(&db.url, 2)
         .unwrap()
@@ -663,7 +717,11 @@ async fn the_previous_releases_statements_work_on_the_newest_schema() {
     }
     // What a call in flight during the migration may still reach.
     for (what, named_by) in &reached_before {
-        if !exists(&new, what).await {
+        let in_place = match what.strip_prefix("function ") {
+            Some(f) => extended(&new, f, &shapes_before[f]).await,
+            None => false,
+        };
+        if !exists(&new, what).await && !in_place {
             failures.push(format!(
                 "{what} is gone, but {named_by} names it: a call of the previous release in \
                  flight during the migration fails with SQLSTATE 42883 (42P01 for a relation); \
@@ -758,6 +816,61 @@ async fn a_dropped_function_that_an_old_body_calls_is_named() {
     assert!(!exists(&c, "function outbox.helper_of_old()").await);
     assert!(exists(&c, "function outbox.old_entry()").await);
     // And such a call does fail with 42883.
+    let (code, _) = common::sqlstate(c.query("SELECT outbox.old_entry()", &[]).await);
+    assert_eq!(code, "42883");
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_function_extended_in_place_by_defaulted_arguments_is_kept() {
+    // As V36 did to enqueue: the old signature dropped, the same name created with added
+    // arguments that have defaults; an old body's call still resolves. Added arguments
+    // without defaults, or a second function that also matches, are not in place.
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "CREATE FUNCTION outbox.helper_of_old(p_n integer, p_m integer DEFAULT 1) RETURNS integer
+             LANGUAGE sql AS 'SELECT p_n + p_m';
+         CREATE FUNCTION outbox.old_entry() RETURNS integer LANGUAGE plpgsql
+             AS $$ BEGIN RETURN outbox.helper_of_old(p_n => 1) + outbox.helper_of_old(1, 2); END; $$;",
+    )
+    .await
+    .unwrap();
+    let statements = BTreeMap::from([(
+        "SELECT outbox.old_entry()".to_owned(),
+        "src/store/x.rs".to_owned(),
+    )]);
+    let reached_before = reached(&c, &statements).await;
+    let shapes_before = shapes(&c, &reached_before).await;
+    let old = "outbox.helper_of_old(integer,integer)";
+    assert!(shapes_before.contains_key(old), "{shapes_before:?}");
+    c.batch_execute(
+        "DROP FUNCTION outbox.helper_of_old(integer, integer);
+         CREATE FUNCTION outbox.helper_of_old(p_n integer, p_m integer DEFAULT 1, p_k integer DEFAULT 0)
+             RETURNS integer LANGUAGE sql AS 'SELECT p_n + p_m + p_k';",
+    )
+    .await
+    .unwrap();
+    assert!(!exists(&c, &format!("function {old}")).await);
+    assert!(extended(&c, old, &shapes_before[old]).await);
+    let n: i32 = c
+        .query_one("SELECT outbox.old_entry()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 5, "the old body's calls reach the extended function");
+
+    c.batch_execute(
+        "DROP FUNCTION outbox.helper_of_old(integer, integer, integer);
+         CREATE FUNCTION outbox.helper_of_old(p_n integer, p_m integer, p_k integer)
+             RETURNS integer LANGUAGE sql AS 'SELECT p_n + p_m + p_k';",
+    )
+    .await
+    .unwrap();
+    assert!(
+        !extended(&c, old, &shapes_before[old]).await,
+        "added arguments without defaults"
+    );
     let (code, _) = common::sqlstate(c.query("SELECT outbox.old_entry()", &[]).await);
     assert_eq!(code, "42883");
     db.finish().await;

@@ -511,14 +511,19 @@ pub async fn enqueue_time(c: &Client, id: Uuid) -> String {
 
 /// The CloudEvents envelope over HTTP: binary mode puts each attribute in its `ce-` header
 /// (the content type in `Content-Type`, the body untouched); structured mode sends the JSON
-/// event format with every attribute and the payload as `data`.
+/// event format with every attribute and the payload as `data`. A message's creation trace
+/// context is the distributed-tracing extension (`ce-traceparent`, or `traceparent` in the
+/// event) and the W3C headers of the request in both modes.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let hooks = Hooks::serve().await;
-    let binary = crate::enqueue(&c, "binary", Some("order-7"), serde_json::json!({})).await;
-    let structured = crate::enqueue(&c, "structured", Some("order-8"), serde_json::json!({})).await;
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const TRACESTATE: &str = "congo=t61rcWkgMzE";
+    let traced = serde_json::json!({"traceparent": TRACEPARENT, "tracestate": TRACESTATE});
+    let binary = crate::enqueue(&c, "binary", Some("order-7"), traced.clone()).await;
+    let structured = crate::enqueue(&c, "structured", Some("order-8"), traced).await;
     let unkeyed = crate::enqueue(&c, "binary", None, serde_json::json!({})).await;
     let (binary_time, structured_time) = (
         enqueue_time(&c, binary).await,
@@ -560,6 +565,10 @@ async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
     assert_eq!(header("ce-type").as_deref(), Some("binary"));
     assert_eq!(header("ce-time"), Some(binary_time));
     assert_eq!(header("ce-partitionkey").as_deref(), Some("order-7"));
+    assert_eq!(header("ce-traceparent").as_deref(), Some(TRACEPARENT));
+    assert_eq!(header("ce-tracestate").as_deref(), Some(TRACESTATE));
+    assert_eq!(header("traceparent").as_deref(), Some(TRACEPARENT));
+    assert_eq!(header("tracestate").as_deref(), Some(TRACESTATE));
     assert_eq!(header("content-type").as_deref(), Some("application/json"));
     assert_eq!(
         header("ce-datacontenttype"),
@@ -576,6 +585,10 @@ async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
     assert!(
         headers.get("ce-partitionkey").is_none(),
         "no key, no partitionkey"
+    );
+    assert!(
+        headers.get("ce-traceparent").is_none() && headers.get("traceparent").is_none(),
+        "no trace context, no traceparent"
     );
     assert_eq!(headers["ce-id"].to_str().unwrap(), unkeyed.to_string());
 
@@ -599,8 +612,12 @@ async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
             "time": structured_time,
             "datacontenttype": "application/json",
             "partitionkey": "order-8",
+            "traceparent": TRACEPARENT,
+            "tracestate": TRACESTATE,
             "data": {"hello": "world"},
         })
     );
+    assert_eq!(headers["traceparent"].to_str().unwrap(), TRACEPARENT);
+    assert_eq!(headers["tracestate"].to_str().unwrap(), TRACESTATE);
     db.finish().await;
 }

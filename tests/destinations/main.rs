@@ -118,6 +118,10 @@ trait Harness: Sized {
 
     /// Removes what the test left on a shared server.
     async fn clean_up(self) {}
+
+    /// Headers (in [`Arrived::headers`]) in which the destination carries a message's
+    /// traceparent besides `traceparent` itself.
+    const TRACEPARENT_ALSO_IN: &'static [&'static str] = &[];
 }
 
 /// The destination's protocol cannot carry some header.
@@ -206,7 +210,7 @@ async fn fill(c: &Client, n: i64) -> HashSet<Uuid> {
 
 /// `outbox.enqueue` of a JSON payload on `topic` with `key` and `headers`.
 pub async fn enqueue(
-    c: &Client,
+    c: &impl tokio_postgres::GenericClient,
     topic: &str,
     key: Option<&str>,
     headers: serde_json::Value,
@@ -347,7 +351,9 @@ async fn redelivery<H: Harness>() {
     db.finish().await;
 }
 
-/// A message's own headers and trace context arrive beside the outbox metadata; the messages
+/// A message's own headers and its creation trace context (captured at enqueue from the
+/// producer's `SET LOCAL outbox.traceparent`) arrive beside the outbox metadata, the
+/// traceparent also where the destination carries it a second time; the messages
 /// of a key carry their sequence (`outbox-seq`: `outbox.messages.seq`, read before the
 /// relayer starts), increasing in the order they arrive; unkeyed messages carry none.
 async fn headers<H: Harness>() {
@@ -358,13 +364,25 @@ async fn headers<H: Harness>() {
     let h = H::start(&db).await;
     let others = fill(&c, 20).await;
     let first = enqueue(&c, "orders", Some("order-7"), serde_json::json!({})).await;
-    let traced = enqueue(
-        &c,
-        "orders",
-        Some("order-7"),
-        serde_json::json!({"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "x-tenant": "acme", "x-retries": 3}),
-    )
-    .await;
+    // Captured at enqueue as a producer does it, by the transaction's settings.
+    let traced = {
+        let mut producer = db.client().await;
+        let tx = producer.transaction().await.unwrap();
+        tx.batch_execute(&format!(
+            "SET LOCAL outbox.traceparent = '{TRACEPARENT}'; SET LOCAL outbox.tracestate = '{TRACESTATE}'"
+        ))
+        .await
+        .unwrap();
+        let id = enqueue(
+            &tx,
+            "orders",
+            Some("order-7"),
+            serde_json::json!({"x-tenant": "acme", "x-retries": 3}),
+        )
+        .await;
+        tx.commit().await.unwrap();
+        id
+    };
     let last = enqueue(&c, "orders", Some("order-7"), serde_json::json!({})).await;
     let seq: BTreeMap<Uuid, i64> = c
         .query(
@@ -399,7 +417,10 @@ async fn headers<H: Harness>() {
         ("outbox-seq", seq[&traced].to_string()),
         ("outbox-attempt", "1".to_owned()),
     ];
-    for (name, value) in expected {
+    let also = H::TRACEPARENT_ALSO_IN
+        .iter()
+        .map(|name| (*name, TRACEPARENT.to_owned()));
+    for (name, value) in expected.into_iter().chain(also) {
         assert_eq!(
             message.headers.get(name),
             Some(&value),

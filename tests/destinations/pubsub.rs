@@ -108,6 +108,7 @@ impl Emulator {
 
 impl Harness for Emulator {
     const DEDUPES: bool = false;
+    const TRACEPARENT_ALSO_IN: &'static [&'static str] = &["googclient_traceparent"];
 
     async fn start(_db: &TestDb) -> Self {
         let port = common::free_port();

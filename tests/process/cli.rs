@@ -1,5 +1,5 @@
 //! The operator verbs as processes: `enqueue` from a file or standard input with headers,
-//! content type, delay and id; its errors; `completions` as bash, fish and zsh run them
+//! content type, delay, id and trace context; its errors; `completions` as bash, fish and zsh run them
 //! (each shell's own completion engine; a broken script fails each) and
 //! `man` pages for every verb, generated from the same definitions as the parser; `replay` with filters, a dry run and its audit row; the
 //! hot-key shape of `bench`, round by round; a verb whose reader goes away (`| head -1`);
@@ -100,6 +100,95 @@ async fn enqueue_takes_a_payload_larger_than_an_argument_list_from_stdin() {
     assert!(
         (240.0..=300.0).contains(&delay),
         "delayed about 5 min: {delay}"
+    );
+    db.finish().await;
+}
+
+/// `--traceparent`/`--tracestate` become the message's creation context (its headers, in
+/// place of a `--header traceparent=…`); a malformed one is refused naming the argument and
+/// the value, and nothing is enqueued.
+#[tokio::test(flavor = "multi_thread")]
+async fn enqueue_takes_a_trace_context_and_refuses_a_malformed_one_naming_it() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // The JSON form and the bytes form of enqueue.
+    for content_type in ["application/json", "text/plain"] {
+        let out = relay(
+            &db,
+            &[
+                "enqueue",
+                "--topic",
+                "orders",
+                "--payload",
+                "{}",
+                "--content-type",
+                content_type,
+                "--header",
+                "traceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                "--traceparent",
+                TRACEPARENT,
+                "--tracestate",
+                "congo=t61rcWkgMzE",
+            ],
+            b"",
+        );
+        let id = printed_id(&out);
+        let row = c
+            .query_one(
+                "SELECT headers, content_type FROM outbox.messages WHERE outbox_id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            row.get::<_, serde_json::Value>(0),
+            serde_json::json!({"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"})
+        );
+        assert_eq!(row.get::<_, String>(1), content_type);
+    }
+
+    let out = relay(
+        &db,
+        &[
+            "enqueue",
+            "--topic",
+            "orders",
+            "--payload",
+            "{}",
+            "--traceparent",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        ],
+        b"",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("invalid argument p_traceparent: '00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01' is not a W3C traceparent"),
+        "{stderr}"
+    );
+    let out = relay(
+        &db,
+        &[
+            "enqueue",
+            "--topic",
+            "orders",
+            "--payload",
+            "{}",
+            "--tracestate",
+            "a=b",
+        ],
+        b"",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--traceparent"),
+        "{stderr}"
+    );
+    assert_eq!(
+        common::pending(&c).await,
+        2,
+        "only the first two were enqueued"
     );
     db.finish().await;
 }

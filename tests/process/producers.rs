@@ -1,10 +1,11 @@
 //! The producer snippets of the README (`examples/producers/`), each run with its own
 //! language against a fresh database: psql, Python (psycopg), Node (pg), Go (pgx). Each
 //! must enqueue the order message inside its transaction and print its outbox_id, directly
-//! and through PgBouncer in transaction mode (tests/common/pgbouncer.rs); the
+//! and through PgBouncer in transaction mode (tests/common/pgbouncer.rs); the Python trace
+//! context snippet must store its span's traceparent with the message, the same two ways; the
 //! README must show each file as it is. A toolchain or driver that is missing fails its
 //! test, naming what is missing and what installs it: `make test` (scripts/test-services.sh)
-//! installs psycopg into the virtual environment `target/venv`, pg into
+//! installs psycopg and the OpenTelemetry SDK into the virtual environment `target/venv`, pg into
 //! `target/node_modules`, and Go and pgx v4 from Debian's packages (golang-go and
 //! golang-github-jackc-pgx-v4-dev); the Go test builds in GOPATH mode against those
 //! sources, fetching nothing (the Go module proxy is not reachable from every machine), with
@@ -130,6 +131,62 @@ async fn python_psycopg() {
     db.finish().await;
 }
 
+/// The README's trace context snippet: a span of the OpenTelemetry Python SDK, its context
+/// put in the transaction with `set_config`, and the message enqueued by an unchanged call
+/// carries that span's traceparent (the SDK's own tracestate is empty: none is stored).
+#[tokio::test(flavor = "multi_thread")]
+async fn python_trace_context() {
+    let python = target_dir().join("venv/bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import psycopg, opentelemetry.sdk.trace"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ready,
+        "no Python virtual environment with psycopg and the OpenTelemetry SDK at {}: \
+         python3 -m venv {0}; {0}/bin/pip install 'psycopg[binary]' opentelemetry-sdk \
+         (`make test` does it)",
+        target_dir().join("venv").display()
+    );
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db.scratch_dir(), "transaction").await;
+    let c = db.client().await;
+    for url in [db.url.clone(), bouncer.url(&db)] {
+        let out = Command::new(&python)
+            .arg(snippet("trace.py"))
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (id, traceparent) = text
+            .trim()
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("printed {text:?}"));
+        let sampled = traceparent.len() == 55
+            && u8::from_str_radix(&traceparent[53..], 16).is_ok_and(|flags| flags & 1 == 1);
+        assert!(
+            traceparent.starts_with("00-") && sampled,
+            "a sampled span's traceparent: {traceparent}"
+        );
+        let headers: serde_json::Value = c
+            .query_one(
+                "SELECT headers FROM outbox.messages WHERE outbox_id = $1::text::uuid",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(headers, serde_json::json!({"traceparent": traceparent}));
+    }
+    drop(bouncer);
+    db.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn node_pg() {
     require("node", "apt-get install nodejs npm");
@@ -214,7 +271,13 @@ async fn go_pgx() {
 fn the_readme_shows_each_snippet_as_it_is() {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    for file in ["enqueue.sql", "enqueue.py", "enqueue.js", "enqueue.go"] {
+    for file in [
+        "enqueue.sql",
+        "enqueue.py",
+        "enqueue.js",
+        "enqueue.go",
+        "trace.py",
+    ] {
         let text = std::fs::read_to_string(snippet(file)).unwrap();
         assert!(
             readme.contains(&text),

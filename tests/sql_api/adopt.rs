@@ -919,3 +919,26 @@ async fn a_partitioned_table_is_adopted_through_its_parent_and_listed_qualified(
     assert_eq!(listed, vec!["public.events".to_owned()]);
     db.finish().await;
 }
+
+/// The transaction's `SET LOCAL outbox.traceparent` is the creation context of an adopted
+/// row too, in place of its `tracingspancontext`'s traceparent (03_enqueue.sql: the setting
+/// wins over the headers), which stays a header of its own.
+#[tokio::test]
+async fn the_transactions_trace_context_wins_over_the_adopted_rows() {
+    const CURRENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let db = TestDb::new().await;
+    let mut c = db.client().await;
+    adopt_quarkus_table(&c).await;
+    let id = Uuid::new_v4();
+    let tx = c.transaction().await.unwrap();
+    tx.batch_execute(&format!("SET LOCAL outbox.traceparent = '{CURRENT}'"))
+        .await
+        .unwrap();
+    insert_event(&tx, id, "42", serde_json::json!({})).await;
+    tx.commit().await.unwrap();
+    let (_, _, _, _, headers) = message(&c, id).await;
+    assert_eq!(headers["traceparent"], CURRENT);
+    assert_eq!(headers["tracingspancontext"], TRACE);
+    assert_ne!(CURRENT, TRACEPARENT);
+    db.finish().await;
+}

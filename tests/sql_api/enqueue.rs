@@ -58,7 +58,8 @@ async fn the_jsonb_enqueue_is_inlined_into_the_callers_statement() {
         .collect();
     let plan = plan.join("\n");
     assert!(
-        plan.contains("outbox.enqueue('t'::text, ") && plan.contains("'application/json'::text)"),
+        plan.contains("outbox.enqueue('t'::text, ")
+            && plan.contains("'application/json'::text, NULL::text, NULL::text)"),
         "the caller's statement calls enqueue(bytea) itself: {plan}"
     );
     let id: Uuid = c

@@ -4,6 +4,7 @@
 //! in `tests/common/sql.rs`.
 //!
 //! - [`enqueue`]: ids, headers, bytes, refused reuse, inlining, wake-ups;
+//! - [`trace_context`]: the creation trace context taken at enqueue, checked and stored;
 //! - [`claim`]: what a claim leases, its budget, the shards' turns, concurrent claimers;
 //! - [`floors`]: where claims start their walks, and what the floors never pass;
 //! - [`keys`]: per-key order, runs of a key, producers committing behind a head;
@@ -33,6 +34,7 @@ mod repair;
 mod roles;
 mod slots;
 mod sources;
+mod trace_context;
 
 use std::collections::HashSet;
 

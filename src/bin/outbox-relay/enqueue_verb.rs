@@ -1,13 +1,13 @@
 //! The `enqueue` verb: its arguments and how they become a [`NewMessage`] (the payload
 //! inline, from a file or from standard input, so its size is bounded by the database, not
-//! by the argument list; headers, content type, delay and the producer's own id), enqueued
-//! with its outbox_id printed.
+//! by the argument list; headers, content type, delay, the producer's own id and its trace
+//! context), enqueued with its outbox_id printed.
 
 use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use outbox_relay::message::{NewMessage, OutboxId, Payload};
+use outbox_relay::message::{NewMessage, OutboxId, Payload, TraceContext};
 use outbox_relay::store::Store;
 
 /// Enqueues `message`; prints its outbox_id.
@@ -48,6 +48,14 @@ pub struct Args {
     /// Attempts before the message is dead-lettered [default: 10].
     #[arg(long)]
     max_attempts: Option<i32>,
+    /// The message's creation context, a W3C traceparent
+    /// (00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>); sent as the header
+    /// traceparent, in place of a --header traceparent=…
+    #[arg(long, value_name = "TRACEPARENT")]
+    traceparent: Option<String>,
+    /// The W3C tracestate of --traceparent (key=value,…).
+    #[arg(long, value_name = "TRACESTATE", requires = "traceparent")]
+    tracestate: Option<String>,
 }
 
 impl Args {
@@ -117,6 +125,11 @@ impl Args {
             available_at,
             id: self.id.map(OutboxId),
             max_attempts: self.max_attempts,
+            // Checked by outbox.enqueue, whose refusal names the argument and the value.
+            trace: self.traceparent.as_ref().map(|traceparent| TraceContext {
+                traceparent: traceparent.clone(),
+                tracestate: self.tracestate.clone(),
+            }),
         })
     }
 }

@@ -3,7 +3,10 @@
 //! event's `source` and `detail-type` come from templates (`{topic}` replaced); its
 //! `detail` is the message as one JSON object, the same as a line of the `file` destination,
 //! so the outbox_id travels inside the event (`detail.outbox_id`): PutEvents does not let a
-//! sender choose the event's `id`. The event's `time` is the message's enqueue time.
+//! sender choose the event's `id`. The event's `time` is the message's enqueue time. A
+//! message with a creation trace context has it in `detail.headers` (`traceparent`,
+//! `tracestate`), and as the entry's `TraceHeader` in AWS X-Ray's form, which EventBridge
+//! passes on to targets that take one (Lambda, Step Functions, …).
 
 use std::time::Duration;
 
@@ -19,12 +22,26 @@ use super::{
 use crate::destination::jsonl::envelope;
 use crate::destination::{Destination, Setting, Window};
 use crate::error::ConfigError;
-use crate::message::{ClaimedMessage, Outcome};
+use crate::message::{ClaimedMessage, Outcome, TraceContext};
 
 /// Entries per `PutEvents` call.
 const MAX_ENTRIES: usize = 10;
 /// Bytes per call, as EventBridge counts an entry (time, source, detail-type, detail).
 const MAX_CALL_BYTES: usize = 256 * 1024;
+
+/// The X-Ray trace header of a W3C trace context, as OpenTelemetry's X-Ray propagator
+/// writes it: the trace id's first 8 hex digits are X-Ray's epoch part, the other 24 its
+/// unique part (`Root=1-<8>-<24>;Parent=<16>;Sampled=<0|1>`).
+fn xray_trace_header(trace: &TraceContext) -> String {
+    let id = trace.trace_id();
+    format!(
+        "Root=1-{}-{};Parent={};Sampled={}",
+        &id[..8],
+        &id[8..],
+        trace.parent_id(),
+        u8::from(trace.sampled())
+    )
+}
 
 /// `type = "eventbridge"`.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -95,6 +112,7 @@ impl EventBridge {
             .detail_type(detail_type)
             .detail(detail)
             .time(DateTime::from_millis(m.created_at.timestamp_millis()))
+            .set_trace_header(m.trace_context().map(|t| xray_trace_header(&t)))
             .build();
         Ok(Prepared {
             index,
@@ -170,5 +188,29 @@ impl Destination for EventBridge {
 
     fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move { self.client.get(Client::new).await.map(|_| ()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trace_header_is_the_trace_context_in_x_rays_form() {
+        let sampled = TraceContext::parse(
+            "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01",
+            Some("congo=t61"),
+        )
+        .unwrap();
+        assert_eq!(
+            xray_trace_header(&sampled),
+            "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+        );
+        let unsampled = TraceContext::parse(
+            "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-00",
+            None,
+        )
+        .unwrap();
+        assert!(xray_trace_header(&unsampled).ends_with(";Sampled=0"));
     }
 }

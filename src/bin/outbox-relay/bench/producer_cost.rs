@@ -1,5 +1,6 @@
 //! `bench --enqueue-connections 1,16,64`: what a producer pays per transaction for
-//! `outbox.enqueue`, against a plain INSERT with and without a notification.
+//! `outbox.enqueue`, against a plain INSERT with and without a notification, and with a
+//! trace context given as arguments or by the transaction's settings.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,7 @@ use super::{Options, connect, per_sec, progress};
 
 /// What a producer runs per transaction, measured by `--enqueue-connections`; each is
 /// compared with the plain INSERT (at `PLAIN_INSERT`).
-const PRODUCER_STATEMENTS: [(&str, &str); 4] = [
+const PRODUCER_STATEMENTS: [(&str, &str); 6] = [
     (
         "outbox.enqueue",
         "SELECT outbox.enqueue('bench', $1::bytea, NULL, '{}', NULL, NULL, 10, 'application/json')",
@@ -27,6 +28,22 @@ const PRODUCER_STATEMENTS: [(&str, &str); 4] = [
     (
         "outbox.enqueue with a jsonb payload",
         "SELECT outbox.enqueue('bench', convert_from($1, 'UTF8')::jsonb)",
+    ),
+    (
+        "outbox.enqueue with a trace context",
+        "SELECT outbox.enqueue('bench', $1::bytea, NULL, '{}', NULL, NULL, 10, 'application/json', \
+         '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', \
+         'congo=t61rcWkgMzE,rojo=00f067aa0ba902b7')",
+    ),
+    // The producer's SET LOCAL, made in the same statement (a producer makes it a statement
+    // of its own, one more round trip): the subquery's settings are made before the call.
+    (
+        "outbox.enqueue under SET LOCAL outbox.traceparent",
+        "SELECT outbox.enqueue('bench', $1::bytea, NULL, '{}', NULL, NULL, 10, 'application/json') \
+         FROM (SELECT set_config('outbox.traceparent', \
+                 '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', true), \
+               set_config('outbox.tracestate', 'congo=t61rcWkgMzE,rojo=00f067aa0ba902b7', true)) \
+              AS producer_context",
     ),
 ];
 
