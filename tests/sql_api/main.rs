@@ -5,6 +5,7 @@
 //!
 //! - [`enqueue`]: ids, headers, bytes, refused reuse, inlining, wake-ups;
 //! - [`claim`]: what a claim leases, its budget, the shards' turns, concurrent claimers;
+//! - [`topics`]: the claim's topic filters (the topics a relayer covers, those it excludes);
 //! - [`floors`]: where claims start their walks, and what the floors never pass;
 //! - [`keys`]: per-key order, runs of a key, producers committing behind a head;
 //! - [`completion`]: the lease fences of completion, extension and release;
@@ -33,6 +34,7 @@ mod repair;
 mod roles;
 mod slots;
 mod sources;
+mod topics;
 
 use std::collections::HashSet;
 

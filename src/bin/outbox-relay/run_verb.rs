@@ -17,11 +17,34 @@ use outbox_relay::store::{Store, StoreError};
 use outbox_relay::{logging, observe, probes, telemetry};
 
 /// Runs the relayer with `settings` until SIGINT/SIGTERM: one source, or many.
+/// Says at start which topics this relayer claims and which it leaves to other relayers:
+/// those its routes do not cover, and those outside `topics`.
+fn say_what_is_left_to_others(settings: &Settings) {
+    let routes = settings.dispatch.routes.described();
+    let covers_all = settings.dispatch.routes.covered().is_none();
+    match (&settings.relay.topics, covers_all) {
+        (None, true) => tracing::info!(
+            worker_id = %settings.relay.worker_id,
+            "claiming every topic (a \"*\" route covers all)"
+        ),
+        (None, false) => tracing::info!(
+            worker_id = %settings.relay.worker_id, covers = routes.join(","),
+            "claiming only the topics the routes cover; every other topic is left to other relayers"
+        ),
+        (Some(topics), _) => tracing::info!(
+            worker_id = %settings.relay.worker_id, topics = topics.join(","), covers = routes.join(","),
+            "claiming only these topics, those of them the routes cover; every other topic is left to other relayers"
+        ),
+    }
+}
+
 pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
     logging::init(settings.log_format);
     let shutdown = CancellationToken::new();
+    settings.check_catch_all()?;
     spawn_signal_handler(shutdown.clone())?;
     if settings.sources.is_many() {
+        say_what_is_left_to_others(&settings);
         return run_sources(settings, migrate, shutdown).await;
     }
 
@@ -29,6 +52,7 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
         let verb = if migrate { "run --migrate" } else { "run" };
         return Err(crate::unnamed_database(verb));
     }
+    say_what_is_left_to_others(&settings);
     let mut store = Store::connect(&settings.database_url, settings.pool_size)?
         .with_statements(settings.statements);
     if let Some(url) = &settings.listen_url {
