@@ -752,14 +752,22 @@ pub fn horizon_released(h: HorizonCulprit<'_>) {
         "MVCC horizon no longer held by it");
 }
 
-/// A topic whose ready messages no running relayer claims, named once when found.
-pub fn topic_uncovered(u: &crate::store::UncoveredTopic) {
+/// A topic whose ready messages no running relayer claims, named once when found: `ready`
+/// messages, the oldest ready for `oldest_secs`, holding `held_keys` keys whose messages on
+/// `held_topics` wait behind them.
+pub fn topic_uncovered(
+    topic: &str,
+    ready: i64,
+    oldest_secs: f64,
+    held_keys: i64,
+    held_topics: &[String],
+) {
     tracing::warn!(
-        topic = %u.topic,
-        ready = u.ready,
-        oldest_ready_age_secs = u.oldest_ready_age_secs.round(),
-        held_keys = u.held_keys,
-        held_topics = %u.held_topics.join(","),
+        topic = %topic,
+        ready,
+        oldest_ready_age_secs = oldest_secs.round(),
+        held_keys,
+        held_topics = %held_topics.join(","),
         "topic claimed by no running relayer: its ready messages wait (and, by per-key order, \
          the later messages of their keys on held_topics); start a relayer whose routes cover it"
     );
@@ -768,17 +776,14 @@ pub fn topic_uncovered(u: &crate::store::UncoveredTopic) {
 /// A topic named by [`topic_uncovered`] is claimed again (or has nothing ready any more).
 pub fn topic_covered_again(topic: &str) {
     tracing::info!(topic = %topic, "topic no longer uncovered");
-    gauge!(UNCOVERED_READY, "topic" => topic.to_owned()).set(0.0);
-    gauge!(UNCOVERED_HELD_KEYS, "topic" => topic.to_owned()).set(0.0);
+    uncovered_topic(topic, 0, 0);
 }
 
-/// The gauges of the uncovered topics.
+/// The gauges of one uncovered topic.
 #[allow(clippy::cast_precision_loss)] // counts far below 2^52
-pub fn uncovered_topics(found: &[crate::store::UncoveredTopic]) {
-    for u in found {
-        gauge!(UNCOVERED_READY, "topic" => u.topic.clone()).set(u.ready as f64);
-        gauge!(UNCOVERED_HELD_KEYS, "topic" => u.topic.clone()).set(u.held_keys as f64);
-    }
+pub fn uncovered_topic(topic: &str, ready: i64, held_keys: i64) {
+    gauge!(UNCOVERED_READY, "topic" => topic.to_owned()).set(ready as f64);
+    gauge!(UNCOVERED_HELD_KEYS, "topic" => topic.to_owned()).set(held_keys as f64);
 }
 
 /// Whether the notification listener hears its own test notification.

@@ -464,7 +464,8 @@ impl Settings {
         if kind != "stdout" && kind != "null" {
             return Ok(());
         }
-        let what = if self.dispatch.destinations.len() == 1 && self.dispatch.routes.0.len() == 1 {
+        // `--sink` names its one destination after its kind; a table has a name of its own.
+        let what = if self.dispatch.destinations.len() == 1 && destination.name == kind {
             format!("the {kind} sink")
         } else {
             format!(

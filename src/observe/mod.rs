@@ -320,14 +320,22 @@ fn watch_uncovered(found: &[UncoveredTopic], top: i32, warned: &mut HashSet<Stri
     let now: HashSet<String> = found.iter().map(|u| u.topic.clone()).collect();
     for u in found {
         if warned.insert(u.topic.clone()) {
-            telemetry::topic_uncovered(u);
+            telemetry::topic_uncovered(
+                &u.topic,
+                u.ready,
+                u.oldest_ready_age_secs,
+                u.held_keys,
+                &u.held_topics,
+            );
         }
     }
     for gone in warned.difference(&now) {
         telemetry::topic_covered_again(gone);
     }
     warned.retain(|t| now.contains(t));
-    telemetry::uncovered_topics(&found[..found.len().min(top)]);
+    for u in found.iter().take(top) {
+        telemetry::uncovered_topic(&u.topic, u.ready, u.held_keys);
+    }
 }
 
 /// Culprits are told apart by kind, pid and name: the same session in a new long

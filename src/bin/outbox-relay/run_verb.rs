@@ -41,10 +41,8 @@ fn say_what_is_left_to_others(settings: &Settings) {
 pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
     logging::init(settings.log_format);
     let shutdown = CancellationToken::new();
-    settings.check_catch_all()?;
     spawn_signal_handler(shutdown.clone())?;
     if settings.sources.is_many() {
-        say_what_is_left_to_others(&settings);
         return run_sources(settings, migrate, shutdown).await;
     }
 
@@ -52,7 +50,6 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
         let verb = if migrate { "run --migrate" } else { "run" };
         return Err(crate::unnamed_database(verb));
     }
-    say_what_is_left_to_others(&settings);
     let mut store = Store::connect(&settings.database_url, settings.pool_size)?
         .with_statements(settings.statements);
     if let Some(url) = &settings.listen_url {
@@ -75,6 +72,10 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
     }
     let metrics = telemetry::install();
     let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    // After the destinations were built: a setting that is wrong is named before the
+    // question of whether a catch-all is meant.
+    settings.check_catch_all()?;
+    say_what_is_left_to_others(&settings);
     tokio::spawn(report_unusable_destinations(dispatcher.clone()));
     let latest = observe::Latest::new(settings.observe);
     // The listener comes first: /healthz answers from the start (liveness must not depend on
@@ -138,6 +139,10 @@ async fn run_sources(settings: Settings, migrate: bool, shutdown: CancellationTo
         batch_size = settings.relay.batch_size, "starting with many sources");
     let metrics = telemetry::install();
     let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    // After the destinations were built: a setting that is wrong is named before the
+    // question of whether a catch-all is meant.
+    settings.check_catch_all()?;
+    say_what_is_left_to_others(&settings);
     tokio::spawn(report_unusable_destinations(dispatcher.clone()));
     let fleet = Arc::new(
         outbox_relay::sources::Fleet::new(
