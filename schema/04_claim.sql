@@ -95,7 +95,9 @@
 -- copy for slot n is its definition with every `outbox.messages_0 AS` reading
 -- `outbox.messages_n AS`, and every name ending in _slot0 (its own, and those of the slot 0
 -- templates it calls) ending in _slotn; with its comment (`slot 0` reading `slot n`) and
--- no grant. Called once per template by the area file (and the migration) that creates it.
+-- no grant. `outbox` stands for the template's own schema: the outbox in a schema of
+-- another name (src/store/naming.rs) is copied by the same rule. Called once per template
+-- by the area file (and the migration) that creates it.
 --
 -- Raises:     42P13 (invalid_function_definition), naming the function and what the rule
 --             expected, and creating nothing, when the name does not end in _slot0; when
@@ -118,10 +120,13 @@ DECLARE
     v_found text;
     v_copy text;
     v_oid regprocedure;
+    -- the template's schema, as its definition qualifies slot 0's table
+    v_table text;
 BEGIN
-    SELECT p.proname, pg_get_functiondef(p.oid), p.prosrc
-      INTO v_name, v_def, v_body
+    SELECT p.proname, pg_get_functiondef(p.oid), p.prosrc, n.nspname || '\.messages_'
+      INTO v_name, v_def, v_body, v_table
       FROM pg_proc AS p
+      JOIN pg_namespace AS n ON n.oid = p.pronamespace
      WHERE p.oid = p_template;
     IF v_name NOT LIKE '%\_slot0' THEN
         RAISE EXCEPTION 'copy_for_slots: % is not a slot 0 template: its name does not end in _slot0',
@@ -131,7 +136,7 @@ BEGIN
     -- slot 0's table named other than `outbox.messages_0 AS alias`: a copy would keep it
     SELECT l INTO v_found
       FROM regexp_split_to_table(v_body, E'\n') AS l
-     WHERE regexp_replace(l, '\moutbox\.messages_0 AS ', '', 'g') ~ '\mmessages_0\M'
+     WHERE regexp_replace(l, '\m' || v_table || '0 AS ', '', 'g') ~ '\mmessages_0\M'
      LIMIT 1;
     IF v_found IS NOT NULL THEN
         RAISE EXCEPTION 'copy_for_slots: % names messages_0 other than as `outbox.messages_0 AS alias`, which each copy renumbers',
@@ -145,13 +150,14 @@ BEGIN
                         p_template, v_found, right(v_found, 1)
               USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
     END IF;
-    IF v_body !~ '\moutbox\.messages_0 AS |_slot0\M' THEN
+    IF v_body !~ ('\m' || v_table || '0 AS |_slot0\M') THEN
         RAISE EXCEPTION 'copy_for_slots: % names neither `outbox.messages_0 AS alias` nor a slot 0 function: its copies would be the same function',
                         p_template
               USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
     END IF;
     FOR v_slot IN 1 .. 3 LOOP
-        v_copy := regexp_replace(v_def, '\moutbox\.messages_0 AS ', 'outbox.messages_' || v_slot || ' AS ', 'g');
+        v_copy := regexp_replace(v_def, '\m' || v_table || '0 AS ',
+                                 replace(v_table, '\', '') || v_slot || ' AS ', 'g');
         v_copy := regexp_replace(v_copy, '_slot0\M', '_slot' || v_slot, 'g');
         EXECUTE v_copy;
         v_oid := to_regprocedure(regexp_replace(p_template::text, '_slot0\(', '_slot' || v_slot || '('));

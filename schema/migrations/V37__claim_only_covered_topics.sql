@@ -9,8 +9,97 @@
 -- walk of ten arguments stays for one release, calling the new one, for the previous
 -- release's claims in flight during this migration. Each relayer reports the topics it
 -- claims (report_coverage, into the new table coverage_reports), and uncovered_topics names
--- the topics with ready messages that no running relayer claims. Contracts in full:
+-- the topics with ready messages that no running relayer claims. copy_for_slots, first
+-- called by a migration here since V34, matches slot 0's table in the template's own
+-- schema instead of `outbox`, so that an outbox in a schema of another name is copied by
+-- the same rule (its checks refused every template there). Contracts in full:
 -- 04_claim.sql, 01_tables.sql and 08_observation.sql.
+
+-- outbox.copy_for_slots (internal): creates the copies for slots 1 to 3 of a slot 0
+-- template, or refuses a function that does not follow the copying rule.
+--
+-- The rule: a slot 0 template is a function named <stem>_slot0 that names slot 0's table
+-- only as `outbox.messages_0 AS <alias>`, and no table or function of slots 1 to 3. Its
+-- copy for slot n is its definition with every `outbox.messages_0 AS` reading
+-- `outbox.messages_n AS`, and every name ending in _slot0 (its own, and those of the slot 0
+-- templates it calls) ending in _slotn; with its comment (`slot 0` reading `slot n`) and
+-- no grant. `outbox` stands for the template's own schema: the outbox in a schema of
+-- another name (src/store/naming.rs) is copied by the same rule. Called once per template
+-- by the area file (and the migration) that creates it.
+--
+-- Raises:     42P13 (invalid_function_definition), naming the function and what the rule
+--             expected, and creating nothing, when the name does not end in _slot0; when
+--             the template names messages_0 other than as `outbox.messages_0 AS alias`
+--             (a copy would keep it, reading slot 0 whatever its slot); when it names a
+--             table or function of slots 1 to 3 (every copy would keep it); or when it
+--             names neither slot 0's table nor a slot 0 function (its copies would be
+--             itself).
+CREATE OR REPLACE FUNCTION outbox.copy_for_slots(p_template regprocedure) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_rule constant text := 'A slot 0 template is named <stem>_slot0 and names slot 0''s table '
+        'only as `outbox.messages_0 AS alias`, and no table or function of slots 1 to 3; '
+        'each copy renumbers both (outbox.copy_for_slots, schema/04_claim.sql).';
+    v_name text;
+    v_def text;
+    v_body text;
+    v_found text;
+    v_copy text;
+    v_oid regprocedure;
+    -- the template's schema, as its definition qualifies slot 0's table
+    v_table text;
+BEGIN
+    SELECT p.proname, pg_get_functiondef(p.oid), p.prosrc, n.nspname || '\.messages_'
+      INTO v_name, v_def, v_body, v_table
+      FROM pg_proc AS p
+      JOIN pg_namespace AS n ON n.oid = p.pronamespace
+     WHERE p.oid = p_template;
+    IF v_name NOT LIKE '%\_slot0' THEN
+        RAISE EXCEPTION 'copy_for_slots: % is not a slot 0 template: its name does not end in _slot0',
+                        p_template
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
+    END IF;
+    -- slot 0's table named other than `outbox.messages_0 AS alias`: a copy would keep it
+    SELECT l INTO v_found
+      FROM regexp_split_to_table(v_body, E'\n') AS l
+     WHERE regexp_replace(l, '\m' || v_table || '0 AS ', '', 'g') ~ '\mmessages_0\M'
+     LIMIT 1;
+    IF v_found IS NOT NULL THEN
+        RAISE EXCEPTION 'copy_for_slots: % names messages_0 other than as `outbox.messages_0 AS alias`, which each copy renumbers',
+                        p_template
+              USING ERRCODE = 'invalid_function_definition',
+                    DETAIL = format('In the line: %s', btrim(v_found)), HINT = v_rule;
+    END IF;
+    v_found := substring(v_body FROM '\m(messages_[1-3]|[a-z0-9_]+_slot[1-3])\M');
+    IF v_found IS NOT NULL THEN
+        RAISE EXCEPTION 'copy_for_slots: % names %, of slot %: every copy would keep it',
+                        p_template, v_found, right(v_found, 1)
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
+    END IF;
+    IF v_body !~ ('\m' || v_table || '0 AS |_slot0\M') THEN
+        RAISE EXCEPTION 'copy_for_slots: % names neither `outbox.messages_0 AS alias` nor a slot 0 function: its copies would be the same function',
+                        p_template
+              USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
+    END IF;
+    FOR v_slot IN 1 .. 3 LOOP
+        v_copy := regexp_replace(v_def, '\m' || v_table || '0 AS ',
+                                 replace(v_table, '\', '') || v_slot || ' AS ', 'g');
+        v_copy := regexp_replace(v_copy, '_slot0\M', '_slot' || v_slot, 'g');
+        EXECUTE v_copy;
+        v_oid := to_regprocedure(regexp_replace(p_template::text, '_slot0\(', '_slot' || v_slot || '('));
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_oid);
+        EXECUTE format('COMMENT ON FUNCTION %s IS %L', v_oid,
+                       replace(obj_description(p_template, 'pg_proc'), 'slot 0', 'slot ' || v_slot));
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.copy_for_slots(regprocedure) IS
+    'Internal: creates the copies for slots 1 to 3 of a slot 0 template (<stem>_slot0, naming slot 0''s table only as `outbox.messages_0 AS alias`); 42P13 naming the function for one that does not follow that rule.';
+REVOKE ALL ON FUNCTION outbox.copy_for_slots(regprocedure) FROM PUBLIC;
+
 
 -- outbox.claim_shard_candidates_slot0 (internal): chooses the messages one claim takes from
 -- one shard in slot 0 and locks its heads; outbox.copy_for_slots makes the same function for
