@@ -1024,7 +1024,7 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
 async fn a_database_password_never_reaches_the_logs() {
     let log = std::env::temp_dir().join(format!("outbox-secret-{}.log", std::process::id()));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["run", "--no-telemetry"])
+        .args(["run", "--no-telemetry", "--all-topics"])
         .env(
             "DATABASE_URL",
             "postgres://relay:s3cret-pw@127.0.0.1:1/outbox",
