@@ -18,6 +18,7 @@
 --   outbox.observations               the fleet's latest observation snapshot
 --   outbox.replays                    the audit of dead-letter replays
 --   outbox.circuit_reports            each relayer's circuit state per destination
+--   outbox.coverage_reports           the topics each relayer claims
 --
 -- Who calls what: nobody but the schema owner reads or writes these tables. Producers
 -- (outbox_producer) write through outbox.enqueue, the relayer (outbox_relay) through the
@@ -782,6 +783,30 @@ COMMENT ON TABLE outbox.circuit_reports IS
     'Each relayer''s circuit state per destination (closed, open, half-open), since when, and until when the report holds; written by report_circuits, read through outbox.circuits; owner only.';
 
 REVOKE ALL ON TABLE outbox.circuit_reports FROM PUBLIC;
+
+
+-- outbox.coverage_reports: the topics each running relayer claims, as it last reported
+-- them, one row per worker: include_topics (LIKE patterns of the topics its routes cover;
+-- NULL: every topic) and topics (the exact topics it is limited to; NULL: no limit).
+-- Written by report_coverage when the relayer starts and when it renews its report (never
+-- per claim or batch), so it holds one row per relayer; a relayer that stopped renewing
+-- leaves a row that expires (expires_at), deleted an hour after that by the next report of
+-- any relayer. Read by uncovered_topics; owner only.
+CREATE TABLE outbox.coverage_reports (
+    worker_id      text        NOT NULL,
+    include_topics text[],
+    topics         text[],
+    -- when the relayer last reported it (the database's clock)
+    reported_at    timestamptz NOT NULL,
+    -- after this the report is stale: the relayer did not renew it (stopped, or cut off)
+    expires_at     timestamptz NOT NULL,
+    CONSTRAINT coverage_reports_pkey PRIMARY KEY (worker_id)
+);
+
+COMMENT ON TABLE outbox.coverage_reports IS
+    'The topics each running relayer claims (LIKE patterns of its routes, exact topics it is limited to) and until when the report holds; written by report_coverage, read by uncovered_topics; owner only.';
+
+REVOKE ALL ON TABLE outbox.coverage_reports FROM PUBLIC;
 
 
 -- outbox.source_leases: which relayers serve this outbox, when a fleet serves many outboxes

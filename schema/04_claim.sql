@@ -9,6 +9,9 @@
 -- Functions:
 --   outbox.claim_outbox_batch_seq  leases up to a batch of ready messages to one worker,
 --                                  with each message's seq
+--   outbox.claim_outbox_batch_seq (seven arguments)
+--                                  the same with every topic its other filters admit, by
+--                                  calling it; for psql and callers before p_include_topics
 --   outbox.claim_outbox_batch      the same without seq, by calling it; kept for callers of
 --                                  the claim before seq
 --   outbox.copy_for_slots          internal: copies a slot 0 template for slots 1 to 3
@@ -31,8 +34,9 @@
 -- Conventions shared by all of them:
 -- * Ready: available_at at or before the claim's start (the clock when it is called, so a
 --   message enqueued earlier in the caller's own transaction counts), no lease
---   (lease_token IS NULL), topic in p_topics when given, matching none of the LIKE
---   patterns of p_exclude_topics when given.
+--   (lease_token IS NULL), topic in p_topics when given, matching one of the LIKE
+--   patterns of p_include_topics when given and none of those of p_exclude_topics when
+--   given.
 -- * Heads and runs. A keyed message is `behind` when an earlier message of its key is
 --   pending (set by a trigger on insert, 01_tables.sql; cleared on the key's next message
 --   by the completion that deletes the head, promote_heads in 05_completion.sql). Claims
@@ -91,7 +95,9 @@
 -- copy for slot n is its definition with every `outbox.messages_0 AS` reading
 -- `outbox.messages_n AS`, and every name ending in _slot0 (its own, and those of the slot 0
 -- templates it calls) ending in _slotn; with its comment (`slot 0` reading `slot n`) and
--- no grant. Called once per template by the area file (and the migration) that creates it.
+-- no grant. `outbox` stands for the template's own schema: the outbox in a schema of
+-- another name (src/store/naming.rs) is copied by the same rule. Called once per template
+-- by the area file (and the migration) that creates it.
 --
 -- Raises:     42P13 (invalid_function_definition), naming the function and what the rule
 --             expected, and creating nothing, when the name does not end in _slot0; when
@@ -114,10 +120,13 @@ DECLARE
     v_found text;
     v_copy text;
     v_oid regprocedure;
+    -- the template's schema, as its definition qualifies slot 0's table
+    v_table text;
 BEGIN
-    SELECT p.proname, pg_get_functiondef(p.oid), p.prosrc
-      INTO v_name, v_def, v_body
+    SELECT p.proname, pg_get_functiondef(p.oid), p.prosrc, n.nspname || '\.messages_'
+      INTO v_name, v_def, v_body, v_table
       FROM pg_proc AS p
+      JOIN pg_namespace AS n ON n.oid = p.pronamespace
      WHERE p.oid = p_template;
     IF v_name NOT LIKE '%\_slot0' THEN
         RAISE EXCEPTION 'copy_for_slots: % is not a slot 0 template: its name does not end in _slot0',
@@ -127,7 +136,7 @@ BEGIN
     -- slot 0's table named other than `outbox.messages_0 AS alias`: a copy would keep it
     SELECT l INTO v_found
       FROM regexp_split_to_table(v_body, E'\n') AS l
-     WHERE regexp_replace(l, '\moutbox\.messages_0 AS ', '', 'g') ~ '\mmessages_0\M'
+     WHERE regexp_replace(l, '\m' || v_table || '0 AS ', '', 'g') ~ '\mmessages_0\M'
      LIMIT 1;
     IF v_found IS NOT NULL THEN
         RAISE EXCEPTION 'copy_for_slots: % names messages_0 other than as `outbox.messages_0 AS alias`, which each copy renumbers',
@@ -141,13 +150,14 @@ BEGIN
                         p_template, v_found, right(v_found, 1)
               USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
     END IF;
-    IF v_body !~ '\moutbox\.messages_0 AS |_slot0\M' THEN
+    IF v_body !~ ('\m' || v_table || '0 AS |_slot0\M') THEN
         RAISE EXCEPTION 'copy_for_slots: % names neither `outbox.messages_0 AS alias` nor a slot 0 function: its copies would be the same function',
                         p_template
               USING ERRCODE = 'invalid_function_definition', HINT = v_rule;
     END IF;
     FOR v_slot IN 1 .. 3 LOOP
-        v_copy := regexp_replace(v_def, '\moutbox\.messages_0 AS ', 'outbox.messages_' || v_slot || ' AS ', 'g');
+        v_copy := regexp_replace(v_def, '\m' || v_table || '0 AS ',
+                                 replace(v_table, '\', '') || v_slot || ' AS ', 'g');
         v_copy := regexp_replace(v_copy, '_slot0\M', '_slot' || v_slot, 'g');
         EXECUTE v_copy;
         v_oid := to_regprocedure(regexp_replace(p_template::text, '_slot0\(', '_slot' || v_slot || '('));
@@ -331,21 +341,31 @@ REVOKE ALL ON FUNCTION outbox.ring() FROM PUBLIC;
 --                                  required by every later call about these leases.
 --             p_lease_seconds      lease length in seconds, 1 to 86400, counted from now()
 --                                  (the start of the caller's transaction).
---             p_topics             claim only these topics (exact names); default NULL:
---                                  every topic; an empty array claims nothing.
+--             p_topics             claim only these topics (exact names); NULL: every
+--                                  topic; an empty array claims nothing.
 --             p_exclude_topics     LIKE patterns of topics not to claim (the relayer passes
 --                                  those whose destination is down, so that their attempts
---                                  are not spent); default NULL (or empty): none.
+--                                  are not spent); NULL (or empty): none.
 --             p_max_bytes          byte budget of the batch, at least 1: a message is taken
 --                                  while the payload bytes counted before it, in claim
 --                                  order, stay under the budget, so the first is always
 --                                  taken and the batch exceeds the budget by less than its
---                                  last payload; default NULL: no budget.
+--                                  last payload; NULL: no budget.
 --             p_max_message_bytes  payload limit, at least 1: a larger message is still
 --                                  leased and returned when it is unkeyed or a head (a run
 --                                  stops before it), with payload NULL, so the caller can
 --                                  dead-letter it without loading it; it counts 0 bytes
---                                  against the budget; default NULL: no limit.
+--                                  against the budget; NULL: no limit.
+--             p_include_topics     LIKE patterns (`\` escapes `%`, `_` and itself) of the
+--                                  topics to claim: a topic is claimed only when it
+--                                  matches one of them (the relayer passes those its
+--                                  routes cover, so that it never takes a message it has
+--                                  no destination for); NULL: every topic; an empty array
+--                                  claims nothing. Combined with p_topics and
+--                                  p_exclude_topics: a topic is claimed when all three
+--                                  admit it.
+--             Every argument is required: the signature of seven arguments with their
+--             defaults (below) is this claim with p_include_topics NULL.
 -- Returns:    one row per message leased, in enqueue order (seq): outbox_id; lease_token
 --             (new, random but for its last hex digit: see Leases above); topic; message_key; payload (NULL when over
 --             p_max_message_bytes); content_type; headers; attempt_no (the number the
@@ -378,7 +398,11 @@ REVOKE ALL ON FUNCTION outbox.ring() FROM PUBLIC;
 --               is now leased to p_worker_id alone, under a fresh random token.
 --             * Key order: a keyed message is returned only as its key's head (no earlier
 --               message of the key pending: leased, delayed, waiting for a retry, or parked)
---               or in the run right behind a head of the same batch. Rows come back in seq
+--               or in the run right behind a head of the same batch. The topic filters
+--               do not change it: a key's order spans topics, so a message waiting behind
+--               an earlier message of its key on a topic this claim leaves out (a topic no
+--               filter admits, one another relayer covers, or one no relayer covers) is not
+--               returned until that message is delivered or dead-lettered. Rows come back in seq
 --               order, so a run is in enqueue order. Within a shard, heads come first,
 --               oldest (available_at, seq) first, and runs take the room left, in the heads'
 --               order.
@@ -423,6 +447,9 @@ REVOKE ALL ON FUNCTION outbox.ring() FROM PUBLIC;
 --             a sort of the whole ready set; JIT off, because the disabled paths' inflated
 --             cost made it compile for 190 ms per claim. Asynchronous commit passes the
 --             turns on sooner. Details: docs/performance.md.
+--             The topic filters are checked on each entry the walk reaches, after the
+--             index gives it: entries of topics they leave out are stepped over by every
+--             claim of this caller, as leased entries are (docs/performance.md).
 --             A function of its own, not a changed claim_outbox_batch: relayers of the
 --             previous release hold prepared statements of that function's row type, and
 --             a new column would break them during a rolling upgrade (docs/upgrades.md).
@@ -430,10 +457,11 @@ CREATE OR REPLACE FUNCTION outbox.claim_outbox_batch_seq(
     p_batch_size integer,
     p_worker_id text,
     p_lease_seconds integer,
-    p_topics text[] DEFAULT NULL,
-    p_exclude_topics text[] DEFAULT NULL,
-    p_max_bytes bigint DEFAULT NULL,
-    p_max_message_bytes bigint DEFAULT NULL
+    p_topics text[],
+    p_exclude_topics text[],
+    p_max_bytes bigint,
+    p_max_message_bytes bigint,
+    p_include_topics text[]
 ) RETURNS TABLE (
     outbox_id uuid,
     lease_token uuid,
@@ -517,7 +545,8 @@ BEGIN
                     v_floors[v_shard + 1] := outbox.raise_claim_floor(v_shard, v_floors[v_shard + 1], v_raised);
                 END IF;
                 CONTINUE WHEN v_first IS NULL OR v_first > v_now;
-                CONTINUE WHEN (p_topics IS NOT NULL OR p_exclude_topics IS NOT NULL) AND NOT EXISTS (
+                CONTINUE WHEN (p_topics IS NOT NULL OR p_exclude_topics IS NOT NULL
+                               OR p_include_topics IS NOT NULL) AND NOT EXISTS (
                     SELECT 1
                       FROM outbox.messages AS c
                      WHERE (hashtext(coalesce(c.message_key, c.outbox_id::text)) & 15) = v_shard
@@ -525,6 +554,7 @@ BEGIN
                        AND c.available_at >= v_floors[v_shard + 1]
                        AND c.available_at <= v_now
                        AND (p_topics IS NULL OR c.topic = ANY (p_topics))
+                       AND (p_include_topics IS NULL OR c.topic LIKE ANY (p_include_topics))
                        AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics)));
                 v_busy := coalesce(v_busy, v_shard);
                 PERFORM 1 FROM outbox.turns AS t WHERE t.name = 'claim:' || v_shard FOR UPDATE SKIP LOCKED;
@@ -550,7 +580,7 @@ BEGIN
                       INTO v_ids, v_ctids, v_slots, v_bytes
                       FROM outbox.claim_shard_candidates_slot0(v_shard, v_floors[v_shard + 1], v_now,
                                p_batch_size - cardinality(v_ids), v_bytes, p_topics, p_exclude_topics,
-                               p_max_bytes, p_max_message_bytes, v_other) AS s;
+                               p_include_topics, p_max_bytes, p_max_message_bytes, v_other) AS s;
                 END CASE;
             END LOOP;
             EXIT WHEN cardinality(v_ids) >= p_batch_size
@@ -585,12 +615,57 @@ BEGIN
 END;
 $$;
 
+COMMENT ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint, text[]) IS
+    'Leases up to p_batch_size ready messages (unkeyed ones, heads of keys, and the runs behind keyed heads) to p_worker_id for p_lease_seconds, within the topic filters (p_topics, p_include_topics, p_exclude_topics) and byte budget; rows in enqueue order, each with its seq; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint, text[]) TO outbox_relay;
+SELECT outbox.dispatch_for_slots('outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint, text[])');
+
+
+-- outbox.claim_outbox_batch_seq (seven arguments, with defaults): the claim with
+-- p_include_topics NULL (every topic within p_topics and p_exclude_topics), by calling the
+-- claim of eight arguments. The form for psql and for callers of the claim before
+-- p_include_topics (relayers of the previous release: docs/upgrades.md); its inputs,
+-- returns, locks, guarantees, errors and crash behaviour are those of the claim it calls,
+-- and it has no rule of its own. Its defaults are the reason the claim of eight arguments
+-- has none: a call two signatures with defaults could both take is refused as ambiguous.
+CREATE OR REPLACE FUNCTION outbox.claim_outbox_batch_seq(
+    p_batch_size integer,
+    p_worker_id text,
+    p_lease_seconds integer,
+    p_topics text[] DEFAULT NULL,
+    p_exclude_topics text[] DEFAULT NULL,
+    p_max_bytes bigint DEFAULT NULL,
+    p_max_message_bytes bigint DEFAULT NULL
+) RETURNS TABLE (
+    outbox_id uuid,
+    lease_token uuid,
+    topic text,
+    message_key text,
+    payload bytea,
+    content_type text,
+    headers jsonb,
+    attempt_no integer,
+    created_at timestamptz,
+    lease_expires_at timestamptz,
+    payload_bytes bigint,
+    seq bigint
+)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT *
+      FROM outbox.claim_outbox_batch_seq(p_batch_size, p_worker_id, p_lease_seconds, p_topics,
+                                         p_exclude_topics, p_max_bytes, p_max_message_bytes,
+                                         NULL::text[])
+$$;
+
 COMMENT ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint) IS
-    'Leases up to p_batch_size ready messages (unkeyed ones, heads of keys, and the runs behind keyed heads) to p_worker_id for p_lease_seconds, within the topic filters and byte budget; rows in enqueue order, each with its seq; P7001 on a bad argument.';
+    'claim_outbox_batch_seq with p_include_topics NULL (every topic within p_topics and p_exclude_topics), by calling it: same leases, rows and errors.';
 
 REVOKE ALL ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint) TO outbox_relay;
-SELECT outbox.dispatch_for_slots('outbox.claim_outbox_batch_seq(integer, text, integer, text[], text[], bigint, bigint)');
 
 
 -- outbox.claim_outbox_batch: claim_outbox_batch_seq without the seq column, kept for the
@@ -627,7 +702,8 @@ AS $$
     SELECT c.outbox_id, c.lease_token, c.topic, c.message_key, c.payload, c.content_type,
            c.headers, c.attempt_no, c.created_at, c.lease_expires_at, c.payload_bytes
       FROM outbox.claim_outbox_batch_seq(p_batch_size, p_worker_id, p_lease_seconds, p_topics,
-                                         p_exclude_topics, p_max_bytes, p_max_message_bytes) AS c
+                                         p_exclude_topics, p_max_bytes, p_max_message_bytes,
+                                         NULL::text[]) AS c
 $$;
 
 COMMENT ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text[], text[], bigint, bigint) IS
@@ -647,7 +723,8 @@ GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text
 --             the claim's start (ready: available_at at or before it); p_room, the most ids
 --             to return (at least 1); p_used, the
 --             payload bytes the batch has counted so far; p_topics, p_exclude_topics,
---             p_max_bytes and p_max_message_bytes as the claim received them;
+--             p_include_topics, p_max_bytes and p_max_message_bytes as the claim received
+--             them;
 --             p_other_slots, whether the shard has entries in another slot: only then is
 --             a keyed head checked for an earlier message of its key in the other slots
 --             (key_pending_before), besides its own slot.
@@ -680,6 +757,7 @@ CREATE OR REPLACE FUNCTION outbox.claim_shard_candidates_slot0(
     p_used bigint,
     p_topics text[],
     p_exclude_topics text[],
+    p_include_topics text[],
     p_max_bytes bigint,
     p_max_message_bytes bigint,
     p_other_slots boolean,
@@ -719,6 +797,7 @@ BEGIN
                        AND c.available_at <= p_now
                        AND c.lease_token IS NULL
                        AND (p_topics IS NULL OR c.topic = ANY (p_topics))
+                       AND (p_include_topics IS NULL OR c.topic LIKE ANY (p_include_topics))
                        AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics))
                        AND (c.message_key IS NULL OR NOT (
                                EXISTS (SELECT 1
@@ -769,8 +848,41 @@ END;
 $$;
 
 
-COMMENT ON FUNCTION outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint, boolean) IS
+COMMENT ON FUNCTION outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], text[], bigint, bigint, boolean) IS
     'Internal: claim_shard_candidates in slot 0 (a run ends at the end of the slot).';
+REVOKE ALL ON FUNCTION outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], text[], bigint, bigint, boolean) FROM PUBLIC;
+SELECT outbox.copy_for_slots('outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], text[], bigint, bigint, boolean)');
+
+
+-- outbox.claim_shard_candidates_slot0 (internal, without p_include_topics): the walk above
+-- with p_include_topics NULL, by calling it; kept, with its copies for slots 1 to 3, for
+-- the claims of the previous release in flight while the migration that added
+-- p_include_topics runs (docs/upgrades.md). A later release's migration drops it.
+CREATE OR REPLACE FUNCTION outbox.claim_shard_candidates_slot0(
+    p_shard integer,
+    p_floor timestamptz,
+    p_now timestamptz,
+    p_room integer,
+    p_used bigint,
+    p_topics text[],
+    p_exclude_topics text[],
+    p_max_bytes bigint,
+    p_max_message_bytes bigint,
+    p_other_slots boolean,
+    OUT ids uuid[],
+    OUT ctids tid[],
+    OUT bytes bigint
+)
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT *
+      FROM outbox.claim_shard_candidates_slot0(p_shard, p_floor, p_now, p_room, p_used, p_topics,
+                                               p_exclude_topics, NULL::text[], p_max_bytes,
+                                               p_max_message_bytes, p_other_slots)
+$$;
+
+COMMENT ON FUNCTION outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint, boolean) IS
+    'Internal: claim_shard_candidates in slot 0 with p_include_topics NULL, kept for the previous release''s claims in flight.';
 REVOKE ALL ON FUNCTION outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint, boolean) FROM PUBLIC;
 SELECT outbox.copy_for_slots('outbox.claim_shard_candidates_slot0(integer, timestamptz, timestamptz, integer, bigint, text[], text[], bigint, bigint, boolean)');
 

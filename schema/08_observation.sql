@@ -21,13 +21,21 @@
 --   report_circuits(p_worker_id, p_destinations, p_states, p_since, p_ttl)
 --       a relayer's circuit states, written when one changes and renewed before they
 --       expire; EXECUTE for outbox_relay.
+--   report_coverage(p_worker_id, p_include_topics, p_topics, p_ttl)
+--       the topics a relayer claims, written at its start and renewed before it expires;
+--       EXECUTE for outbox_relay.
+--   uncovered_topics(p_older_than)
+--       the topics with messages ready for longer than p_older_than that no running
+--       relayer claims, and the keys held behind them; EXECUTE for outbox_reader and
+--       outbox_relay (each relayer's observer, `outbox-relay status`).
 --
 -- Conventions shared by all of them:
 -- * Views read the tables with the view owner's rights, and the functions are SECURITY
 --   DEFINER with search_path pg_catalog, pg_temp: readers hold no right on any table.
 -- * Everything here only reads the outbox's tables and takes no row lock on them; observe
 --   alone writes, to its own table outbox.observations, under the 'observe' turn, and
---   report_circuits to its own table outbox.circuit_reports.
+--   report_circuits to its own table outbox.circuit_reports, and report_coverage to
+--   outbox.coverage_reports.
 -- * Figures are as of one moment: now() (the reader's transaction start) in the views,
 --   clock_timestamp() at the start of the computation in the snapshot.
 -- * Message states, the same in every view and in the snapshot: ready (unleased,
@@ -601,3 +609,157 @@ COMMENT ON FUNCTION outbox.report_circuits(text, text[], text[], timestamptz[], 
 
 REVOKE ALL ON FUNCTION outbox.report_circuits(text, text[], text[], timestamptz[], interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.report_circuits(text, text[], text[], timestamptz[], interval) TO outbox_relay;
+
+
+-- outbox.report_coverage: the topics one relayer claims, so that a topic no running relayer
+-- claims can be named (uncovered_topics).
+--
+-- Inputs:     p_worker_id       the relayer's worker id
+--             p_include_topics  the claim's p_include_topics: LIKE patterns of the topics
+--                               its routes cover (NULL: every topic)
+--             p_topics          the claim's p_topics: the exact topics it is limited to
+--                               (NULL: no limit)
+--             p_ttl             how long the report holds without being renewed; 0
+--                               withdraws it (a relayer that stops)
+-- Returns:    nothing.
+-- Locks:      the row of outbox.coverage_reports of p_worker_id, and rows expired for more
+--             than an hour that no other call holds (FOR UPDATE SKIP LOCKED, never waits).
+-- Guarantees: afterwards the worker's row holds these topics, reported_at now() and
+--             expires_at now() + p_ttl (no row when p_ttl is 0). Rows of any worker
+--             expired for more than an hour are deleted.
+-- Raises:     P7001 (p_worker_id) when it is NULL or blank; P7001 (p_include_topics,
+--             p_topics) when it holds a NULL; P7001 (p_ttl) when it is NULL or negative.
+-- Crash:      nothing: one transaction; the previous report stands until it commits.
+-- Shape:      the relayer calls it at start and to renew its report (a third of the way to
+--             its expiry), never per claim or batch.
+CREATE OR REPLACE FUNCTION outbox.report_coverage(
+    p_worker_id text,
+    p_include_topics text[],
+    p_topics text[],
+    p_ttl interval
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox.check_worker_id(p_worker_id);
+    IF array_position(p_include_topics, NULL) IS NOT NULL THEN
+        PERFORM outbox.invalid_argument('p_include_topics', 'must not hold a NULL pattern');
+    END IF;
+    IF array_position(p_topics, NULL) IS NOT NULL THEN
+        PERFORM outbox.invalid_argument('p_topics', 'must not hold a NULL topic');
+    END IF;
+    IF p_ttl IS NULL OR p_ttl < interval '0' THEN
+        PERFORM outbox.invalid_argument('p_ttl', 'must be an interval of 0 or more');
+    END IF;
+
+    IF p_ttl = interval '0' THEN
+        DELETE FROM outbox.coverage_reports AS r WHERE r.worker_id = p_worker_id;
+    ELSE
+        INSERT INTO outbox.coverage_reports AS r
+               (worker_id, include_topics, topics, reported_at, expires_at)
+        VALUES (p_worker_id, p_include_topics, p_topics, now(), now() + p_ttl)
+        ON CONFLICT (worker_id) DO UPDATE
+            SET include_topics = excluded.include_topics,
+                topics = excluded.topics,
+                reported_at = excluded.reported_at,
+                expires_at = excluded.expires_at;
+    END IF;
+    -- SKIP LOCKED: two relayers cleaning up at once never wait for each other
+    DELETE FROM outbox.coverage_reports AS r
+     WHERE r.worker_id IN (
+               SELECT o.worker_id
+                 FROM outbox.coverage_reports AS o
+                WHERE o.expires_at < now() - interval '1 hour'
+                  FOR UPDATE SKIP LOCKED);
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.report_coverage(text, text[], text[], interval) IS
+    'The topics a relayer claims (LIKE patterns of its routes, exact topics it is limited to), holding for p_ttl (0 withdraws it); deletes reports expired for an hour; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.report_coverage(text, text[], text[], interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.report_coverage(text, text[], text[], interval) TO outbox_relay;
+
+
+-- outbox.uncovered_topics: the topics whose ready messages no running relayer claims.
+--
+-- Inputs:     p_older_than  how long a message must have been ready (available_at at least
+--                           this long ago) to count; 0 or more.
+-- Returns:    one row per topic that has messages ready (unleased, available_at at or
+--             before now() - p_older_than) and that no unexpired report of
+--             outbox.coverage_reports covers (a report covers a topic when its topics is
+--             NULL or holds it, and its include_topics is NULL or has a pattern it is LIKE):
+--             topic; ready (those messages); oldest_ready_age (now() minus the oldest
+--             available_at of them); held_keys (keys that have a message of this topic
+--             pending before a message of another topic: by per-key order, those messages
+--             wait for this topic's to be delivered or dead-lettered); held_topics (the
+--             other topics those messages are on, sorted). Oldest first.
+-- Locks:      nothing (reads only).
+-- Guarantees: a topic claimed by a relayer that reports (this release's relayers, through
+--             report_coverage) is not returned while its report holds. A relayer that does
+--             not report (a release before it) is not seen: during a rolling upgrade its
+--             topics may be returned.
+-- Raises:     P7001 (p_older_than) when it is NULL or negative.
+-- Shape:      reads outbox.messages whole (a sequential scan, as the observation does),
+--             grouped by topic before the reports are checked, so the patterns are matched
+--             once per topic, not per message; each uncovered topic's keyed messages are
+--             read in one more scan, and the messages behind them probed through
+--             messages_key_seq_idx.
+--             Called once per observe interval by each relayer, and by `outbox-relay
+--             status`.
+CREATE OR REPLACE FUNCTION outbox.uncovered_topics(p_older_than interval)
+RETURNS TABLE (
+    topic text,
+    ready bigint,
+    oldest_ready_age interval,
+    held_keys bigint,
+    held_topics text[]
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_older_than IS NULL OR p_older_than < interval '0' THEN
+        PERFORM outbox.invalid_argument('p_older_than', 'must be an interval of 0 or more');
+    END IF;
+    RETURN QUERY
+    WITH waiting AS (
+        SELECT m.topic, count(*) AS ready, min(m.available_at) AS oldest
+          FROM outbox.messages AS m
+         WHERE m.lease_token IS NULL
+           AND m.available_at <= now() - p_older_than
+         GROUP BY m.topic
+    ), uncovered AS (
+        SELECT w.topic, w.ready, w.oldest
+          FROM waiting AS w
+         WHERE NOT EXISTS (
+                   SELECT 1
+                     FROM outbox.coverage_reports AS r
+                    WHERE r.expires_at > now()
+                      AND (r.topics IS NULL OR w.topic = ANY (r.topics))
+                      AND (r.include_topics IS NULL OR w.topic LIKE ANY (r.include_topics)))
+    )
+    SELECT u.topic, u.ready, now() - u.oldest,
+           coalesce(h.keys, 0),
+           coalesce(h.topics, '{}')
+      FROM uncovered AS u
+      LEFT JOIN LATERAL (
+               SELECT count(DISTINCT m.message_key) AS keys,
+                      array_agg(DISTINCT b.topic ORDER BY b.topic) AS topics
+                 FROM outbox.messages AS m
+                 JOIN outbox.messages AS b
+                   ON b.message_key = m.message_key
+                  AND b.seq > m.seq
+                  AND b.topic <> m.topic
+                WHERE m.topic = u.topic
+                  AND m.message_key IS NOT NULL) AS h ON true
+     ORDER BY u.oldest, u.topic;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.uncovered_topics(interval) IS
+    'Topics with messages ready for at least p_older_than that no running relayer''s coverage report covers: how many, the oldest''s age, and the keys whose messages on other topics wait behind them; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.uncovered_topics(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.uncovered_topics(interval) TO outbox_reader, outbox_relay;

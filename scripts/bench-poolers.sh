@@ -72,7 +72,7 @@ drain() {
     start=$(date +%s.%N)
     for i in $(seq 1 "$relayers"); do
         addrs+=("127.0.0.1:$((port + i))")
-        DATABASE_URL=$url "$bin" run --sink null --worker-id "$label-$i" --statements "$statements" \
+        DATABASE_URL=$url "$bin" run --sink null --all-topics --worker-id "$label-$i" --statements "$statements" \
             --telemetry-addr "127.0.0.1:$((port + i))" 2>"$dir/$label-$i.log" &
         rp+=($!); pids+=($!)
     done
@@ -92,7 +92,7 @@ drain() {
 # delivered; the median from enqueue (the UUIDv7's time) to the delivery's attempt.
 pickup() {
     local label=$1; shift
-    DATABASE_URL=$pooled "$bin" run --sink null --worker-id "$label" --no-telemetry \
+    DATABASE_URL=$pooled "$bin" run --sink null --all-topics --worker-id "$label" --no-telemetry \
         --poll-interval-ms 5000 "$@" 2>"$dir/$label.log" &
     local r=$!; pids+=($r)
     sleep 3

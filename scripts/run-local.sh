@@ -53,4 +53,4 @@ for i in 1 2 3; do
 done
 "$relay" enqueue --topic orders.paid --key customer-1 --payload '{"order_id": 1}' >/dev/null
 echo "run-local: enqueued 4 sample messages; relaying to stdout (Ctrl-C stops)" >&2
-exec "$relay" run --sink stdout "$@"
+exec "$relay" run --sink stdout --all-topics "$@"

@@ -38,6 +38,8 @@ pub const UNNAMED_STATEMENTS: &str = "outbox_unnamed_statements";
 pub const SOURCES: &str = "outbox_sources";
 pub const PINNED_SLOTS: &str = "outbox_message_slots_pinned";
 pub const HELD_OPEN_SLOTS: &str = "outbox_message_slots_held_open_total";
+pub const UNCOVERED_READY: &str = "outbox_uncovered_ready_messages";
+pub const UNCOVERED_HELD_KEYS: &str = "outbox_uncovered_held_keys";
 /// The `state` label values of [`SOURCES`].
 pub const SOURCE_STATES: [&str; 7] = [
     "starting",
@@ -66,6 +68,16 @@ pub const SOURCE_OLDEST_READY_AGE: &str = "outbox_source_oldest_ready_age_second
 
 /// Every metric with its kind and HELP text: the one list of metric names.
 pub const METRICS: &[(&str, Kind, &str)] = &[
+    (
+        UNCOVERED_READY,
+        Kind::Gauge,
+        "Messages ready for longer than observe_uncovered_secs on a topic no running relayer claims, by topic (0 once one does).",
+    ),
+    (
+        UNCOVERED_HELD_KEYS,
+        Kind::Gauge,
+        "Keys whose messages on other topics wait behind a message of a topic no running relayer claims, by that topic.",
+    ),
     (
         CLAIMED,
         Kind::Counter,
@@ -738,6 +750,40 @@ pub fn horizon_held(h: HorizonCulprit<'_>, advice: &str, threshold: Duration) {
 pub fn horizon_released(h: HorizonCulprit<'_>) {
     tracing::info!(kind = %h.kind, pid = h.pid, name = h.name.unwrap_or(""),
         "MVCC horizon no longer held by it");
+}
+
+/// A topic whose ready messages no running relayer claims, named once when found: `ready`
+/// messages, the oldest ready for `oldest_secs`, holding `held_keys` keys whose messages on
+/// `held_topics` wait behind them.
+pub fn topic_uncovered(
+    topic: &str,
+    ready: i64,
+    oldest_secs: f64,
+    held_keys: i64,
+    held_topics: &[String],
+) {
+    tracing::warn!(
+        topic = %topic,
+        ready,
+        oldest_ready_age_secs = oldest_secs.round(),
+        held_keys,
+        held_topics = %held_topics.join(","),
+        "topic claimed by no running relayer: its ready messages wait (and, by per-key order, \
+         the later messages of their keys on held_topics); start a relayer whose routes cover it"
+    );
+}
+
+/// A topic named by [`topic_uncovered`] is claimed again (or has nothing ready any more).
+pub fn topic_covered_again(topic: &str) {
+    tracing::info!(topic = %topic, "topic no longer uncovered");
+    uncovered_topic(topic, 0, 0);
+}
+
+/// The gauges of one uncovered topic.
+#[allow(clippy::cast_precision_loss)] // counts far below 2^52
+pub fn uncovered_topic(topic: &str, ready: i64, held_keys: i64) {
+    gauge!(UNCOVERED_READY, "topic" => topic.to_owned()).set(ready as f64);
+    gauge!(UNCOVERED_HELD_KEYS, "topic" => topic.to_owned()).set(held_keys as f64);
 }
 
 /// Whether the notification listener hears its own test notification.

@@ -62,6 +62,8 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// Many sources: what to serve instead of `database_url` (empty: that one database).
     pub sources: SourcesSettings,
+    /// A `stdout` or `null` destination may take every topic (`--all-topics`).
+    pub all_topics: bool,
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
@@ -186,6 +188,7 @@ impl Settings {
             return Err(invalid("listen_url", "must not be empty"));
         }
         Ok(Settings {
+            all_topics: raw.all_topics.unwrap_or(false),
             sources,
             database_url_is_default: raw.database_url.is_none(),
             database_url: crate::connection::with_schema(
@@ -261,6 +264,12 @@ impl Settings {
                     "horizon_warn_secs",
                     raw.horizon_warn_secs.unwrap_or(300),
                     1,
+                    86_400,
+                )?),
+                uncovered_after: Duration::from_secs(ranged(
+                    "observe_uncovered_secs",
+                    raw.observe_uncovered_secs.unwrap_or(60),
+                    0,
                     86_400,
                 )?),
             },
@@ -429,6 +438,58 @@ fn sources_settings(raw: &RawConfig) -> Result<SourcesSettings, ConfigError> {
     Ok(settings)
 }
 
+impl Settings {
+    /// `run`'s check that a destination that keeps nothing for anyone else to read (`null`
+    /// drops every message, `stdout` prints it where no one may look) takes every topic only
+    /// when asked to: a catch-all of one of them (`--sink null` or `stdout` without
+    /// `--topics`, or a `*` route to one) needs `all_topics`, since it would consume the
+    /// messages other relayers are there to deliver. The other verbs read the same settings
+    /// without claiming anything, so the check is `run`'s alone.
+    pub fn check_catch_all(&self) -> Result<(), ConfigError> {
+        if self.all_topics || self.relay.topics.is_some() {
+            return Ok(());
+        }
+        let Some(index) = self
+            .dispatch
+            .routes
+            .0
+            .iter()
+            .find(|(p, _)| *p == TopicPattern::Any)
+            .map(|(_, d)| *d)
+        else {
+            return Ok(());
+        };
+        let destination = &self.dispatch.destinations[index];
+        let kind = destination.destination.kind();
+        if kind != "stdout" && kind != "null" {
+            return Ok(());
+        }
+        // `--sink` names its one destination after its kind; a table has a name of its own.
+        let what = if self.dispatch.destinations.len() == 1 && destination.name == kind {
+            format!("the {kind} sink")
+        } else {
+            format!(
+                "the \"*\" route to {kind} destination {:?}",
+                destination.name
+            )
+        };
+        Err(invalid(
+            "all_topics",
+            format!(
+                "{what} would take every topic, {}, including the messages other relayers \
+                 are there to deliver; add --all-topics (all_topics = true, \
+                 OUTBOX_ALL_TOPICS=true) if that is meant, or name the topics to take \
+                 with --topics or [[routes]]",
+                if kind == "null" {
+                    "dropping each message as delivered"
+                } else {
+                    "printing each message as delivered"
+                }
+            ),
+        ))
+    }
+}
+
 /// The destinations and routes: from `[destinations]`/`[[routes]]` when given, otherwise
 /// the one `--sink` taking every topic.
 fn dispatch_settings(
@@ -539,6 +600,38 @@ mod tests {
                 .as_str()
                 .contains(&std::process::id().to_string())
         );
+    }
+
+    #[test]
+    fn a_catch_all_stdout_or_null_sink_needs_all_topics() {
+        for sink in [None, Some("null"), Some("stdout")] {
+            let raw = RawConfig {
+                sink: sink.map(str::to_owned),
+                ..RawConfig::default()
+            };
+            let refused = settings(raw.clone())
+                .unwrap()
+                .check_catch_all()
+                .unwrap_err();
+            assert_eq!(refused.setting, "all_topics", "{sink:?}");
+            assert!(refused.problem.contains("add --all-topics"), "{refused}");
+            let asked = RawConfig {
+                all_topics: Some(true),
+                ..raw.clone()
+            };
+            assert!(settings(asked).unwrap().check_catch_all().is_ok());
+            let named = RawConfig {
+                topics: Some(vec!["orders".into()]),
+                ..raw
+            };
+            assert!(settings(named).unwrap().check_catch_all().is_ok());
+        }
+        let file = RawConfig {
+            sink: Some("file".into()),
+            sink_file: Some("/tmp/x.jsonl".into()),
+            ..RawConfig::default()
+        };
+        assert!(settings(file).unwrap().check_catch_all().is_ok());
     }
 
     #[test]

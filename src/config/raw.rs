@@ -35,6 +35,11 @@ pub struct RawConfig {
     /// Simulated destination latency of the `null` sink, per batch [default: 0].
     #[arg(long, env = "OUTBOX_NULL_LATENCY_MS", allow_negative_numbers = true)]
     pub null_latency_ms: Option<i64>,
+    /// Let a `stdout` or `null` destination take every topic the others leave (a
+    /// catch-all: `--sink null` or `stdout` without `--topics`, or a "*" route to one);
+    /// without it `run` refuses, so that a quick look consumes no other relayer's messages.
+    #[arg(long, env = "OUTBOX_ALL_TOPICS", num_args = 0..=1, default_missing_value = "true")]
+    pub all_topics: Option<bool>,
     /// Only claim messages of these topics (comma-separated) [default: all].
     #[arg(long, env = "OUTBOX_TOPICS", value_delimiter = ',')]
     pub topics: Option<Vec<String>>,
@@ -90,6 +95,14 @@ pub struct RawConfig {
         allow_negative_numbers = true
     )]
     pub observe_interval_secs: Option<i64>,
+    /// A topic whose messages have been ready this long, claimed by no running relayer, is
+    /// named (a warning, a gauge), 0..=86400 [default: 60].
+    #[arg(
+        long,
+        env = "OUTBOX_OBSERVE_UNCOVERED_SECS",
+        allow_negative_numbers = true
+    )]
+    pub observe_uncovered_secs: Option<i64>,
     /// Topics with their own label in the fleet gauges (the largest backlogs; the rest are
     /// summed as `other`), 1..=1000 [default: 10].
     #[arg(long, env = "OUTBOX_OBSERVE_TOP_TOPICS", allow_negative_numbers = true)]
@@ -283,6 +296,7 @@ impl RawConfig {
             sink_file: self.sink_file.or(fallback.sink_file),
             sink_file_fsync: self.sink_file_fsync.or(fallback.sink_file_fsync),
             null_latency_ms: self.null_latency_ms.or(fallback.null_latency_ms),
+            all_topics: self.all_topics.or(fallback.all_topics),
             topics: self.topics.or(fallback.topics),
             batch_size: self.batch_size.or(fallback.batch_size),
             max_batch_bytes: self.max_batch_bytes.or(fallback.max_batch_bytes),
@@ -297,6 +311,9 @@ impl RawConfig {
             retry_multiplier: self.retry_multiplier.or(fallback.retry_multiplier),
             repair_interval_secs: self.repair_interval_secs.or(fallback.repair_interval_secs),
             repair_limit: self.repair_limit.or(fallback.repair_limit),
+            observe_uncovered_secs: self
+                .observe_uncovered_secs
+                .or(fallback.observe_uncovered_secs),
             observe_interval_secs: self
                 .observe_interval_secs
                 .or(fallback.observe_interval_secs),

@@ -78,6 +78,8 @@ pub struct Part {
 pub struct Dispatcher {
     lanes: Vec<Lane>,
     routes: Routes,
+    /// The topics the routes cover, as the claim's `LIKE` patterns (`None`: every topic).
+    covered: Option<Vec<String>>,
     /// Notified when any destination's circuit changes state.
     circuit_changed: Arc<Notify>,
 }
@@ -105,6 +107,7 @@ impl Dispatcher {
         Ok(Self {
             lanes,
             routes: settings.routes.clone(),
+            covered: settings.routes.covered(),
             circuit_changed,
         })
     }
@@ -129,6 +132,7 @@ impl Dispatcher {
                 telemetry::Source::default(),
             )],
             routes: Routes(vec![(TopicPattern::Any, 0)]),
+            covered: None,
             circuit_changed,
         }
     }
@@ -156,6 +160,7 @@ impl Dispatcher {
                 })
                 .collect(),
             routes: self.routes.clone(),
+            covered: self.covered.clone(),
             circuit_changed,
         }
     }
@@ -183,6 +188,18 @@ impl Dispatcher {
 
     /// Notified (one stored wake-up for one waiter) when any destination's circuit
     /// changes state.
+    /// The topics this process may claim at all: those its routes cover, as `LIKE`
+    /// patterns (`None`: a `*` route covers every topic). Messages of other topics are left
+    /// to the relayers that cover them.
+    pub fn covered_topics(&self) -> Option<&[String]> {
+        self.covered.as_deref()
+    }
+
+    /// The routes' topic patterns as configured (`orders.*`), for the start-up line.
+    pub fn route_topics(&self) -> Vec<String> {
+        self.routes.described()
+    }
+
     pub fn circuit_changed(&self) -> Arc<Notify> {
         self.circuit_changed.clone()
     }

@@ -1,7 +1,7 @@
-//! Which destination each topic goes to, and the claim filter that follows from it. Routes
+//! Which destination each topic goes to, and the claim filters that follow from it. Routes
 //! are tried in order and the first whose pattern matches the topic wins. This is the only
-//! place that writes SQL `LIKE` patterns: the claim leaves unclaimed the topics of a
-//! destination that admits no work now.
+//! place that writes SQL `LIKE` patterns: the claim takes only the topics the routes cover,
+//! and leaves unclaimed the topics of a destination that admits no work now.
 
 use crate::error::ConfigError;
 
@@ -113,6 +113,29 @@ impl Routes {
             .map(|(_, d)| *d)
     }
 
+    /// The topics these routes cover, as SQL `LIKE` patterns for the claim's
+    /// `p_include_topics`: `None` when a `*` route covers every topic. A relayer claims only
+    /// these, so that it never takes a message it has no destination for.
+    pub fn covered(&self) -> Option<Vec<String>> {
+        if self.0.iter().any(|(p, _)| *p == TopicPattern::Any) {
+            return None;
+        }
+        Some(self.0.iter().map(|(p, _)| p.to_like()).collect())
+    }
+
+    /// The routes' topic patterns as written in the config (`orders.*`, `emails`), for
+    /// the start-up line that says what this relayer leaves to others.
+    pub fn described(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .map(|(p, _)| match p {
+                TopicPattern::Exact(t) => t.clone(),
+                TopicPattern::Prefix(t) => format!("{t}*"),
+                TopicPattern::Any => "*".to_owned(),
+            })
+            .collect()
+    }
+
     /// Which topics to claim, given which destinations admit work now. A pattern of a
     /// later route may also hold back topics an earlier route sends elsewhere: they wait,
     /// they are not lost.
@@ -171,6 +194,26 @@ mod tests {
         );
         assert_eq!(routes.claim_filter(|_| true), ClaimFilter::Everything);
         assert_eq!(routes.claim_filter(|d| d == 0), ClaimFilter::Nothing);
+        assert_eq!(routes.covered(), None, "a * route covers every topic");
+        let narrow = Routes::parse(
+            &[
+                RouteConfig {
+                    topic: "u.*".into(),
+                    destination: "x".into(),
+                },
+                RouteConfig {
+                    topic: "50%_off".into(),
+                    destination: "x".into(),
+                },
+            ],
+            &["x"],
+        )
+        .unwrap();
+        assert_eq!(
+            narrow.covered(),
+            Some(vec!["u.%".to_owned(), "50\\%\\_off".to_owned()])
+        );
+        assert_eq!(narrow.described(), ["u.*", "50%_off"]);
         assert!(Routes::parse(&[], &["x"]).is_err());
         assert!(TopicPattern::parse("a*b").is_err());
     }

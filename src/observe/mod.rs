@@ -13,7 +13,7 @@
 //!
 //! `render.rs` writes the fleet gauges in the Prometheus text format.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::message::WorkerId;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, UncoveredTopic};
 use crate::telemetry;
 
 mod render;
@@ -96,6 +96,9 @@ pub struct ObserveSettings {
     pub interval: Duration,
     pub top_topics: i32,
     pub horizon_threshold: Duration,
+    /// A topic whose messages have been ready this long, claimed by no running relayer, is
+    /// named.
+    pub uncovered_after: Duration,
 }
 
 impl HorizonHolder {
@@ -283,7 +286,12 @@ pub async fn run(
 ) {
     let settings = latest.settings;
     let mut warned: HashMap<String, HorizonHolder> = HashMap::new();
+    let mut uncovered: HashSet<String> = HashSet::new();
     loop {
+        match store.uncovered_topics(settings.uncovered_after).await {
+            Ok(found) => watch_uncovered(&found, settings.top_topics, &mut uncovered),
+            Err(e) => telemetry::database_error(&worker, &source, "uncovered_topics", &e),
+        }
         match fetch(&store, settings.top_topics, settings.interval).await {
             Ok(Some(observation)) => {
                 watch_horizon(
@@ -301,6 +309,32 @@ pub async fn run(
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(jittered) => {}
         }
+    }
+}
+
+/// Warns once per topic that became uncovered (no running relayer claims its ready
+/// messages), naming it with the keys it holds on other topics, and says when it is claimed
+/// again; the gauges follow the `top` oldest such topics.
+fn watch_uncovered(found: &[UncoveredTopic], top: i32, warned: &mut HashSet<String>) {
+    let top = usize::try_from(top).unwrap_or(usize::MAX);
+    let now: HashSet<String> = found.iter().map(|u| u.topic.clone()).collect();
+    for u in found {
+        if warned.insert(u.topic.clone()) {
+            telemetry::topic_uncovered(
+                &u.topic,
+                u.ready,
+                u.oldest_ready_age_secs,
+                u.held_keys,
+                &u.held_topics,
+            );
+        }
+    }
+    for gone in warned.difference(&now) {
+        telemetry::topic_covered_again(gone);
+    }
+    warned.retain(|t| now.contains(t));
+    for u in found.iter().take(top) {
+        telemetry::uncovered_topic(&u.topic, u.ready, u.held_keys);
     }
 }
 

@@ -17,11 +17,13 @@
 //! process's configuration; `gate.rs` is the [`Gate`] that stops the claims of a relay
 //! whose source's slot lease may have lapsed (many sources). Two helpers run beside the
 //! loop for as long as it runs: `janitor.rs` (lease repair and the rotation of the
-//! message slots) and `circuit_reports.rs` (each destination's circuit state, reported to
-//! the database for `status`).
+//! message slots), `circuit_reports.rs` (each destination's circuit state, reported to
+//! the database for `status`) and `coverage_reports.rs` (the topics this relayer claims,
+//! reported so that a topic none claims is named).
 
 mod circuit_reports;
 mod complete;
+mod coverage_reports;
 mod gate;
 mod janitor;
 mod leases;
@@ -42,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::{ClaimFilter, Dispatcher, Part};
 use crate::message::{ClaimedMessage, Outcome, WorkerId};
-use crate::store::{ClaimSizes, Store, StoreError};
+use crate::store::{ClaimSizes, Store, StoreError, TopicFilter};
 use crate::telemetry;
 
 /// What the relay did with the messages it claimed.
@@ -164,7 +166,10 @@ impl Relay {
                 self.worker(),
                 self.settings.lease_secs,
                 self.settings.topics.as_deref(),
-                held_back.as_deref(),
+                TopicFilter {
+                    include: self.dispatcher.covered_topics(),
+                    exclude: held_back.as_deref(),
+                },
                 ClaimSizes {
                     max_batch_bytes: Some(self.settings.max_batch_bytes),
                     max_message_bytes: Some(self.settings.max_message_bytes),
@@ -201,6 +206,14 @@ impl Relay {
             self.worker().clone(),
             self.source.clone(),
             self.dispatcher.clone(),
+            background.clone(),
+        ));
+        helpers.spawn(coverage_reports::run(
+            self.store.clone(),
+            self.worker().clone(),
+            self.source.clone(),
+            self.dispatcher.clone(),
+            self.settings.topics.clone(),
             background.clone(),
         ));
 

@@ -23,6 +23,15 @@ pub struct ClaimSizes {
     pub max_message_bytes: Option<i64>,
 }
 
+/// The claim's topic patterns (SQL `LIKE`; `None`: no filter of that kind).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TopicFilter<'a> {
+    /// Claim only topics matching one of these: the topics this relayer's routes cover.
+    pub include: Option<&'a [String]>,
+    /// Claim no topic matching one of these: destinations that admit no work now.
+    pub exclude: Option<&'a [String]>,
+}
+
 /// Result of one `repair_expired_leases` pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Repair {
@@ -32,20 +41,22 @@ pub struct Repair {
 
 impl Store {
     /// `outbox.claim_outbox_batch_seq`: leases up to `batch_size` ready messages of `topics`
-    /// (all when `None`) whose topic matches none of the LIKE patterns in `exclude`, within
-    /// the byte limits of `sizes`.
+    /// (all when `None`) whose topic matches one of the LIKE patterns of `filter.include`
+    /// (all when `None`) and none of those of `filter.exclude`, within the byte limits of
+    /// `sizes`.
     pub async fn claim(
         &self,
         batch_size: i32,
         worker: &WorkerId,
         lease_secs: i32,
         topics: Option<&[String]>,
-        exclude: Option<&[String]>,
+        filter: TopicFilter<'_>,
         sizes: ClaimSizes,
     ) -> Result<Vec<ClaimedMessage>> {
+        let TopicFilter { include, exclude } = filter;
         let rows = self
             .leasing_query(
-                "SELECT * FROM outbox.claim_outbox_batch_seq($1, $2, $3, $4, $5, $6, $7)",
+                "SELECT * FROM outbox.claim_outbox_batch_seq($1, $2, $3, $4, $5, $6, $7, $8)",
                 &[
                     (&batch_size, Type::INT4),
                     (&worker.as_str(), Type::TEXT),
@@ -54,6 +65,7 @@ impl Store {
                     (&exclude, Type::TEXT_ARRAY),
                     (&sizes.max_batch_bytes, Type::INT8),
                     (&sizes.max_message_bytes, Type::INT8),
+                    (&include, Type::TEXT_ARRAY),
                 ],
             )
             .await?;

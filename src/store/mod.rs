@@ -59,9 +59,9 @@ pub use fill::{
     fill_messages, fill_messages_numbered, fill_messages_returning_ids,
     fill_messages_returning_ids_in,
 };
-pub use lease::{ClaimSizes, Repair};
+pub use lease::{ClaimSizes, Repair, TopicFilter};
 pub use listen::{ListenerHealth, NOTIFY_CHANNEL};
-pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, Status};
+pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, Status, UncoveredTopic};
 pub use pooler::{Pooling, STATEMENT_POOLING};
 pub use slots::Rotation;
 pub use sources::SourceTurn;

@@ -1,7 +1,9 @@
 //! What the database says about the outbox as a whole: `outbox.observe` (the fleet's
 //! snapshot, computed by one process per interval; `observe` reads its JSON), the
-//! `outbox.status` view, and the destinations' circuits as the relayers report them
-//! (`outbox.report_circuits`, the `outbox.circuits` view; `outbox-relay status`).
+//! `outbox.status` view, the destinations' circuits as the relayers report them
+//! (`outbox.report_circuits`, the `outbox.circuits` view; `outbox-relay status`), and the
+//! topics the relayers claim (`outbox.report_coverage`) with those none claims
+//! (`outbox.uncovered_topics`).
 
 use std::time::Duration;
 
@@ -55,7 +57,75 @@ pub struct ReportedCircuit {
     pub stale: bool,
 }
 
+/// A row of `outbox.uncovered_topics`: a topic whose ready messages no running relayer
+/// claims.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct UncoveredTopic {
+    pub topic: String,
+    /// Messages of the topic ready for longer than the bound asked for.
+    pub ready: i64,
+    /// How long the oldest of them has been ready, in seconds.
+    pub oldest_ready_age_secs: f64,
+    /// Keys with a message of this topic pending before a message of another topic: by
+    /// per-key order, those wait for this topic's.
+    pub held_keys: i64,
+    /// The other topics those waiting messages are on.
+    pub held_topics: Vec<String>,
+}
+
 impl Store {
+    /// `outbox.report_coverage`: the topics `worker` claims (`include`: the routes' `LIKE`
+    /// patterns, `None` for every topic; `topics`: the exact topics it is limited to),
+    /// holding for `ttl` unless renewed; a zero `ttl` withdraws the report.
+    pub async fn report_coverage(
+        &self,
+        worker: &WorkerId,
+        include: Option<&[String]>,
+        topics: Option<&[String]>,
+        ttl: Duration,
+    ) -> Result<()> {
+        self.client()
+            .await?
+            .query_typed(
+                &self.sql("SELECT outbox.report_coverage($1, $2, $3, make_interval(secs => $4))"),
+                &[
+                    (&worker.as_str(), Type::TEXT),
+                    (&include, Type::TEXT_ARRAY),
+                    (&topics, Type::TEXT_ARRAY),
+                    (&ttl.as_secs_f64(), Type::FLOAT8),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `outbox.uncovered_topics`: topics with messages ready for at least `older_than` that
+    /// no running relayer claims, oldest first.
+    pub async fn uncovered_topics(&self, older_than: Duration) -> Result<Vec<UncoveredTopic>> {
+        let rows = self
+            .client()
+            .await?
+            .query_typed(
+                &self.sql(
+                    "SELECT topic, ready, extract(epoch FROM oldest_ready_age)::float8, \
+                            held_keys, held_topics \
+                       FROM outbox.uncovered_topics(make_interval(secs => $1))",
+                ),
+                &[(&older_than.as_secs_f64(), Type::FLOAT8)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| UncoveredTopic {
+                topic: r.get(0),
+                ready: r.get(1),
+                oldest_ready_age_secs: r.get(2),
+                held_keys: r.get(3),
+                held_topics: r.get(4),
+            })
+            .collect())
+    }
+
     /// `outbox.report_circuits`: `worker`'s circuits, every destination of it, holding for
     /// `ttl` unless renewed; its reports of other destinations are deleted (none: all).
     pub async fn report_circuits(

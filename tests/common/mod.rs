@@ -464,6 +464,10 @@ impl Relayer {
             .args(["--worker-id", worker_id])
             .args(args)
             .env("DATABASE_URL", url)
+            // Each test's relayers serve a database of the test's own: a catch-all stdout or
+            // null sink there takes nobody else's messages (tests of the refusal run the
+            // binary through `verb`, which does not set it).
+            .env("OUTBOX_ALL_TOPICS", "true")
             // TEST_RUST_LOG=outbox_relay=debug (say) gives the relayers' logs more detail.
             .env(
                 "RUST_LOG",

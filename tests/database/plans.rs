@@ -45,9 +45,15 @@ async fn explaining(url: &str) -> (Client, Arc<Mutex<Vec<String>>>) {
     (client, plans)
 }
 
-/// The claims whose plans are checked: the relayer's, and the one kept for relayers of the
-/// previous release (the same statements; both run during a rolling upgrade).
-const CLAIMS: [&str; 2] = ["claim_outbox_batch_seq", "claim_outbox_batch"];
+/// The claims whose plans are checked: the relayer's (with and without the topics its routes
+/// cover), and the one kept for relayers of the previous release (the same statements; both
+/// run during a rolling upgrade).
+const CLAIMS: [&str; 3] = [
+    "claim_outbox_batch_seq(500, 'w', 30)",
+    "claim_outbox_batch(500, 'w', 30)",
+    // A relayer whose routes cover some topics (all of these, here).
+    "claim_outbox_batch_seq(500, 'w', 30, NULL, NULL, NULL, NULL, ARRAY['pl%', 'x\\_y'])",
+];
 
 /// Seven rounds (past plpgsql's five custom plans, into its generic one) of: claim 500 with
 /// `outbox.<claim>`, extend them, release the last 100, complete the rest. Returns every plan
@@ -57,7 +63,7 @@ async fn hot_path_plans(url: &str, claim: &str) -> Vec<String> {
     for _ in 0..7 {
         let rows = c
             .query(
-                &format!("SELECT outbox_id, lease_token FROM outbox.{claim}(500, 'w', 30)"),
+                &format!("SELECT outbox_id, lease_token FROM outbox.{claim}"),
                 &[],
             )
             .await

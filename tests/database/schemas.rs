@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{TestDb, connect, eventually, text, verb};
 use outbox_relay::connection::with_schema;
 use outbox_relay::message::{NewMessage, WorkerId};
-use outbox_relay::store::{ClaimSizes, Store};
+use outbox_relay::store::{ClaimSizes, Store, TopicFilter};
 
 fn sizes() -> ClaimSizes {
     ClaimSizes {
@@ -99,12 +99,15 @@ async fn two_schemas_beside_the_default_one_are_three_independent_outboxes() {
     let worker = WorkerId::new("w1");
     for store in [&b, &default] {
         let none = store
-            .claim(10, &worker, 30, None, None, sizes())
+            .claim(10, &worker, 30, None, TopicFilter::default(), sizes())
             .await
             .unwrap();
         assert!(none.is_empty(), "{} claimed {none:?}", store.schema());
     }
-    let claimed = a.claim(10, &worker, 30, None, None, sizes()).await.unwrap();
+    let claimed = a
+        .claim(10, &worker, 30, None, TopicFilter::default(), sizes())
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].id, id);
     let pending = |schema: &'static str| {

@@ -5,7 +5,7 @@ use crate::common;
 
 use common::TestDb;
 use outbox_relay::message::{AttemptState, Completion, LeaseToken, NewMessage, WorkerId};
-use outbox_relay::store::StoreError;
+use outbox_relay::store::{StoreError, TopicFilter};
 
 #[tokio::test]
 async fn migrate_is_idempotent() {
@@ -33,7 +33,14 @@ async fn lease_lost_and_invalid_arguments_become_typed_errors() {
         .await
         .unwrap();
     let batch = store
-        .claim(10, &worker, 30, None, None, Default::default())
+        .claim(
+            10,
+            &worker,
+            30,
+            None,
+            TopicFilter::default(),
+            Default::default(),
+        )
         .await
         .unwrap();
     assert_eq!(batch.len(), 1);
@@ -55,7 +62,14 @@ async fn lease_lost_and_invalid_arguments_become_typed_errors() {
     assert!(results[0].lease_lost);
 
     match store
-        .claim(0, &worker, 30, None, None, Default::default())
+        .claim(
+            0,
+            &worker,
+            30,
+            None,
+            TopicFilter::default(),
+            Default::default(),
+        )
         .await
     {
         Err(StoreError::InvalidArgument(msg)) => assert!(msg.contains("p_batch_size"), "{msg}"),
@@ -267,7 +281,14 @@ async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
         if turns.is_some() {
             // While the only turn is taken, a claim waits and an extension does not.
             let taken = shared.take(false).await;
-            let claim = stores[0].claim(10, &worker, 30, None, None, Default::default());
+            let claim = stores[0].claim(
+                10,
+                &worker,
+                30,
+                None,
+                TopicFilter::default(),
+                Default::default(),
+            );
             assert!(
                 tokio::time::timeout(Duration::from_millis(300), claim)
                     .await
@@ -283,7 +304,14 @@ async fn stores_sharing_turns_run_their_leasing_calls_one_at_a_time() {
             );
             drop(taken);
             stores[0]
-                .claim(10, &worker, 30, None, None, Default::default())
+                .claim(
+                    10,
+                    &worker,
+                    30,
+                    None,
+                    TopicFilter::default(),
+                    Default::default(),
+                )
                 .await
                 .unwrap();
         }
@@ -307,7 +335,14 @@ async fn a_backlogged_store_leaves_turns_to_the_others() {
     let backlogged = db.store().with_turns(turns.clone());
     let quiet = db.store().with_turns(turns.clone());
     let claimed = backlogged
-        .claim(10, &worker, 30, None, None, Default::default())
+        .claim(
+            10,
+            &worker,
+            30,
+            None,
+            TopicFilter::default(),
+            Default::default(),
+        )
         .await
         .unwrap();
     assert_eq!(claimed.len(), 10, "the first claim comes back full");
@@ -350,7 +385,14 @@ async fn adaptive_turns_run_a_backlog_one_call_at_a_time_while_quiet_sources_flo
         let (store, worker) = (store.clone(), worker.clone());
         async move {
             store
-                .claim(limit, &worker, 30, None, None, Default::default())
+                .claim(
+                    limit,
+                    &worker,
+                    30,
+                    None,
+                    TopicFilter::default(),
+                    Default::default(),
+                )
                 .await
                 .unwrap()
                 .len()
@@ -492,7 +534,14 @@ fn spawn_claim(
     let (store, worker) = (store.clone(), worker.clone());
     tokio::spawn(async move {
         store
-            .claim(10, &worker, 30, None, None, Default::default())
+            .claim(
+                10,
+                &worker,
+                30,
+                None,
+                TopicFilter::default(),
+                Default::default(),
+            )
             .await
     })
 }

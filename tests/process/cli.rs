@@ -405,8 +405,15 @@ fn the_verbs_that_write_refuse_the_default_database_and_name_the_fix() {
         &["repair"],
         &["replay", "--all"],
         &["migrate"],
-        &["run", "--migrate", "--sink", "null", "--no-telemetry"],
-        &["run", "--sink", "null", "--no-telemetry"],
+        &[
+            "run",
+            "--migrate",
+            "--sink",
+            "null",
+            "--all-topics",
+            "--no-telemetry",
+        ],
+        &["run", "--sink", "null", "--all-topics", "--no-telemetry"],
     ] {
         let out = without_a_database(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

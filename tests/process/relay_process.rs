@@ -1024,7 +1024,7 @@ async fn invalid_config_refuses_to_start_naming_the_setting() {
 async fn a_database_password_never_reaches_the_logs() {
     let log = std::env::temp_dir().join(format!("outbox-secret-{}.log", std::process::id()));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["run", "--no-telemetry"])
+        .args(["run", "--no-telemetry", "--all-topics"])
         .env(
             "DATABASE_URL",
             "postgres://relay:s3cret-pw@127.0.0.1:1/outbox",
@@ -1245,5 +1245,152 @@ async fn a_hot_key_keeps_its_order_through_four_workers_and_kills() {
         .unwrap()
         .get(0);
     assert!(workers_used > 1, "several workers took part");
+    db.finish().await;
+}
+
+/// A `[destinations.d]` file destination at `path` with one route, `topic`.
+fn routed_to_file(db: &TestDb, name: &str, topic: &str, path: &std::path::Path) -> String {
+    let config = db.scratch_dir().join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.d]\ntype = \"file\"\npath = \"{}\"\n\n[[routes]]\ntopic = \"{topic}\"\ndestination = \"d\"\n",
+            path.display()
+        ),
+    )
+    .unwrap();
+    config.display().to_string()
+}
+
+/// Item 7 of issue 55: a relayer whose routes cover only `u.*` claims only those topics;
+/// the 5 messages of `slow.topic` stay pending, unleased and unattempted, and are named as
+/// claimed by no running relayer once ready for longer than the bound (the gauge, the
+/// `status` line), until a relayer that covers them delivers them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_narrow_relayer_leaves_the_topics_it_does_not_cover_to_the_relayer_that_does() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let slow: HashSet<Uuid> = fill(&c, "slow.topic", 5, None).await.into_iter().collect();
+    let covered: HashSet<Uuid> = fill(&c, "u.created", 5, None).await.into_iter().collect();
+    let u_out = db.scratch_dir().join("u.jsonl");
+    let narrow_config = routed_to_file(&db, "narrow", "u.*", &u_out);
+    let telemetry = format!("127.0.0.1:{}", free_port());
+    let mut narrow = Relayer::start(
+        &db,
+        "narrow",
+        &[
+            "--config",
+            &narrow_config,
+            "--poll-interval-ms",
+            "50",
+            "--observe-interval-secs",
+            "1",
+            "--observe-uncovered-secs",
+            "1",
+            "--telemetry-addr",
+            &telemetry,
+        ],
+    );
+    eventually(MINUTE, "the covered topic delivered", || async {
+        pending(&c).await == 5
+    })
+    .await;
+    // The sleep is the behaviour: some twenty polls of the narrow relayer over the rest.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let left = c
+        .query_one(
+            "SELECT count(*) FILTER (WHERE topic = 'slow.topic' AND lease_token IS NULL \
+                                       AND attempt_count = 0), count(*) \
+               FROM outbox.messages",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((left.get::<_, i64>(0), left.get::<_, i64>(1)), (5, 5));
+    assert!(dead_letters(&c).await.is_empty());
+    assert_eq!(
+        ids(&lines(&u_out)).into_iter().collect::<HashSet<_>>(),
+        covered
+    );
+    // Named once ready for longer than the bound: the gauge, and status's line.
+    eventually(MINUTE, "the uncovered topic's gauge", || async {
+        narrow.metric("outbox_uncovered_ready_messages").await == Some(5.0)
+    })
+    .await;
+    let status = |bound: &'static str| {
+        let out = common::verb(&["status", "--uncovered-secs", bound], &db.url);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let named = status("1");
+    assert!(
+        named.contains("uncovered: topic \"slow.topic\": 5 ready")
+            && !named.contains("uncovered: topic \"u."),
+        "{named}"
+    );
+    assert!(!status("3600").contains("uncovered:"));
+
+    let slow_out = db.scratch_dir().join("slow.jsonl");
+    let wide_config = routed_to_file(&db, "wide", "slow.*", &slow_out);
+    let mut wide = Relayer::start(&db, "wide", &["--config", &wide_config, "--no-telemetry"]);
+    eventually(MINUTE, "the other topic delivered", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    assert_eq!(
+        ids(&lines(&slow_out)).into_iter().collect::<HashSet<_>>(),
+        slow
+    );
+    eventually(MINUTE, "the gauge back to 0", || async {
+        narrow.metric("outbox_uncovered_ready_messages").await == Some(0.0)
+    })
+    .await;
+    let h = histories(&c).await;
+    for id in &slow {
+        assert_eq!(h[id], ["1:DISPATCHED:wide"], "{id}");
+    }
+    for w in [&mut narrow, &mut wide] {
+        w.signal("TERM");
+        assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+    }
+    db.finish().await;
+}
+
+/// A `null` (or `stdout`) sink taking every topic would swallow what other relayers are
+/// there to deliver: `run` refuses it, naming the flag, unless `--all-topics` says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_catch_all_null_sink_is_refused_without_all_topics_and_claims_all_with_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, "a", 3, None).await;
+    fill(&c, "b", 3, None).await;
+    for sink in ["null", "stdout"] {
+        let out = common::verb(&["run", "--sink", sink, "--no-telemetry"], &db.url);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{sink}: {stderr}");
+        assert!(
+            stderr.contains("all_topics")
+                && stderr.contains(&format!("the {sink} sink would take every topic"))
+                && stderr.contains("add --all-topics"),
+            "{sink}: {stderr}"
+        );
+    }
+    assert_eq!(pending(&c).await, 6, "the refused relayers claimed nothing");
+    assert_eq!(
+        common::count(&c, "SELECT count(*) FROM outbox.attempts").await,
+        0
+    );
+
+    let mut w = Relayer::start(
+        &db,
+        "all",
+        &["--sink", "null", "--all-topics", "--no-telemetry"],
+    );
+    eventually(MINUTE, "every topic delivered", || async {
+        pending(&c).await == 0
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
     db.finish().await;
 }

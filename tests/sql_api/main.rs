@@ -6,6 +6,7 @@
 //! - [`enqueue`]: ids, headers, bytes, refused reuse, inlining, wake-ups;
 //! - [`trace_context`]: the creation trace context taken at enqueue, checked and stored;
 //! - [`claim`]: what a claim leases, its budget, the shards' turns, concurrent claimers;
+//! - [`topics`]: the claim's topic filters (the topics a relayer covers, those it excludes);
 //! - [`floors`]: where claims start their walks, and what the floors never pass;
 //! - [`keys`]: per-key order, runs of a key, producers committing behind a head;
 //! - [`completion`]: the lease fences of completion, extension and release;
@@ -35,6 +36,7 @@ mod roles;
 mod slots;
 mod sources;
 mod trace_context;
+mod topics;
 
 use std::collections::HashSet;
 

@@ -17,6 +17,27 @@ use outbox_relay::store::{Store, StoreError};
 use outbox_relay::{logging, observe, probes, telemetry};
 
 /// Runs the relayer with `settings` until SIGINT/SIGTERM: one source, or many.
+/// Says at start which topics this relayer claims and which it leaves to other relayers:
+/// those its routes do not cover, and those outside `topics`.
+fn say_what_is_left_to_others(settings: &Settings) {
+    let routes = settings.dispatch.routes.described();
+    let covers_all = settings.dispatch.routes.covered().is_none();
+    match (&settings.relay.topics, covers_all) {
+        (None, true) => tracing::info!(
+            worker_id = %settings.relay.worker_id,
+            "claiming every topic (a \"*\" route covers all)"
+        ),
+        (None, false) => tracing::info!(
+            worker_id = %settings.relay.worker_id, covers = routes.join(","),
+            "claiming only the topics the routes cover; every other topic is left to other relayers"
+        ),
+        (Some(topics), _) => tracing::info!(
+            worker_id = %settings.relay.worker_id, topics = topics.join(","), covers = routes.join(","),
+            "claiming only these topics, those of them the routes cover; every other topic is left to other relayers"
+        ),
+    }
+}
+
 pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
     logging::init(settings.log_format);
     let shutdown = CancellationToken::new();
@@ -51,6 +72,10 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
     }
     let metrics = telemetry::install();
     let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    // After the destinations were built: a setting that is wrong is named before the
+    // question of whether a catch-all is meant.
+    settings.check_catch_all()?;
+    say_what_is_left_to_others(&settings);
     tokio::spawn(report_unusable_destinations(dispatcher.clone()));
     let latest = observe::Latest::new(settings.observe);
     // The listener comes first: /healthz answers from the start (liveness must not depend on
@@ -114,6 +139,10 @@ async fn run_sources(settings: Settings, migrate: bool, shutdown: CancellationTo
         batch_size = settings.relay.batch_size, "starting with many sources");
     let metrics = telemetry::install();
     let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    // After the destinations were built: a setting that is wrong is named before the
+    // question of whether a catch-all is meant.
+    settings.check_catch_all()?;
+    say_what_is_left_to_others(&settings);
     tokio::spawn(report_unusable_destinations(dispatcher.clone()));
     let fleet = Arc::new(
         outbox_relay::sources::Fleet::new(

@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use futures_util::stream::{self, StreamExt};
 use outbox_relay::observe::{self, Observation, TopicFigures};
 use outbox_relay::sources::SourcesSettings;
-use outbox_relay::store::{ReportedCircuit, Status, Store};
+use outbox_relay::store::{ReportedCircuit, Status, Store, UncoveredTopic};
 
 use crate::all_sources;
 
@@ -39,6 +39,11 @@ pub struct Args {
     #[arg(long, env = "OUTBOX_HORIZON_WARN_SECS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     horizon_warn_secs: u64,
+    /// A topic whose messages have been ready this long, claimed by no running relayer, is
+    /// named, 0..=86400.
+    #[arg(long, env = "OUTBOX_OBSERVE_UNCOVERED_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    uncovered_secs: u64,
     /// Every source of a many-source configuration, a line each: backlog, oldest ready
     /// age, dead letters, who serves it, its health.
     #[arg(long, conflicts_with_all = ["watch", "topic"])]
@@ -190,13 +195,15 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     if !args.watch {
         // Whether LISTEN through this URL hears (not through a transaction pooler), asked
         // while the observation is read.
-        let (o, heard, reports) = tokio::join!(
+        let (o, heard, reports, uncovered) = tokio::join!(
             observe(Duration::ZERO),
             store.wake_ups_heard(Duration::from_secs(1)),
-            store.circuits()
+            store.circuits(),
+            store.uncovered_topics(Duration::from_secs(args.uncovered_secs))
         );
         let o = o?;
         let reports = reports.context("status: the circuits")?;
+        let uncovered = uncovered.context("status: the uncovered topics")?;
         let rates = last_minute(store, &o).await?;
         let wake_ups = match heard {
             Ok(true) => "heard",
@@ -220,12 +227,21 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             value["messages_table"] = serde_json::to_value(&o.snapshot.messages_table)?;
             value["problems"] = serde_json::to_value(problems)?;
             value["circuits"] = serde_json::to_value(circuits(&reports))?;
+            value["uncovered_topics"] = serde_json::to_value(&uncovered)?;
             value["wake_ups"] = wake_ups.into();
             outln!("{}", serde_json::to_string(&value)?);
         } else {
             out!(
                 "{}",
-                render(args, &o, &rates, &reports, None, horizon_threshold)
+                render(
+                    args,
+                    &o,
+                    &rates,
+                    &reports,
+                    &uncovered,
+                    None,
+                    horizon_threshold
+                )
             );
             if wake_ups == "deaf" {
                 outln!(
@@ -243,6 +259,10 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     loop {
         let o = observe(Duration::from_secs(1)).await?;
         let reports = store.circuits().await.context("status: the circuits")?;
+        let uncovered = store
+            .uncovered_topics(Duration::from_secs(args.uncovered_secs))
+            .await
+            .context("status: the uncovered topics")?;
         let rates = last_minute(store, &o).await?;
         let now = Instant::now();
         let shown = totals(o.snapshot.topics.iter().filter(|t| wanted(args, t)));
@@ -251,7 +271,15 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             #[allow(clippy::cast_precision_loss)] // counts far below 2^52
             (secs > 0.0).then(|| (pending(&shown) - pending(before)) as f64 / secs)
         });
-        let screen = render(args, &o, &rates, &reports, change, horizon_threshold);
+        let screen = render(
+            args,
+            &o,
+            &rates,
+            &reports,
+            &uncovered,
+            change,
+            horizon_threshold,
+        );
         if terminal {
             // Home the cursor and clear the screen, then draw: `top`'s way.
             out!("\x1b[H\x1b[2J{screen}");
@@ -277,6 +305,7 @@ fn render(
     o: &Observation,
     rates: &LastMinute,
     reports: &[ReportedCircuit],
+    uncovered: &[UncoveredTopic],
     backlog_change_per_sec: Option<f64>,
     horizon_threshold: Duration,
 ) -> String {
@@ -354,6 +383,7 @@ fn render(
         );
     }
     render_circuits(&mut out, reports);
+    render_uncovered(&mut out, uncovered);
     let problems = observe::diagnose(s, horizon_threshold);
     if problems.is_empty() {
         let oldest = s
@@ -373,6 +403,30 @@ fn render(
         }
     }
     out
+}
+
+/// The topics no running relayer claims, a line each, with the keys they hold on other
+/// topics; nothing when every topic with ready messages is claimed.
+fn render_uncovered(out: &mut String, uncovered: &[UncoveredTopic]) {
+    for u in uncovered {
+        let _ = write!(
+            out,
+            "uncovered: topic {:?}: {} ready, the oldest for {:.0}s, claimed by no running relayer",
+            u.topic, u.ready, u.oldest_ready_age_secs
+        );
+        if u.held_keys > 0 {
+            let _ = write!(
+                out,
+                "; it holds {} key(s) whose messages on {} wait behind it",
+                u.held_keys,
+                u.held_topics.join(", ")
+            );
+        }
+        let _ = writeln!(
+            out,
+            " (start a relayer whose routes cover it, or widen a relayer's routes)"
+        );
+    }
 }
 
 /// The circuits as the relayers last reported them, a line per destination and state.

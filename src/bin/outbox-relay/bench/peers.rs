@@ -34,7 +34,7 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use outbox_relay::message::{AttemptState, Completion, WorkerId};
-use outbox_relay::store::{ClaimSizes, Store, fill_messages, with_database};
+use outbox_relay::store::{ClaimSizes, Store, TopicFilter, fill_messages, with_database};
 
 use super::{
     Options, Recorder, bare_drain, connect, median, per_sec, progress, settle, shutdown_relays,
@@ -380,7 +380,14 @@ async fn function_drain(url: &str, batch: i32, w: u32) -> Result<()> {
     let mut empty = 0;
     loop {
         let claimed = store
-            .claim(batch, &worker, 30, None, None, ClaimSizes::default())
+            .claim(
+                batch,
+                &worker,
+                30,
+                None,
+                TopicFilter::default(),
+                ClaimSizes::default(),
+            )
             .await?;
         if claimed.is_empty() {
             // Another client may hold the turn of every shard with messages left.
