@@ -86,6 +86,9 @@ pub struct Part {
 
 pub struct Dispatcher {
     lanes: Vec<Lane>,
+    /// With export on, the span maker (of the lanes' `send` spans, and the relay's
+    /// leasing calls).
+    spans: Option<Spans>,
     routes: Routes,
     /// Notified when any destination's circuit changes state.
     circuit_changed: Arc<Notify>,
@@ -114,6 +117,7 @@ impl Dispatcher {
             .collect::<Result<Vec<_>, ConfigError>>()?;
         Ok(Self {
             lanes,
+            spans: None,
             routes: settings.routes.clone(),
             circuit_changed,
         })
@@ -139,6 +143,7 @@ impl Dispatcher {
                 circuit_changed.clone(),
                 telemetry::Source::default(),
             )],
+            spans: None,
             routes: Routes(vec![(TopicPattern::Any, 0)]),
             circuit_changed,
         }
@@ -168,6 +173,7 @@ impl Dispatcher {
                     .traced(l.spans.clone())
                 })
                 .collect(),
+            spans: self.spans.clone(),
             routes: self.routes.clone(),
             circuit_changed,
         }
@@ -181,7 +187,13 @@ impl Dispatcher {
             .into_iter()
             .map(|l| l.traced(spans.clone()))
             .collect();
+        self.spans = spans;
         self
+    }
+
+    /// The span maker, with export on.
+    pub fn spans(&self) -> Option<&Spans> {
+        self.spans.as_ref()
     }
 
     /// Sets the circuit gauges of this dispatcher's destinations back to closed, once

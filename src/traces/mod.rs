@@ -14,6 +14,7 @@ pub use export::{Exporting, install};
 pub use settings::{ExportSettings, Protocol, SamplerSetting, TraceSettings, TracingTable};
 
 use std::collections::HashMap;
+use std::time::SystemTime;
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
@@ -177,6 +178,42 @@ impl Spans {
             spans,
             messages: copies,
         }
+    }
+}
+
+impl Spans {
+    /// A span (kind CLIENT) for a call of the SQL API function `function` that `worker`
+    /// sent at `started` and that has just answered, for `messages` messages, or failed
+    /// with `error`. The relay makes one for each claim that returned messages (an empty
+    /// poll makes none) and for each batch completion.
+    pub fn leasing_call(
+        &self,
+        function: &'static str,
+        worker: &str,
+        started: SystemTime,
+        messages: usize,
+        error: Option<&str>,
+    ) {
+        let mut span = self
+            .tracer
+            .span_builder(function)
+            .with_kind(SpanKind::Client)
+            .with_start_time(started)
+            .with_attributes(vec![
+                KeyValue::new("db.system.name", "postgresql"),
+                KeyValue::new("db.operation.name", function),
+                KeyValue::new("outbox.worker_id", worker.to_owned()),
+                KeyValue::new(
+                    "messaging.batch.message_count",
+                    i64::try_from(messages).unwrap_or(i64::MAX),
+                ),
+            ])
+            .start_with_context(&self.tracer, &Context::new());
+        if let Some(error) = error {
+            span.set_attribute(KeyValue::new("error.type", "database"));
+            span.set_status(Status::error(error.to_owned()));
+        }
+        span.end();
     }
 }
 

@@ -270,6 +270,30 @@ async fn a_traced_message_is_one_trace_from_producer_to_consumer_with_a_send_spa
     assert_eq!(attr(second, "outbox.outcome"), "delivered");
     assert_eq!(second_consumer["trace_id"], second["trace_id"]);
     assert_eq!(attr(second_consumer, "http.response.status_code"), 204);
+
+    // The claims that returned messages and the completions are spans of their own.
+    for function in ["claim_outbox_batch_seq", "complete_outbox_batch"] {
+        let calls: Vec<&Value> = all
+            .iter()
+            .filter(|s| s["service"] == "relay" && s["name"] == function)
+            .collect();
+        assert!(
+            calls.len() >= 2,
+            "a {function} span per call, two at least: {calls:?}"
+        );
+        for call in calls {
+            assert_eq!(call["kind"], "SPAN_KIND_CLIENT");
+            assert_eq!(attr(call, "db.system.name"), "postgresql");
+            assert_eq!(attr(call, "db.operation.name"), function);
+            assert_eq!(attr(call, "outbox.worker_id"), "traced");
+            assert!(
+                attr(call, "messaging.batch.message_count")
+                    .as_i64()
+                    .unwrap()
+                    >= 1
+            );
+        }
+    }
     db.finish().await;
 }
 
