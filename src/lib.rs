@@ -25,11 +25,13 @@
 //! - [`observe`]: reads `outbox.observe` into fleet gauges and the MVCC watchdog, with a
 //!   diagnosis.
 //! - [`telemetry`]: metric names and one log-and-count function per event, taking plain values.
+//! - [`traces`]: a `send` span per delivery attempt, linked to the message's creation
+//!   context, exported over OTLP when turned on.
 //! - [`probes`]: the probe server: the /metrics, /healthz, /readyz and /debug/health listener.
 //! - [`logging`]: human or JSON logs on stderr.
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
-//! `schema`, `connection`, `logging`, `retry`, `telemetry`; `store` and `destination`;
+//! `schema`, `connection`, `logging`, `retry`, `telemetry`, `traces`; `store` and `destination`;
 //! `dispatch`, `observe`; `relay`; `sources`; `probes` and `config` on top.
 //! `tests/model/layers.rs` fails on an import cycle between them.
 //!
@@ -53,3 +55,4 @@ pub mod secret;
 pub mod sources;
 pub mod store;
 pub mod telemetry;
+pub mod traces;

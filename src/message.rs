@@ -63,6 +63,41 @@ pub struct ClaimedMessage {
     /// The payload was larger than the claim's `max_message_bytes` and was not loaded
     /// (`payload` is empty); the message is dead-lettered without being published.
     pub payload_withheld: bool,
+    /// The message's creation context, when dispatch has put the send span's context in
+    /// `headers` in its place for one delivery attempt (export on); `None` when `headers`
+    /// still hold the creation context. See [`ClaimedMessage::creation_context`].
+    pub origin: Option<TraceContext>,
+}
+
+/// A W3C trace context: the `traceparent` and `tracestate` header values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceContext {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
+}
+
+impl ClaimedMessage {
+    /// The trace context to send in the transport's headers: the headers' W3C
+    /// `traceparent` (and `tracestate`, when there is one). With export on, dispatch puts
+    /// the context of the attempt's `send` span there (the current hop); otherwise it is the
+    /// creation context the producer stored. `None` when the headers hold no text
+    /// `traceparent`.
+    pub fn trace_context(&self) -> Option<(&str, Option<&str>)> {
+        let headers = self.headers.as_object()?;
+        let traceparent = headers.get("traceparent")?.as_str()?;
+        let tracestate = headers.get("tracestate").and_then(|v| v.as_str());
+        Some((traceparent, tracestate))
+    }
+
+    /// The context captured when the message was created (the producer's), never the
+    /// current hop: what a destination that also carries the origin in the body (the
+    /// CloudEvents `traceparent` extension) writes there.
+    pub fn creation_context(&self) -> Option<(&str, Option<&str>)> {
+        match &self.origin {
+            Some(o) => Some((o.traceparent.as_str(), o.tracestate.as_deref())),
+            None => self.trace_context(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -83,6 +118,7 @@ impl ClaimedMessage {
             lease_expires_at: Utc::now(),
             payload_bytes: 0,
             payload_withheld: false,
+            origin: None,
         }
     }
 }

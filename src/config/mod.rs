@@ -29,6 +29,7 @@ use crate::relay::RelaySettings;
 pub use crate::retry::RetrySettings;
 use crate::sources::{MAX_SLOTS, SourcesSettings};
 pub use crate::store::Statements;
+use crate::traces::TraceSettings;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -64,6 +65,8 @@ pub struct Settings {
     pub sources: SourcesSettings,
     /// A `stdout` or `null` destination may take every topic (`--all-topics`).
     pub all_topics: bool,
+    /// Span export: off unless the `OTEL_*` variables or `[tracing]` turn it on.
+    pub traces: TraceSettings,
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
@@ -187,9 +190,12 @@ impl Settings {
         {
             return Err(invalid("listen_url", "must not be empty"));
         }
+        let traces =
+            TraceSettings::from_raw(raw.tracing.as_ref(), |name| std::env::var(name).ok())?;
         Ok(Settings {
             all_topics: raw.all_topics.unwrap_or(false),
             sources,
+            traces,
             database_url_is_default: raw.database_url.is_none(),
             database_url: crate::connection::with_schema(
                 &raw.database_url

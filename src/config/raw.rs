@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use super::invalid;
 use crate::dispatch::{DestinationTable, RouteConfig};
 use crate::error::ConfigError;
+use crate::traces::TracingTable;
 
 /// The relayer's settings as given: flags and environment (via clap) or a TOML file.
 #[derive(Clone, Debug, Default, clap::Args, serde::Deserialize)]
@@ -158,6 +159,9 @@ pub struct RawConfig {
     /// Outboxes to serve, by name (TOML only: `[sources.NAME]` with `database_url`).
     #[arg(skip)]
     pub sources: Option<BTreeMap<String, SourceTable>>,
+    /// Span export (TOML only: `[tracing]`, under the `OTEL_*` variables; docs/tracing.md).
+    #[arg(skip)]
+    pub tracing: Option<TracingTable>,
     /// Serve every database on this Postgres server that holds the outbox schema (many
     /// sources, found again every sources_discover_interval_secs).
     #[arg(long, env = "OUTBOX_SOURCES_SERVER_URL", hide_env_values = true)]
@@ -331,6 +335,7 @@ impl RawConfig {
             destinations: self.destinations.or(fallback.destinations),
             routes: self.routes.or(fallback.routes),
             sources: self.sources.or(fallback.sources),
+            tracing: self.tracing.or(fallback.tracing),
             sources_server_url: self.sources_server_url.or(fallback.sources_server_url),
             sources_catalogue_url: self
                 .sources_catalogue_url

@@ -23,7 +23,11 @@
 //!   was not sent when the window closed is given back unattempted, and a run stops at the
 //!   first message it may no longer publish;
 //! - **panics**: a destination that panics is logged with the outbox ids and counted, and
-//!   its part is given back at once.
+//!   its part is given back at once;
+//! - **spans** ([`Spans`], with export on): each call of a destination is a delivery
+//!   attempt of each of its messages, with a `send` span per message ended with its
+//!   outcome; the destination is handed copies whose `traceparent` is the span's (the
+//!   current hop), the creation context kept beside it.
 //!
 //! Why one file of a little over 500 lines: about 380 are code and the rest its tests. The
 //! rules above act together on one part (its budget, circuit ticket, deadline and runs are
@@ -51,13 +55,16 @@ pub use settings::{
     DispatchSettings,
 };
 
-use crate::destination::{Destination, Window};
+use crate::destination::{Destination, DestinationConfig, Window};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::telemetry;
+use crate::traces::Spans;
 
 struct Lane {
     name: String,
+    /// The destination's `type` (its spans' `messaging.system`).
+    kind: &'static str,
     destination: Arc<dyn Destination>,
     breaker: circuit::Breaker,
     budget: Arc<Semaphore>,
@@ -67,6 +74,8 @@ struct Lane {
     max_in_flight: usize,
     /// The source whose messages this lane carries (its metrics' `source` label).
     source: telemetry::Source,
+    /// With export on, the maker of the `send` spans.
+    spans: Option<Spans>,
 }
 
 /// The messages of a claim that go to one destination.
@@ -77,6 +86,9 @@ pub struct Part {
 
 pub struct Dispatcher {
     lanes: Vec<Lane>,
+    /// With export on, the span maker (of the lanes' `send` spans, and the relay's
+    /// leasing calls).
+    spans: Option<Spans>,
     routes: Routes,
     /// The topics the routes cover, as the claim's `LIKE` patterns (`None`: every topic).
     covered: Option<Vec<String>>,
@@ -95,6 +107,7 @@ impl Dispatcher {
                 let destination = d.destination.build(&d.name, d.deadline)?;
                 Ok(Lane::new(
                     &d.name,
+                    d.destination.kind(),
                     destination,
                     settings.circuit,
                     d.deadline,
@@ -106,6 +119,7 @@ impl Dispatcher {
             .collect::<Result<Vec<_>, ConfigError>>()?;
         Ok(Self {
             lanes,
+            spans: None,
             routes: settings.routes.clone(),
             covered: settings.routes.covered(),
             circuit_changed,
@@ -124,6 +138,7 @@ impl Dispatcher {
         Self {
             lanes: vec![Lane::new(
                 name,
+                name,
                 destination,
                 circuit,
                 deadline,
@@ -131,6 +146,7 @@ impl Dispatcher {
                 circuit_changed.clone(),
                 telemetry::Source::default(),
             )],
+            spans: None,
             routes: Routes(vec![(TopicPattern::Any, 0)]),
             covered: None,
             circuit_changed,
@@ -150,6 +166,7 @@ impl Dispatcher {
                 .map(|l| {
                     Lane::new(
                         &l.name,
+                        l.kind,
                         l.destination.clone(),
                         l.circuit,
                         l.deadline,
@@ -157,12 +174,31 @@ impl Dispatcher {
                         circuit_changed.clone(),
                         source.clone(),
                     )
+                    .traced(l.spans.clone())
                 })
                 .collect(),
+            spans: self.spans.clone(),
             routes: self.routes.clone(),
             covered: self.covered.clone(),
             circuit_changed,
         }
+    }
+
+    /// The same dispatcher, making a `send` span per delivery attempt with `spans` (export
+    /// on) or none (`None`, the default).
+    pub fn traced(mut self, spans: Option<Spans>) -> Self {
+        self.lanes = self
+            .lanes
+            .into_iter()
+            .map(|l| l.traced(spans.clone()))
+            .collect();
+        self.spans = spans;
+        self
+    }
+
+    /// The span maker, with export on.
+    pub fn spans(&self) -> Option<&Spans> {
+        self.spans.as_ref()
     }
 
     /// Sets the circuit gauges of this dispatcher's destinations back to closed, once
@@ -391,9 +427,28 @@ impl Lane {
         if let Err(not_sent) = call.check() {
             return vec![not_sent; messages.len()];
         }
+        match &self.spans {
+            None => self.call(messages, deadline, &call).await,
+            Some(spans) => {
+                let send = spans.start(&self.name, self.kind, messages);
+                let outcomes = self.call(&send.messages, deadline, &call).await;
+                send.end(&outcomes);
+                outcomes
+            }
+        }
+    }
+
+    /// The call of [`Lane::attempt`] with the window of this call, its deadline (and grace),
+    /// its panics and its count of outcomes.
+    async fn call(
+        &self,
+        messages: &[ClaimedMessage],
+        deadline: tokio::time::Instant,
+        window: &Window,
+    ) -> Vec<Outcome> {
         let answer = AssertUnwindSafe(tokio::time::timeout_at(
             deadline + answer_grace(self.deadline),
-            self.destination.publish(messages, &call),
+            self.destination.publish(messages, window),
         ))
         .catch_unwind()
         .await;
@@ -494,8 +549,10 @@ impl Lane {
         outcomes.into_iter().flatten().collect()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn new(
         name: &str,
+        kind: &str,
         destination: Arc<dyn Destination>,
         circuit: CircuitSettings,
         deadline: Duration,
@@ -505,6 +562,11 @@ impl Lane {
     ) -> Self {
         Self {
             name: name.to_owned(),
+            kind: DestinationConfig::KINDS
+                .iter()
+                .find(|k| **k == kind)
+                .copied()
+                .unwrap_or_default(),
             destination,
             breaker: circuit::Breaker::new(name, source.clone(), circuit, circuit_changed),
             budget: Arc::new(Semaphore::new(max_in_flight)),
@@ -512,7 +574,13 @@ impl Lane {
             circuit,
             max_in_flight,
             source,
+            spans: None,
         }
+    }
+
+    fn traced(mut self, spans: Option<Spans>) -> Self {
+        self.spans = spans;
+        self
     }
 }
 

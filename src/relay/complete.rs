@@ -10,6 +10,9 @@ use crate::message::{AttemptState, ClaimedMessage, Completion, LeaseToken, Outbo
 use crate::store::StoreError;
 use crate::{retry, telemetry};
 
+/// The SQL API function of a completion (the name of its span).
+const COMPLETE: &str = "complete_outbox_batch";
+
 impl Relay {
     /// Reports a batch's outcomes; gives back without an attempt what was not attempted.
     pub(super) async fn complete(
@@ -100,7 +103,14 @@ impl Relay {
         let mut backoff = Duration::from_millis(50);
         let results = loop {
             let started = Instant::now();
-            match self.store.complete(self.worker(), &completions).await {
+            let asked_at = std::time::SystemTime::now();
+            let answer = self.store.complete(self.worker(), &completions).await;
+            if let Some(spans) = self.dispatcher.spans() {
+                let error = answer.as_ref().err().map(ToString::to_string);
+                let worker = self.worker().as_str();
+                spans.leasing_call(COMPLETE, worker, asked_at, batch.len(), error.as_deref());
+            }
+            match answer {
                 Ok(results) => {
                     telemetry::batch_completed(started.elapsed());
                     break results;

@@ -47,6 +47,9 @@ use crate::message::{ClaimedMessage, Outcome, WorkerId};
 use crate::store::{ClaimSizes, Store, StoreError, TopicFilter};
 use crate::telemetry;
 
+/// The SQL API function of a claim (the name of its span).
+const CLAIM: &str = "claim_outbox_batch_seq";
+
 /// What the relay did with the messages it claimed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -159,7 +162,8 @@ impl Relay {
             ClaimFilter::Everything => None,
             ClaimFilter::Except(patterns) => Some(patterns),
         };
-        let batch = self
+        let asked_at = std::time::SystemTime::now();
+        let claimed = self
             .store
             .claim(
                 self.settings.batch_size,
@@ -175,7 +179,16 @@ impl Relay {
                     max_message_bytes: Some(self.settings.max_message_bytes),
                 },
             )
-            .await?;
+            .await;
+        if let Some(spans) = self.dispatcher.spans() {
+            let worker = self.worker().as_str();
+            match &claimed {
+                Ok(batch) if batch.is_empty() => {}
+                Ok(batch) => spans.leasing_call(CLAIM, worker, asked_at, batch.len(), None),
+                Err(e) => spans.leasing_call(CLAIM, worker, asked_at, 0, Some(&e.to_string())),
+            }
+        }
+        let batch = claimed?;
         if !batch.is_empty() {
             telemetry::batch_claimed(self.worker(), &self.source, &batch, started.elapsed());
         }

@@ -185,6 +185,7 @@ fn claimed_from_row(r: &Row) -> ClaimedMessage {
     let payload: Option<Vec<u8>> = r.get("payload");
     ClaimedMessage {
         payload_withheld: payload.is_none(),
+        origin: None,
         payload_bytes: r.get("payload_bytes"),
         id: OutboxId(r.get("outbox_id")),
         lease_token: LeaseToken(r.get("lease_token")),

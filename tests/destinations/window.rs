@@ -69,6 +69,7 @@ pub fn message(key: Option<&str>, n: usize) -> ClaimedMessage {
         created_at: chrono::Utc::now(),
         lease_expires_at: chrono::Utc::now() + chrono::Duration::minutes(1),
         payload_withheld: false,
+        origin: None,
     }
 }
 

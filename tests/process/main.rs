@@ -11,7 +11,8 @@
 //! - [`postgres_tls`]: TLS to Postgres and connection errors;
 //! - [`producers`]: the README's producer snippets in their own languages;
 //! - [`sources_metrics`]: what a many-source process tells Prometheus (checked with
-//!   promtool).
+//!   promtool);
+//! - [`traces`]: the whole trace of a message, producer → relayer → consumer, over OTLP.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -25,3 +26,4 @@ mod postgres_tls;
 mod producers;
 mod relay_process;
 mod sources_metrics;
+mod traces;

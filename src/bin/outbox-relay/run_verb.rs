@@ -14,7 +14,7 @@ use outbox_relay::dispatch::Dispatcher;
 use outbox_relay::relay::Relay;
 use outbox_relay::secret::redact_url;
 use outbox_relay::store::{Store, StoreError};
-use outbox_relay::{logging, observe, probes, telemetry};
+use outbox_relay::{logging, observe, probes, telemetry, traces};
 
 /// Runs the relayer with `settings` until SIGINT/SIGTERM: one source, or many.
 /// Says at start which topics this relayer claims and which it leaves to other relayers:
@@ -42,10 +42,33 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
     logging::init(settings.log_format);
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
-    if settings.sources.is_many() {
-        return run_sources(settings, migrate, shutdown).await;
+    let exporting = traces::install(&settings.traces)?;
+    if let Some(e) = &exporting {
+        tracing::info!(
+            endpoint = e.endpoint(),
+            "exporting a span per delivery attempt over OTLP"
+        );
     }
+    let spans = exporting.as_ref().map(traces::Exporting::spans);
+    let result = if settings.sources.is_many() {
+        run_sources(settings, migrate, shutdown, spans).await
+    } else {
+        run_one(settings, migrate, shutdown, spans).await
+    };
+    // The spans of the last attempts are sent before the process exits.
+    if let Some(e) = exporting {
+        e.shutdown().await;
+    }
+    result
+}
 
+/// One source: the database of `database_url`.
+async fn run_one(
+    settings: Settings,
+    migrate: bool,
+    shutdown: CancellationToken,
+    spans: Option<traces::Spans>,
+) -> Result<()> {
     if settings.database_url_is_default {
         let verb = if migrate { "run --migrate" } else { "run" };
         return Err(crate::unnamed_database(verb));
@@ -71,7 +94,7 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
         tracing::warn!("{weakness}");
     }
     let metrics = telemetry::install();
-    let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?.traced(spans));
     // After the destinations were built: a setting that is wrong is named before the
     // question of whether a catch-all is meant.
     settings.check_catch_all()?;
@@ -116,7 +139,12 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
 
 /// Many sources: one relay per source this process holds a slot on (see
 /// [`outbox_relay::sources`]); `database_url` is not used.
-async fn run_sources(settings: Settings, migrate: bool, shutdown: CancellationToken) -> Result<()> {
+async fn run_sources(
+    settings: Settings,
+    migrate: bool,
+    shutdown: CancellationToken,
+    spans: Option<traces::Spans>,
+) -> Result<()> {
     if migrate {
         bail!(
             "invalid setting migrate: with many sources, migrate each source with \
@@ -138,7 +166,7 @@ async fn run_sources(settings: Settings, migrate: bool, shutdown: CancellationTo
         source_lease_secs = s.lease.as_secs(), destinations = destinations.join(","),
         batch_size = settings.relay.batch_size, "starting with many sources");
     let metrics = telemetry::install();
-    let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?);
+    let dispatcher = Arc::new(Dispatcher::new(&settings.dispatch)?.traced(spans));
     // After the destinations were built: a setting that is wrong is named before the
     // question of whether a catch-all is meant.
     settings.check_catch_all()?;

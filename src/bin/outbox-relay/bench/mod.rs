@@ -180,9 +180,40 @@ pub struct Options {
     pub stall_timeout_ms: u64,
 }
 
+/// The span maker of the relays when the `OTEL_*` variables turn export on (to measure
+/// what a span per delivery attempt costs); `None`, as in a relayer by default, otherwise.
+static SPANS: std::sync::OnceLock<Option<outbox_relay::traces::Spans>> = std::sync::OnceLock::new();
+
+fn spans() -> Option<outbox_relay::traces::Spans> {
+    SPANS.get().cloned().flatten()
+}
+
 pub async fn run(database_url: &str, o: &Options) -> Result<()> {
     outbox_relay::logging::init(outbox_relay::config::LogFormat::Human);
     outbox_relay::telemetry::install();
+    let traces =
+        outbox_relay::traces::TraceSettings::from_raw(None, |name| std::env::var(name).ok())?;
+    let exporting = outbox_relay::traces::install(&traces)?;
+    if let Some(e) = &exporting {
+        outln!(
+            "span export on: a send span per message attempt to {} ({:?})",
+            e.endpoint(),
+            traces.export.as_ref().map(|x| x.sampler)
+        );
+    }
+    let _ = SPANS.set(
+        exporting
+            .as_ref()
+            .map(outbox_relay::traces::Exporting::spans),
+    );
+    let result = run_shapes(database_url, o).await;
+    if let Some(e) = exporting {
+        e.shutdown().await;
+    }
+    result
+}
+
+async fn run_shapes(database_url: &str, o: &Options) -> Result<()> {
     if let Some(dir) = &o.peers {
         return peers::run(database_url, dir, o).await;
     }
@@ -270,7 +301,8 @@ fn start_relays(
             settings.dispatch.circuit,
             BENCH_DEADLINE,
             settings.relay.max_batches_in_flight,
-        );
+        )
+        .traced(spans());
         let relay = Relay::new(settings.relay, store, Arc::new(dispatcher));
         relays.push(tokio::spawn(relay.run(shutdown.clone())));
     }
