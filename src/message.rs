@@ -69,37 +69,6 @@ pub struct ClaimedMessage {
     pub origin: Option<TraceContext>,
 }
 
-/// A W3C trace context: the `traceparent` and `tracestate` header values.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TraceContext {
-    pub traceparent: String,
-    pub tracestate: Option<String>,
-}
-
-impl ClaimedMessage {
-    /// The trace context to send in the transport's headers: the headers' W3C
-    /// `traceparent` (and `tracestate`, when there is one). With export on, dispatch puts
-    /// the context of the attempt's `send` span there (the current hop); otherwise it is the
-    /// creation context the producer stored. `None` when the headers hold no text
-    /// `traceparent`.
-    pub fn trace_context(&self) -> Option<(&str, Option<&str>)> {
-        let headers = self.headers.as_object()?;
-        let traceparent = headers.get("traceparent")?.as_str()?;
-        let tracestate = headers.get("tracestate").and_then(|v| v.as_str());
-        Some((traceparent, tracestate))
-    }
-
-    /// The context captured when the message was created (the producer's), never the
-    /// current hop: what a destination that also carries the origin in the body (the
-    /// CloudEvents `traceparent` extension) writes there.
-    pub fn creation_context(&self) -> Option<(&str, Option<&str>)> {
-        match &self.origin {
-            Some(o) => Some((o.traceparent.as_str(), o.tracestate.as_deref())),
-            None => self.trace_context(),
-        }
-    }
-}
-
 #[cfg(test)]
 impl ClaimedMessage {
     /// A message on topic `t` with `headers`, as a claim would return it (for unit tests).
@@ -174,14 +143,27 @@ impl TraceContext {
 }
 
 impl ClaimedMessage {
-    /// The message's creation context: the trace context captured when it was enqueued,
-    /// kept unchanged by every attempt, from its headers `traceparent` and `tracestate`
-    /// (where `outbox.enqueue` stores the context of its arguments or of the producer's
-    /// `SET LOCAL outbox.traceparent`). `None` when it has no `traceparent` header, or one
-    /// that is not a string holding a version 00 traceparent.
+    /// The trace context to send in the transport's headers, from the headers
+    /// `traceparent` and `tracestate`: the creation context the producer stored (where
+    /// `outbox.enqueue` puts the context of its arguments or of the producer's
+    /// `SET LOCAL outbox.traceparent`), or, with span export on, the context of this
+    /// attempt's `send` span, which dispatch puts there in its place (the current hop).
+    /// `None` when there is no `traceparent` header, or one that is not a string holding a
+    /// version 00 traceparent.
     pub fn trace_context(&self) -> Option<TraceContext> {
         let text = |name: &str| self.headers.get(name).and_then(serde_json::Value::as_str);
         TraceContext::parse(text("traceparent")?, text("tracestate"))
+    }
+
+    /// The context captured when the message was created (the producer's), never the
+    /// current hop: what a destination that also carries the origin in the body (the
+    /// CloudEvents `traceparent` extension) writes there, and what the `send` spans link
+    /// to.
+    pub fn creation_context(&self) -> Option<TraceContext> {
+        match &self.origin {
+            Some(origin) => Some(origin.clone()),
+            None => self.trace_context(),
+        }
     }
 }
 

@@ -121,7 +121,7 @@ impl Envelope {
         if let Some(key) = &m.key {
             attributes.push(("partitionkey", key.clone()));
         }
-        if let Some(trace) = m.trace_context() {
+        if let Some(trace) = m.creation_context() {
             attributes.push(("traceparent", trace.traceparent));
             if let Some(state) = trace.tracestate {
                 attributes.push(("tracestate", state));

@@ -24,7 +24,7 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, Span};
 
-use crate::message::{ClaimedMessage, Outcome, TraceContext};
+use crate::message::{ClaimedMessage, Outcome};
 
 /// Makes the spans of one process; cloned into every dispatcher.
 #[derive(Clone, Debug)]
@@ -64,11 +64,11 @@ pub struct SendSpans {
 
 /// The creation context stored in `m`'s headers, when it is a valid W3C `traceparent`.
 fn creation_span_context(m: &ClaimedMessage) -> Option<SpanContext> {
-    let (traceparent, tracestate) = m.creation_context()?;
+    let creation = m.creation_context()?;
     let mut carrier = HashMap::with_capacity(2);
-    carrier.insert("traceparent".to_owned(), traceparent.to_owned());
-    if let Some(state) = tracestate {
-        carrier.insert("tracestate".to_owned(), state.to_owned());
+    carrier.insert("traceparent".to_owned(), creation.traceparent);
+    if let Some(state) = creation.tracestate {
+        carrier.insert("tracestate".to_owned(), state);
     }
     let cx = TraceContextPropagator::new().extract(&carrier);
     let sc = cx.span().span_context().clone();
@@ -149,10 +149,7 @@ impl Spans {
             let mut copy = m.clone();
             let sc = span.span_context();
             if sc.is_sampled() {
-                let origin = m.creation_context().map(|(tp, ts)| TraceContext {
-                    traceparent: tp.to_owned(),
-                    tracestate: ts.map(str::to_owned),
-                });
+                let origin = m.creation_context();
                 let mut headers = match &m.headers {
                     serde_json::Value::Object(o) => o.clone(),
                     _ => serde_json::Map::new(),

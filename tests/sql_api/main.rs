@@ -35,8 +35,8 @@ mod repair;
 mod roles;
 mod slots;
 mod sources;
-mod trace_context;
 mod topics;
+mod trace_context;
 
 use std::collections::HashSet;
 
