@@ -632,7 +632,8 @@ pub fn free_port() -> u16 {
     const HIGH: u16 = 32_767;
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ports");
     std::fs::create_dir_all(&dir).expect("create the port lock directory");
-    let start = (uuid::Uuid::new_v4().as_u128() % u128::from(HIGH - LOW + 1)) as u16;
+    let start = u16::try_from(uuid::Uuid::new_v4().as_u128() % u128::from(HIGH - LOW + 1))
+        .expect("below HIGH - LOW + 1");
     for step in 0..=(HIGH - LOW) {
         let port = LOW + (start + step) % (HIGH - LOW + 1);
         let path = dir.join(format!("{port}.lock"));
