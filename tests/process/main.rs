@@ -4,6 +4,7 @@
 //!
 //! - [`relay_process`]: the relayer run, killed, frozen and restarted;
 //! - [`cli`]: the operator verbs and the shells' completions;
+//! - [`console`]: the operator console in the browser, over HTTP, and its safety rules;
 //! - [`deployment`]: probes, the schema version check, the telemetry port;
 //! - [`observability`]: alert rules and dashboards against a live `/metrics`;
 //! - [`observe`]: the fleet gauges and the MVCC watchdog;
@@ -17,6 +18,7 @@
 mod common;
 
 mod cli;
+mod console;
 mod deployment;
 mod observability;
 mod observe;
