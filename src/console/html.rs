@@ -91,7 +91,7 @@ pub fn page(frame: &Frame<'_>, body: &str) -> String {
     format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{title} · outbox-relay console</title>\
+         <title>{title} · outbox-relay console</title><link rel=\"icon\" href=\"data:,\">\
          <link rel=\"stylesheet\" href=\"{base}/assets/console.css\">\
          <script src=\"{base}/assets/console.js\" defer></script></head>\
          <body data-refresh=\"{refresh}\">\

@@ -44,7 +44,7 @@ fn pick<'a>(console: &'a Console, params: &Params) -> Result<(&'a str, &'a Store
         Refusal(
             StatusCode::NOT_FOUND,
             format!(
-                "<!doctype html><title>unknown source</title><p>No source is named {}; the \
+                "<!doctype html><html lang=\"en\"><link rel=\"icon\" href=\"data:,\"><title>unknown source</title><p>No source is named {}; the \
                  sources are: {}</p>",
                 esc(params.get("source").unwrap_or("")),
                 esc(&console.names.join(", "))
@@ -58,7 +58,7 @@ fn bad_request(problem: &str) -> Refusal {
     Refusal(
         StatusCode::BAD_REQUEST,
         format!(
-            "<!doctype html><title>bad request</title><p>{}</p>",
+            "<!doctype html><html lang=\"en\"><link rel=\"icon\" href=\"data:,\"><title>bad request</title><p>{}</p>",
             esc(problem)
         ),
     )
@@ -929,7 +929,7 @@ pub async fn replay(
         Refusal(
             StatusCode::FORBIDDEN,
             format!(
-                "<!doctype html><html lang=\"en\"><title>refused</title><p>Replay refused: \
+                "<!doctype html><html lang=\"en\"><link rel=\"icon\" href=\"data:,\"><title>refused</title><p>Replay refused: \
                  {}</p></html>",
                 esc(why)
             ),

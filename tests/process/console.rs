@@ -13,7 +13,7 @@ use common::{KillOnDrop, TestDb, free_port, text};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::Client;
 
-const TOKEN: &str = "s3cret-console-token-for-tests";
+pub(crate) const TOKEN: &str = "s3cret-console-token-for-tests";
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' \
      data:; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; \
      form-action 'self'";
@@ -81,8 +81,8 @@ async fn get(port: u16, path: &str) -> Answer {
 }
 
 /// A console process; killed when the test ends.
-struct Console {
-    port: u16,
+pub(crate) struct Console {
+    pub(crate) port: u16,
     child: KillOnDrop,
     log: std::path::PathBuf,
 }
@@ -90,7 +90,12 @@ struct Console {
 impl Console {
     /// `outbox-relay console --listen 127.0.0.1:PORT ARGS` on `url`, the admin token in
     /// the environment when given; returns once it answers.
-    async fn start(db: &TestDb, url: &str, token: Option<&str>, args: &[&str]) -> Console {
+    pub(crate) async fn start(
+        db: &TestDb,
+        url: &str,
+        token: Option<&str>,
+        args: &[&str],
+    ) -> Console {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let log = db.scratch_dir().join(format!("console-{port}.log"));
@@ -129,14 +134,14 @@ impl Console {
         }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
 /// Three keyed messages on `orders` (the first leased by `w-lease`), and two dead letters
 /// on `bad`; returns (the last orders message, the dead letters).
-async fn seed(c: &Client) -> (uuid::Uuid, Vec<uuid::Uuid>) {
+pub(crate) async fn seed(c: &Client) -> (uuid::Uuid, Vec<uuid::Uuid>) {
     let mut orders = Vec::new();
     for i in 1..=3 {
         let row = c
