@@ -710,3 +710,46 @@ async fn no_page_renders_a_password_or_a_connection_string() {
         messages.body
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_serves_the_console_beside_the_relay_when_console_addr_is_set() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (_, dead) = seed(&c).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relayer = common::Relayer::start(
+        &db,
+        "w-console",
+        &["--no-telemetry", "--console-addr", &addr, "--sink", "null"],
+    );
+    common::eventually(Duration::from_secs(60), "run's console answers", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let a = get(port, &format!("/dead-letters?source={}", db.name)).await;
+    assert_eq!(a.status, 200, "{}\n{}", a.body, relayer.log_text());
+    assert_eq!(a.header("content-security-policy"), Some(CSP));
+    assert!(
+        a.body.contains(&dead[0].to_string()) && a.body.contains("read-only"),
+        "{}",
+        a.body
+    );
+    // The relay runs beside it: a new message is delivered (the seeded key stays leased).
+    let fresh: uuid::Uuid = c
+        .query_one("SELECT outbox.enqueue('fresh', '{}'::jsonb)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    common::eventually(Duration::from_secs(60), "the relay delivers", || async {
+        common::count(
+            &c,
+            &format!("SELECT count(*) FROM outbox.messages WHERE outbox_id = '{fresh}'"),
+        )
+        .await
+            == 0
+    })
+    .await;
+}
