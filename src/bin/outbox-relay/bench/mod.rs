@@ -31,6 +31,7 @@ use outbox_relay::relay::Relay;
 use outbox_relay::store::{Store, StoreError, fill_messages, with_database};
 
 mod brokers;
+mod console_pages;
 mod drain;
 mod fleet;
 mod hot_key;
@@ -161,6 +162,13 @@ pub struct Options {
     /// drains a backlog of `--messages`.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=500))]
     pub quiet_sources: u32,
+    /// Instead of the other measurements: the console's page times (median, p99) with this
+    /// many pending messages and `--console-attempts` attempts, served in this process.
+    #[arg(long, default_value_t = 0)]
+    pub console_pages: u64,
+    /// Attempts in the log for `--console-pages` [default: 5 × --console-pages].
+    #[arg(long)]
+    pub console_attempts: Option<u64>,
 }
 
 pub async fn run(database_url: &str, o: &Options) -> Result<()> {
@@ -220,6 +228,9 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     }
     if o.quiet_sources > 0 {
         return quiet::run(url, o, &sql).await;
+    }
+    if o.console_pages > 0 {
+        return console_pages::run(url, o, &sql).await;
     }
 
     drain::run(url, o, &sql).await
