@@ -128,7 +128,14 @@ pub(crate) struct Console {
     settings: ConsoleSettings,
     sources: BTreeMap<String, Store>,
     names: Vec<String>,
+    /// Each source's overview section as last rendered, and when: reused for
+    /// [`OVERVIEW_REUSE`], so that many operators (and their live updates) cost one pass
+    /// over the views that read a whole table.
+    overviews: std::sync::Mutex<BTreeMap<String, (std::time::Instant, Arc<String>)>>,
 }
+
+/// How long a source's rendered overview is served again before it is computed anew.
+pub(crate) const OVERVIEW_REUSE: Duration = Duration::from_secs(10);
 
 impl Console {
     /// The source `name` asks for, or the first one; `None` when `name` is unknown.
@@ -167,6 +174,7 @@ pub fn router(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Ro
         settings,
         sources,
         names,
+        overviews: std::sync::Mutex::default(),
     });
     let at = |path: &str| format!("{base}{path}");
     let mut router = Router::new()

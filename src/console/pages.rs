@@ -96,14 +96,38 @@ pub async fn overview(State(console): Shared, RawQuery(q): RawQuery) -> Page {
         console
             .sources
             .iter()
-            .map(|(name, store)| overview_of(&console, name, store)),
+            .map(|(name, store)| overview_reused(&console, name, store)),
     )
     .await;
-    let body = sections.concat();
+    let body = sections.iter().map(|s| s.as_str()).collect::<String>();
     Ok(Html(html::page(
         &frame(&console, "Overview", "/", selected, true),
         &body,
     )))
+}
+
+/// A source's overview section: the one rendered less than [`OVERVIEW_REUSE`] ago, or a
+/// new one. Its worker and rate panels read whole tables or an hour of attempts, which a
+/// page refreshed every few seconds by several operators must not repeat each time.
+async fn overview_reused(console: &Console, name: &str, store: &Store) -> Arc<String> {
+    let fresh = |(at, section): &(std::time::Instant, Arc<String>)| {
+        (at.elapsed() < super::OVERVIEW_REUSE).then(|| section.clone())
+    };
+    let kept = console
+        .overviews
+        .lock()
+        .expect("not poisoned")
+        .get(name)
+        .and_then(fresh);
+    if let Some(section) = kept {
+        return section;
+    }
+    let section = Arc::new(overview_of(console, name, store).await);
+    console.overviews.lock().expect("not poisoned").insert(
+        name.to_owned(),
+        (std::time::Instant::now(), section.clone()),
+    );
+    section
 }
 
 async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
@@ -118,7 +142,10 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
     );
     let mut out = format!(
         "<section aria-labelledby=\"src-{id}\"><h2 id=\"src-{id}\">Source \
-         <a href=\"{base}/messages?source={n}\">{name}</a></h2>",
+         <a href=\"{base}/messages?source={n}\">{name}</a></h2>\
+         <p class=\"muted\">As of {}; shown again for up to {} s.</p>",
+        html::time(Utc::now()),
+        super::OVERVIEW_REUSE.as_secs(),
         id = esc(&n),
         name = esc(name)
     );
