@@ -23,6 +23,8 @@
 #     tests start moto servers of their own and read back with boto3);
 #   - the OpenTelemetry Python SDK, its OTLP/HTTP exporter and opentelemetry-proto there too
 #     (the whole-trace test's producer, consumer and OTLP receiver, tests/process/traces.rs).
+#   - Debian's chromium, and playwright-core and axe-core (npm) in target/node_modules: the
+#     console's browser suite (tests/process/console_browser.rs).
 # Starts RabbitMQ, and the machine's Redis (6379), NATS (4222), Mosquitto (1883) and a tansu broker (9092)
 # that `make bench` uses, when they are installed but down, and writes what it started to
 # target/test-services.started so that scripts/stop-test-services.sh (the end of `make
@@ -94,6 +96,9 @@ if [ ! -x /usr/sbin/mosquitto ]; then
 fi
 if ! command -v mosquitto_sub >/dev/null 2>&1; then
     apt_packages+=(mosquitto-clients); reasons+=("mosquitto_sub reads back what the MQTT tests published")
+fi
+if [ ! -x /usr/bin/chromium ]; then
+    apt_packages+=(chromium); reasons+=("the console's browser suite (tests/process/console_browser.rs) drives Chromium")
 fi
 if ! command -v go >/dev/null 2>&1; then
     apt_packages+=(golang-go); reasons+=("go runs the README's Go producer snippet")
@@ -236,6 +241,16 @@ if command -v npm >/dev/null 2>&1 && [ ! -d "$target/node_modules/pg" ]; then
     npm install --no-audit --no-fund --prefix "$target" pg || true
 fi
 
+# The console's browser suite (tests/process/console_browser.rs): playwright-core drives the
+# machine's Chromium (it downloads no browser of its own), axe-core checks accessibility in
+# the page; both pinned, into the target directory beside pg.
+if command -v npm >/dev/null 2>&1 && { [ ! -d "$target/node_modules/playwright-core" ] \
+        || [ ! -d "$target/node_modules/axe-core" ]; }; then
+    echo "test-services: installing playwright-core and axe-core (npm) into" \
+         "$target/node_modules (the console's browser suite; under a minute)" >&2
+    npm install --no-audit --no-fund --prefix "$target" playwright-core@1.65.1 axe-core@4.14.1 || true
+fi
+
 for _ in $(seq 1 60); do answers 5672 && answers 9092 && break; sleep 1; done
 answers 5672 || missing+=("RabbitMQ on 127.0.0.1:5672 (apt-get install rabbitmq-server; start: rabbitmq-server -detached)")
 command -v redis-server >/dev/null 2>&1 || missing+=("redis-server (apt-get install redis-server)")
@@ -245,6 +260,9 @@ command -v kcat >/dev/null 2>&1 || missing+=("kcat (apt-get install kcat)")
 [ -x /usr/sbin/mosquitto ] || missing+=("/usr/sbin/mosquitto (apt-get install mosquitto)")
 command -v mosquitto_sub >/dev/null 2>&1 || missing+=("mosquitto_sub (apt-get install mosquitto-clients)")
 [ -x /usr/sbin/pgbouncer ] || missing+=("/usr/sbin/pgbouncer (apt-get install pgbouncer)")
+[ -x /usr/bin/chromium ] || missing+=("/usr/bin/chromium (apt-get install chromium)")
+[ -d "$target/node_modules/playwright-core" ] && [ -d "$target/node_modules/axe-core" ] \
+    || missing+=("playwright-core and axe-core in $target/node_modules (npm install --prefix $target playwright-core@1.65.1 axe-core@4.14.1)")
 [ -x "$TANSU" ] || missing+=("tansu (cargo install tansu --version $TANSU_VERSION --features dynostore --locked)")
 answers 9092 || missing+=("a Kafka-protocol broker on 127.0.0.1:9092 (tansu broker, see above)")
 command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")

@@ -27,12 +27,14 @@
 //! - [`telemetry`]: metric names and one log-and-count function per event, taking plain values.
 //! - [`traces`]: a `send` span per delivery attempt, linked to the message's creation
 //!   context, exported over OTLP when turned on.
+//! - [`console`]: the operator console in the browser (`outbox-relay console`): pages over
+//!   every source, the audited replay, safe by default.
 //! - [`probes`]: the probe server: the /metrics, /healthz, /readyz and /debug/health listener.
 //! - [`logging`]: human or JSON logs on stderr.
 //!
 //! The modules form layers that only point down, bottom up: `error`, `message`, `secret`,
 //! `schema`, `connection`, `logging`, `retry`, `telemetry`, `traces`; `store` and `destination`;
-//! `dispatch`, `observe`; `relay`; `sources`; `probes` and `config` on top.
+//! `dispatch`, `observe`; `relay`; `sources`; `console`, `probes` and `config` on top.
 //! `tests/model/layers.rs` fails on an import cycle between them.
 //!
 //! The command line is not among them: `src/bin/outbox-relay/` holds the binary (`main.rs`,
@@ -41,6 +43,7 @@
 
 pub mod config;
 pub mod connection;
+pub mod console;
 pub mod destination;
 pub mod dispatch;
 pub mod error;

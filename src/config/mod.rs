@@ -60,6 +60,8 @@ pub struct Settings {
     pub observe: ObserveSettings,
     pub pool_size: usize,
     pub telemetry_addr: Option<SocketAddr>,
+    /// Where `run` serves the operator console too; None: it does not.
+    pub console_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
     /// Many sources: what to serve instead of `database_url` (empty: that one database).
     pub sources: SourcesSettings,
@@ -171,6 +173,18 @@ impl Settings {
                 )
             })?)
         };
+        let console_addr = raw
+            .console_addr
+            .as_deref()
+            .map(|addr| {
+                addr.parse().map_err(|e| {
+                    invalid(
+                        "console_addr",
+                        format!("{addr:?} is not a host:port address ({e})"),
+                    )
+                })
+            })
+            .transpose()?;
         let log_format = match raw.log_format.as_deref().unwrap_or("human") {
             "human" => LogFormat::Human,
             "json" => LogFormat::Json,
@@ -281,6 +295,7 @@ impl Settings {
             },
             pool_size: ranged("pool_size", raw.pool_size.unwrap_or(8), 2, 256)?,
             telemetry_addr,
+            console_addr,
             log_format,
         })
     }

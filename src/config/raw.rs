@@ -137,6 +137,10 @@ pub struct RawConfig {
     /// Do not start the telemetry listener.
     #[arg(long, env = "OUTBOX_NO_TELEMETRY", num_args = 0..=1, default_missing_value = "true")]
     pub no_telemetry: Option<bool>,
+    /// Also serve the operator console (read-only unless OUTBOX_CONSOLE_TOKEN is set) on
+    /// this address [default: none].
+    #[arg(long, env = "OUTBOX_CONSOLE_ADDR")]
+    pub console_addr: Option<String>,
     /// Log format: human or json [default: human].
     #[arg(long, env = "OUTBOX_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -329,6 +333,7 @@ impl RawConfig {
             pool_size: self.pool_size.or(fallback.pool_size),
             telemetry_addr: self.telemetry_addr.or(fallback.telemetry_addr),
             no_telemetry: self.no_telemetry.or(fallback.no_telemetry),
+            console_addr: self.console_addr.or(fallback.console_addr),
             log_format: self.log_format.or(fallback.log_format),
             circuit_failures: self.circuit_failures.or(fallback.circuit_failures),
             circuit_cooldown_ms: self.circuit_cooldown_ms.or(fallback.circuit_cooldown_ms),

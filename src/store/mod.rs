@@ -21,7 +21,9 @@
 //! - `turns.rs`: the turns of the leasing calls of one server's sources in a many-source
 //!   process;
 //! - `fill.rs`: synthetic messages in bulk, for the bench and the tests;
-//! - `adopt.rs`: adopting an application's own outbox table, and the tables adopted.
+//! - `adopt.rs`: adopting an application's own outbox table, and the tables adopted;
+//! - `console.rs`: what the browser console reads and writes, each call under a statement
+//!   timeout, counts capped, lists keyset-paginated.
 //!
 //! Every statement names its schema (`outbox.…`, or the source's own schema: `naming.rs`)
 //! and nothing sets session state, so a statement means the same on whichever server
@@ -38,6 +40,7 @@ use crate::connection::{Target, describe_chain};
 use crate::secret::redact_url;
 
 mod adopt;
+mod console;
 mod dead_letters;
 mod enqueue;
 mod fill;
@@ -53,6 +56,10 @@ mod statements;
 mod turns;
 
 pub use adopt::AdoptedTable;
+pub use console::{
+    COUNT_CAP, CappedCount, DeadLetterRow, FailureRow, HolderRow, MessageDetail, MessageFilter,
+    MessageRow, MessageState, MinuteRate, ReplayRow, WorkerRow, thousands,
+};
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
 pub use enqueue::{enqueue, enqueue_in};
 pub use fill::{

@@ -4,6 +4,8 @@
 //!
 //! - [`relay_process`]: the relayer run, killed, frozen and restarted;
 //! - [`cli`]: the operator verbs and the shells' completions;
+//! - [`console`]: the operator console in the browser, over HTTP, and its safety rules;
+//! - [`console_browser`]: the console in Chromium (playwright-core), with axe-core;
 //! - [`deployment`]: probes, the schema version check, the telemetry port;
 //! - [`observability`]: alert rules and dashboards against a live `/metrics`;
 //! - [`observe`]: the fleet gauges and the MVCC watchdog;
@@ -18,6 +20,8 @@
 mod common;
 
 mod cli;
+mod console;
+mod console_browser;
 mod deployment;
 mod observability;
 mod observe;

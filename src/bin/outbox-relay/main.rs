@@ -3,7 +3,7 @@
 //! never uses it. This file holds the parser (every verb and its flags, the global options)
 //! and the settings the verbs share, and hands each verb to its file: `run_verb.rs`,
 //! `migrate_verb.rs`, `enqueue_verb.rs`, `status_verb.rs`, `repair_verb.rs`,
-//! `dead_letters_verb.rs`, `replay_verb.rs`, `adopt_verb.rs`, `bench/`, `healthcheck_verb.rs`, and
+//! `dead_letters_verb.rs`, `replay_verb.rs`, `adopt_verb.rs`, `console_verb.rs`, `bench/`, `healthcheck_verb.rs`, and
 //! `manual.rs` for `completions` and `man`. `all_sources.rs` is what the verbs share to
 //! work across the sources of `--all-sources` or on the one of `--source NAME`;
 //! `output.rs` writes standard output as Unix tools do.
@@ -20,6 +20,7 @@ mod output;
 mod adopt_verb;
 mod all_sources;
 mod bench;
+mod console_verb;
 mod dead_letters_verb;
 mod enqueue_verb;
 mod healthcheck_verb;
@@ -115,6 +116,10 @@ enum Command {
     /// Relay a table the application already writes (Debezium's outbox table, or any by a
     /// mapping): install (or --remove) the trigger that enqueues each inserted row; --list.
     Adopt(Box<adopt_verb::Args>),
+    /// Serve the operator console in the browser over every source (or --database-url)
+    /// until SIGINT/SIGTERM: overview, messages, dead letters with an audited replay,
+    /// sources, destinations (docs/console.md).
+    Console(Box<console_verb::Args>),
     /// Measure drain throughput, latency and memory (see `make bench`).
     Bench(bench::Options),
     /// Ask a running relayer's /healthz (or /readyz) and exit 0 when it answers 200 (for
@@ -175,7 +180,7 @@ fn role_needed(command: &Command) -> Option<&'static str> {
         | Command::Replay(_)
         | Command::DeadLetters(_)
         | Command::Bench(_) => Some("outbox_relay"),
-        Command::Status(_) => Some("outbox_reader"),
+        Command::Status(_) | Command::Console(_) => Some("outbox_reader"),
         _ => None,
     }
 }
@@ -332,6 +337,30 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Adopt(args) => {
             let writes = (!args.list()).then_some("adopt");
             adopt_verb::run(&quick_store(&cli, writes).await?, args).await
+        }
+        Command::Console(args) => {
+            let settings = args.settings()?;
+            let sources = match &cli.source {
+                Some(name) => [(
+                    name.clone(),
+                    all_sources::one(&sources_settings(&cli)?, name).await?,
+                )]
+                .into(),
+                None => {
+                    let many = sources_settings(&cli)?;
+                    if many.is_many() {
+                        all_sources::all(&many).await?
+                    } else {
+                        let database = verb_database(&cli).await?;
+                        let name = outbox_relay::connection::Target::parse(&database.url)
+                            .ok()
+                            .and_then(|t| t.config.get_dbname().map(str::to_owned))
+                            .unwrap_or_else(|| "default".to_owned());
+                        [(name, database.url)].into()
+                    }
+                }
+            };
+            console_verb::run(settings, sources).await
         }
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;

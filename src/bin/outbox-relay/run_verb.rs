@@ -117,6 +117,20 @@ async fn run_one(
         ),
         None => None,
     };
+    if let Some(addr) = settings.console_addr {
+        let name = store
+            .target()
+            .config
+            .get_dbname()
+            .unwrap_or("default")
+            .to_owned();
+        serve_console(
+            addr,
+            [(name, settings.database_url.clone())].into(),
+            &shutdown,
+        )
+        .await?;
+    }
     wait_for_database(&store, migrate, &shutdown).await?;
     if !shutdown.is_cancelled() {
         let observer = tokio::spawn(observe::run(
@@ -195,10 +209,48 @@ async fn run_sources(
         ),
         None => None,
     };
+    if let Some(addr) = settings.console_addr {
+        let sources = outbox_relay::sources::discover(&settings.sources)
+            .await
+            .map_err(|e| anyhow::anyhow!("finding the sources for the console: {e}"))?;
+        serve_console(addr, sources, &shutdown).await?;
+    }
     outbox_relay::sources::run(fleet, shutdown).await;
     if let Some(listener) = listener {
         listener.abort();
     }
+    Ok(())
+}
+
+/// `console_addr`: serves the operator console over `sources` beside the relay, until
+/// `shutdown`, with the console verb's defaults; read-only unless OUTBOX_CONSOLE_TOKEN is
+/// set (a non-loopback address without it is refused, naming `outbox-relay console
+/// --read-only` for a read-only console there). Its pools are its own: two connections a
+/// source at most, opened when a page needs them.
+async fn serve_console(
+    addr: std::net::SocketAddr,
+    sources: std::collections::BTreeMap<String, String>,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    use outbox_relay::console::{self, AdminToken, ConsoleSettings};
+    let token = std::env::var("OUTBOX_CONSOLE_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .map(|t| AdminToken::new(&t))
+        .transpose()?;
+    let settings = ConsoleSettings {
+        listen: addr,
+        token,
+        ..ConsoleSettings::default()
+    };
+    settings.validate().map_err(|e| {
+        anyhow::anyhow!(
+            "{e} (console_addr; for a read-only console on such an address, run \
+             `outbox-relay console --read-only` beside the relayer)"
+        )
+    })?;
+    let stores = console::connect_sources(&sources, &settings)?;
+    console::serve(settings, stores, shutdown.clone()).await?;
     Ok(())
 }
 

@@ -32,6 +32,7 @@ use outbox_relay::relay::Relay;
 use outbox_relay::store::{Store, StoreError, fill_messages, with_database};
 
 mod brokers;
+mod console_pages;
 mod drain;
 mod fleet;
 mod hot_key;
@@ -178,6 +179,13 @@ pub struct Options {
     /// The stall shape's `timeout_ms` of the HTTP destination (its dispatch deadline).
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub stall_timeout_ms: u64,
+    /// Instead of the other measurements: the console's page times (median, p99) with this
+    /// many pending messages and `--console-attempts` attempts, served in this process.
+    #[arg(long, default_value_t = 0)]
+    pub console_pages: u64,
+    /// Attempts in the log for `--console-pages` [default: 5 × --console-pages].
+    #[arg(long)]
+    pub console_attempts: Option<u64>,
 }
 
 /// The span maker of the relays when the `OTEL_*` variables turn export on (to measure
@@ -271,6 +279,9 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     }
     if o.stall_secs > 0 {
         return stall::run(url, o, &sql).await;
+    }
+    if o.console_pages > 0 {
+        return console_pages::run(url, o, &sql).await;
     }
 
     drain::run(url, o, &sql).await

@@ -1,0 +1,247 @@
+//! The operator console in the browser (`outbox-relay console`): server-rendered pages over
+//! every source of the fleet (overview, messages, one message, dead letters with an
+//! audited replay, sources, destinations), small scripts for live updates, safe by
+//! default. It exists so that "where is order 42's event?" is answered from one page, for
+//! the whole fleet, without psql.
+//!
+//! - this file: the settings, the sources served, the router and the listener;
+//! - `pages.rs`: one handler per screen;
+//! - `html.rs`: escaping, the page frame, times, the chart, failed-query panels;
+//! - `params.rs`: query strings and form bodies (every filter lives in the URL);
+//! - `security.rs`: the admin token, the same-origin rule, the response headers, the
+//!   listen-address rule;
+//! - `assets.rs`: the script and style sheet, embedded in the binary.
+//!
+//! Every query goes through `store` (`store/console.rs`), under the statement timeout of
+//! [`ConsoleSettings::statement_timeout`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ConfigError;
+use crate::store::Store;
+
+mod assets;
+mod html;
+mod pages;
+mod params;
+pub mod security;
+
+pub use security::AdminToken;
+
+/// The console's settings, validated ([`ConsoleSettings::validate`]).
+#[derive(Clone, Debug)]
+pub struct ConsoleSettings {
+    /// Where it listens (127.0.0.1:9188 by default).
+    pub listen: SocketAddr,
+    /// A path prefix for an ingress (`/console`), or "".
+    pub base_path: String,
+    /// The admin token; None: the console is read-only.
+    pub token: Option<AdminToken>,
+    /// Read-only said explicitly: no write even with a token, and the only way to listen
+    /// on a non-loopback address without a token.
+    pub read_only: bool,
+    /// Payloads are never shown.
+    pub sensitive_payloads: bool,
+    /// The longest any console statement may run.
+    pub statement_timeout: Duration,
+    /// Between live updates of a page (0: none).
+    pub refresh: Duration,
+    /// Rows per page of a list.
+    pub page_size: i64,
+    /// Connections of each source's pool (opened when a page needs them, closed when idle).
+    pub connections_per_source: usize,
+}
+
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9188)),
+            base_path: String::new(),
+            token: None,
+            read_only: false,
+            sensitive_payloads: false,
+            statement_timeout: Duration::from_secs(2),
+            refresh: Duration::from_secs(5),
+            page_size: 50,
+            connections_per_source: 2,
+        }
+    }
+}
+
+impl ConsoleSettings {
+    /// Refuses what cannot work or is unsafe, naming the setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        security::check_listen(self.listen, self.token.as_ref(), self.read_only)?;
+        let base = &self.base_path;
+        if !base.is_empty()
+            && (!base.starts_with('/')
+                || base.ends_with('/')
+                || !base
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "/-_.".contains(c)))
+        {
+            return Err(ConfigError::new(
+                "--base-path",
+                format!(
+                    "{base:?} must start with / and not end with one, in letters, digits and \
+                     - _ . / (e.g. /console)"
+                ),
+            ));
+        }
+        if self.statement_timeout < Duration::from_millis(1) {
+            return Err(ConfigError::new(
+                "--statement-timeout",
+                "must be at least 1 ms",
+            ));
+        }
+        if !(1..=1000).contains(&self.page_size) {
+            return Err(ConfigError::new(
+                "--page-size",
+                "must be between 1 and 1000",
+            ));
+        }
+        if !(1..=16).contains(&self.connections_per_source) {
+            return Err(ConfigError::new(
+                "--connections-per-source",
+                "must be between 1 and 16",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a write (replay) may be asked for, with the token.
+    pub fn writable(&self) -> bool {
+        self.token.is_some() && !self.read_only
+    }
+}
+
+/// What the handlers share: the settings and each source's store, by name.
+pub(crate) struct Console {
+    settings: ConsoleSettings,
+    sources: BTreeMap<String, Store>,
+    names: Vec<String>,
+    /// Each source's overview section as last rendered, and when: reused for
+    /// [`OVERVIEW_REUSE`], so that many operators (and their live updates) cost one pass
+    /// over the views that read a whole table.
+    overviews: std::sync::Mutex<BTreeMap<String, (std::time::Instant, Arc<String>)>>,
+}
+
+/// How long a source's rendered overview is served again before it is computed anew.
+pub(crate) const OVERVIEW_REUSE: Duration = Duration::from_secs(10);
+
+impl Console {
+    /// The source `name` asks for, or the first one; `None` when `name` is unknown.
+    fn source(&self, name: Option<&str>) -> Option<(&str, &Store)> {
+        match name {
+            Some(name) => self
+                .sources
+                .get_key_value(name)
+                .map(|(n, s)| (n.as_str(), s)),
+            None => self.sources.iter().next().map(|(n, s)| (n.as_str(), s)),
+        }
+    }
+}
+
+/// The stores of `sources` (name → connection string), each a pool of
+/// `settings.connections_per_source` opened lazily, named `outbox-relay console` in
+/// `pg_stat_activity`.
+pub fn connect_sources(
+    sources: &BTreeMap<String, String>,
+    settings: &ConsoleSettings,
+) -> Result<BTreeMap<String, Store>, crate::store::StoreError> {
+    sources
+        .iter()
+        .map(|(name, url)| {
+            Store::connect_as(url, settings.connections_per_source, "outbox-relay console")
+                .map(|store| (name.clone(), store))
+        })
+        .collect()
+}
+
+/// The console's routes under `settings.base_path`.
+pub fn router(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Router {
+    let base = settings.base_path.clone();
+    let names = sources.keys().cloned().collect();
+    let state = Arc::new(Console {
+        settings,
+        sources,
+        names,
+        overviews: std::sync::Mutex::default(),
+    });
+    let at = |path: &str| format!("{base}{path}");
+    let mut router = Router::new()
+        .route(&at("/"), get(pages::overview))
+        .route(&at("/messages"), get(pages::messages))
+        .route(&at("/messages/{id}"), get(pages::message))
+        .route(&at("/find"), get(pages::find))
+        .route(&at("/dead-letters"), get(pages::dead_letters))
+        .route(
+            &at("/dead-letters/replay"),
+            get(pages::replay_preview).post(pages::replay),
+        )
+        .route(&at("/sources"), get(pages::sources))
+        .route(&at("/destinations"), get(pages::destinations))
+        .route(&at("/assets/{file}"), get(assets::serve));
+    if !base.is_empty() {
+        let to = at("/");
+        router = router.route(
+            &base,
+            get(move || async move { axum::response::Redirect::permanent(&to) }),
+        );
+    }
+    router
+        .with_state(state)
+        .layer(axum::middleware::from_fn(security::guard))
+}
+
+/// Binds `settings.listen` now (a taken port fails the start) and serves the console until
+/// `shutdown`; returns the bound address and the server's task. Idle connections of the
+/// sources' pools are closed after a minute.
+pub async fn serve(
+    settings: ConsoleSettings,
+    sources: BTreeMap<String, Store>,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(settings.listen).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("the console cannot listen on {}: {e}", settings.listen),
+        )
+    })?;
+    let bound = listener.local_addr()?;
+    let stores: Vec<Store> = sources.values().cloned().collect();
+    let idle = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = idle.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(30)) => {}
+            }
+            for store in &stores {
+                store.close_idle(Duration::from_secs(60));
+            }
+        }
+    });
+    let writable = settings.writable();
+    let app = router(settings, sources);
+    tracing::info!(addr = %bound, writable, "console listening");
+    Ok((
+        bound,
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+            {
+                tracing::warn!(error = %e, "console listener stopped");
+            }
+        }),
+    ))
+}

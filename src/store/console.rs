@@ -1,0 +1,741 @@
+//! What the browser console (`crate::console`) reads and writes, one call per panel of a
+//! page. Every call runs in a transaction of its own under `SET LOCAL statement_timeout`,
+//! so that no page waits on a slow statement longer than the console's setting, and a
+//! statement cancelled by it comes back as an error that says so
+//! ([`StoreError::is_statement_timeout`]). Nothing here counts without a bound: counts stop
+//! at [`COUNT_CAP`] + 1 rows, lists are keyset-paginated on `outbox_id` (the primary key of
+//! `outbox.messages` and `outbox.dead_letters`), and the backlog per topic is read from the
+//! fleet's observation (`outbox.observe`) rather than counted again.
+//!
+//! The overview, sources and destinations panels read views and functions granted to
+//! `outbox_reader`; the message and dead-letter lists read `outbox.messages`,
+//! `outbox.attempts` and `outbox.dead_letters` (docs/console.md says which rights that
+//! takes); a replay is the audited `start_replay` + `replay_step` of `outbox-relay replay`.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+use uuid::Uuid;
+
+use super::dead_letters::DeadLetterFilter;
+use super::{AttemptRecord, ObservationRow, ReportedCircuit, Result, Store, StoreError};
+
+/// The most rows a console count reads: a larger count is shown as "more than 10,000".
+pub const COUNT_CAP: i64 = 10_000;
+
+/// A count read with at most [`COUNT_CAP`] + 1 rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CappedCount {
+    /// The count, at most [`COUNT_CAP`].
+    pub count: i64,
+    /// More than [`COUNT_CAP`] rows matched.
+    pub more: bool,
+}
+
+impl CappedCount {
+    fn of(n: i64) -> Self {
+        CappedCount {
+            count: n.min(COUNT_CAP),
+            more: n > COUNT_CAP,
+        }
+    }
+}
+
+impl std::fmt::Display for CappedCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.more {
+            write!(f, "more than {}", thousands(COUNT_CAP))
+        } else {
+            write!(f, "{}", thousands(self.count))
+        }
+    }
+}
+
+/// `n` with a comma every three digits.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// Where a pending message stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MessageState {
+    /// Claimable now.
+    Ready,
+    /// Leased by a relayer.
+    Leased,
+    /// Behind an earlier message of its key.
+    Waiting,
+    /// Not before its `available_at` (a delay or a retry's backoff).
+    Scheduled,
+}
+
+impl MessageState {
+    pub const ALL: [MessageState; 4] = [
+        MessageState::Ready,
+        MessageState::Leased,
+        MessageState::Waiting,
+        MessageState::Scheduled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Ready => "ready",
+            MessageState::Leased => "leased",
+            MessageState::Waiting => "waiting",
+            MessageState::Scheduled => "scheduled",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// The condition on `outbox.messages AS m` that selects this state; the four are
+    /// disjoint and cover every row ([`STATE_OF`] names the same split).
+    fn condition(self) -> &'static str {
+        match self {
+            MessageState::Leased => "m.lease_token IS NOT NULL",
+            MessageState::Waiting => "m.lease_token IS NULL AND m.behind",
+            MessageState::Scheduled => {
+                "m.lease_token IS NULL AND NOT m.behind AND m.available_at > now()"
+            }
+            MessageState::Ready => {
+                "m.lease_token IS NULL AND NOT m.behind AND m.available_at <= now()"
+            }
+        }
+    }
+}
+
+/// A pending message's state, the split of [`MessageState::condition`].
+const STATE_OF: &str = "CASE WHEN m.lease_token IS NOT NULL THEN 'leased' \
+     WHEN m.behind THEN 'waiting' WHEN m.available_at > now() THEN 'scheduled' \
+     ELSE 'ready' END";
+
+/// Which pending messages the Messages page lists; `None` matches everything.
+#[derive(Clone, Debug, Default)]
+pub struct MessageFilter {
+    pub id: Option<Uuid>,
+    pub topic: Option<String>,
+    pub key: Option<String>,
+    pub state: Option<MessageState>,
+    /// Created at least this long ago.
+    pub older_than: Option<Duration>,
+    /// The keyset cursor: messages with a smaller `outbox_id` than this (the next page).
+    pub before: Option<Uuid>,
+}
+
+/// A pending message as the Messages page lists it.
+#[derive(Clone, Debug)]
+pub struct MessageRow {
+    pub outbox_id: Uuid,
+    pub topic: String,
+    pub message_key: Option<String>,
+    pub state: String,
+    pub created_at: DateTime<Utc>,
+    pub available_at: DateTime<Utc>,
+    pub attempt_count: i32,
+    pub claimed_by: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+}
+
+/// One pending message in full.
+#[derive(Clone, Debug)]
+pub struct MessageDetail {
+    pub row: MessageRow,
+    pub content_type: String,
+    pub headers: serde_json::Value,
+    pub payload: Vec<u8>,
+    pub max_attempts: i32,
+    /// Messages of the same key enqueued before it and still pending.
+    pub ahead: Option<CappedCount>,
+    /// The head of its key (the one delivered next), when it is not that head itself.
+    pub key_head: Option<Uuid>,
+}
+
+/// A dead letter as the Dead letters page lists it.
+#[derive(Clone, Debug)]
+pub struct DeadLetterRow {
+    pub outbox_id: Uuid,
+    pub topic: String,
+    pub message_key: Option<String>,
+    pub dead_lettered_at: DateTime<Utc>,
+    pub attempt_count: i32,
+    pub last_error: Option<String>,
+}
+
+/// Delivered attempts in one minute of the last hour.
+#[derive(Clone, Debug)]
+pub struct MinuteRate {
+    pub minute: DateTime<Utc>,
+    pub delivered: i64,
+    pub failed: i64,
+}
+
+/// A row of `outbox.worker_activity`.
+#[derive(Clone, Debug)]
+pub struct WorkerRow {
+    pub worker_id: String,
+    pub leases_held: i64,
+    pub next_lease_expiry: Option<DateTime<Utc>>,
+    pub dispatched_5m: i64,
+    pub failed_5m: i64,
+    pub last_attempt_at: Option<DateTime<Utc>>,
+}
+
+/// A row of `outbox.source_holders`.
+#[derive(Clone, Debug)]
+pub struct HolderRow {
+    pub slot: i32,
+    pub worker_id: String,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A row of `outbox.recent_failures`.
+#[derive(Clone, Debug)]
+pub struct FailureRow {
+    pub outbox_id: Uuid,
+    pub topic: Option<String>,
+    pub attempt_no: i32,
+    pub state: String,
+    pub worker_id: String,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub now_in: String,
+}
+
+/// A row of `outbox.replay_log`.
+#[derive(Clone, Debug)]
+pub struct ReplayRow {
+    pub replay_id: i64,
+    pub started_at: DateTime<Utc>,
+    pub replayed_by: String,
+    pub reason: Option<String>,
+    pub replayed: i64,
+}
+
+impl StoreError {
+    /// Whether Postgres cancelled the statement for running past its statement timeout
+    /// (SQLSTATE 57014).
+    pub fn is_statement_timeout(&self) -> bool {
+        matches!(self, StoreError::Database { source, .. }
+            if source.code().is_some_and(|c| c.code() == "57014"))
+    }
+
+    /// Whether Postgres refused this login a right (SQLSTATE 42501).
+    pub fn is_permission_denied(&self) -> bool {
+        matches!(self, StoreError::Database { source, .. }
+            if source.code().is_some_and(|c| c.code() == "42501"))
+    }
+}
+
+/// Parameters of one statement: values with their types.
+type Params<'a> = Vec<(&'a (dyn ToSql + Sync), Type)>;
+
+impl Store {
+    /// `sql` with `params`, in a transaction of its own (read-only when `read_only`) whose
+    /// statements may each run for `timeout` at most.
+    async fn console_query(
+        &self,
+        timeout: Duration,
+        read_only: bool,
+        sql: &str,
+        params: &Params<'_>,
+    ) -> Result<Vec<Row>> {
+        let mut client = self.client().await?;
+        let tx = client
+            .build_transaction()
+            .read_only(read_only)
+            .start()
+            .await?;
+        tx.batch_execute(&format!(
+            "SET LOCAL statement_timeout = {}",
+            timeout.as_millis().max(1)
+        ))
+        .await?;
+        let rows = tx.query_typed(&self.sql(sql), params).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    /// `outbox.observe`, as [`Store::observe`], under the console's timeout.
+    pub async fn console_observe(
+        &self,
+        timeout: Duration,
+        max_age: Duration,
+    ) -> Result<Option<ObservationRow>> {
+        let rows = self
+            .console_query(
+                timeout,
+                false,
+                "SELECT observed_at, refreshed, snapshot \
+                   FROM outbox.observe(100, make_interval(secs => $1))",
+                &vec![(&max_age.as_secs_f64(), Type::FLOAT8)],
+            )
+            .await?;
+        Ok(rows.first().and_then(|row| {
+            let observed_at: Option<DateTime<Utc>> = row.get(0);
+            observed_at.map(|observed_at| ObservationRow {
+                observed_at,
+                refreshed: row.get(1),
+                snapshot: row.get(2),
+            })
+        }))
+    }
+
+    /// Delivered and not-delivered attempts per minute over the last hour
+    /// (`outbox.attempt_rates`), oldest minute first; minutes without attempts left out.
+    pub async fn console_rates(&self, timeout: Duration) -> Result<Vec<MinuteRate>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT minute, \
+                        coalesce(sum(attempts) FILTER (WHERE state = 'DISPATCHED'), 0)::bigint, \
+                        coalesce(sum(attempts) FILTER (WHERE state <> 'DISPATCHED'), 0)::bigint \
+                   FROM outbox.attempt_rates GROUP BY minute ORDER BY minute",
+                &vec![],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| MinuteRate {
+                minute: r.get(0),
+                delivered: r.get(1),
+                failed: r.get(2),
+            })
+            .collect())
+    }
+
+    /// `outbox.worker_activity`, the workers holding most leases first.
+    pub async fn console_workers(&self, timeout: Duration) -> Result<Vec<WorkerRow>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT worker_id, leases_held, next_lease_expiry, dispatched_5m, failed_5m, \
+                        last_attempt_at \
+                   FROM outbox.worker_activity ORDER BY leases_held DESC, worker_id LIMIT 200",
+                &vec![],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| WorkerRow {
+                worker_id: r.get(0),
+                leases_held: r.get(1),
+                next_lease_expiry: r.get(2),
+                dispatched_5m: r.get(3),
+                failed_5m: r.get(4),
+                last_attempt_at: r.get(5),
+            })
+            .collect())
+    }
+
+    /// The `outbox.circuits` view under the console's timeout.
+    pub async fn console_circuits(&self, timeout: Duration) -> Result<Vec<ReportedCircuit>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT worker_id, destination, state, since, reported_at, expires_at, stale \
+                   FROM outbox.circuits ORDER BY destination, stale, state, worker_id",
+                &vec![],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ReportedCircuit {
+                worker_id: r.get(0),
+                report: super::CircuitReport {
+                    destination: r.get(1),
+                    state: r.get(2),
+                    since: r.get(3),
+                },
+                reported_at: r.get(4),
+                expires_at: r.get(5),
+                stale: r.get(6),
+            })
+            .collect())
+    }
+
+    /// The `outbox.source_holders` view: who serves this source now.
+    pub async fn console_holders(&self, timeout: Duration) -> Result<Vec<HolderRow>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT slot, worker_id, acquired_at, expires_at \
+                   FROM outbox.source_holders ORDER BY slot",
+                &vec![],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| HolderRow {
+                slot: r.get(0),
+                worker_id: r.get(1),
+                acquired_at: r.get(2),
+                expires_at: r.get(3),
+            })
+            .collect())
+    }
+
+    /// The `outbox.recent_failures` view (the latest 100 attempts that did not deliver).
+    pub async fn console_failures(&self, timeout: Duration) -> Result<Vec<FailureRow>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT outbox_id, topic, attempt_no, state::text, worker_id, error, \
+                        created_at, now_in \
+                   FROM outbox.recent_failures ORDER BY created_at DESC",
+                &vec![],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| FailureRow {
+                outbox_id: r.get(0),
+                topic: r.get(1),
+                attempt_no: r.get(2),
+                state: r.get(3),
+                worker_id: r.get(4),
+                error: r.get(5),
+                created_at: r.get(6),
+                now_in: r.get(7),
+            })
+            .collect())
+    }
+
+    /// The latest `limit` replays of `outbox.replay_log`.
+    pub async fn console_replays(&self, timeout: Duration, limit: i64) -> Result<Vec<ReplayRow>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT replay_id, started_at, replayed_by, reason, replayed \
+                   FROM outbox.replay_log ORDER BY replay_id DESC LIMIT $1",
+                &vec![(&limit, Type::INT8)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ReplayRow {
+                replay_id: r.get(0),
+                started_at: r.get(1),
+                replayed_by: r.get(2),
+                reason: r.get(3),
+                replayed: r.get(4),
+            })
+            .collect())
+    }
+
+    /// Pending messages matching `filter`, newest first (`outbox_id` descending, on the
+    /// primary key), at most `limit`.
+    pub async fn console_messages(
+        &self,
+        timeout: Duration,
+        filter: &MessageFilter,
+        limit: i64,
+    ) -> Result<Vec<MessageRow>> {
+        let older_than = filter.older_than.map(|d| d.as_secs_f64());
+        let mut conditions = Vec::new();
+        let mut params: Params<'_> = Vec::new();
+        fn bind<'a>(
+            conditions: &mut Vec<String>,
+            params: &mut Params<'a>,
+            condition: &str,
+            value: &'a (dyn ToSql + Sync),
+            ty: Type,
+        ) {
+            params.push((value, ty));
+            conditions.push(condition.replace('?', &format!("${}", params.len())));
+        }
+        let (c, p) = (&mut conditions, &mut params);
+        if let Some(id) = &filter.id {
+            bind(c, p, "m.outbox_id = ?", id, Type::UUID);
+        }
+        if let Some(topic) = &filter.topic {
+            bind(c, p, "m.topic = ?", topic, Type::TEXT);
+        }
+        if let Some(key) = &filter.key {
+            bind(c, p, "m.message_key = ?", key, Type::TEXT);
+        }
+        if let Some(secs) = &older_than {
+            let age = "m.created_at <= now() - make_interval(secs => ?)";
+            bind(c, p, age, secs, Type::FLOAT8);
+        }
+        if let Some(before) = &filter.before {
+            bind(c, p, "m.outbox_id < ?", before, Type::UUID);
+        }
+        if let Some(state) = filter.state {
+            conditions.push(state.condition().to_owned());
+        }
+        params.push((&limit, Type::INT8));
+        let mut sql = format!("SELECT {} FROM outbox.messages AS m", message_columns());
+        if !conditions.is_empty() {
+            sql += " WHERE ";
+            sql += &conditions.join(" AND ");
+        }
+        sql += &format!(" ORDER BY m.outbox_id DESC LIMIT ${}", params.len());
+        let rows = self.console_query(timeout, true, &sql, &params).await?;
+        Ok(rows.iter().map(message_row).collect())
+    }
+
+    /// One pending message in full with its key's position, or `None` when it is not
+    /// pending.
+    pub async fn console_message(
+        &self,
+        timeout: Duration,
+        id: Uuid,
+    ) -> Result<Option<MessageDetail>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                &format!(
+                    "SELECT {columns}, m.content_type, m.headers, m.payload, \
+                            m.max_attempts, \
+                            CASE WHEN m.message_key IS NULL THEN NULL ELSE \
+                              (SELECT count(*) FROM (SELECT 1 FROM outbox.messages AS k \
+                                WHERE k.message_key = m.message_key AND k.seq < m.seq \
+                                LIMIT {cap}) AS ahead) END, \
+                            (SELECT k.outbox_id FROM outbox.messages AS k \
+                              WHERE k.message_key = m.message_key ORDER BY k.seq LIMIT 1) \
+                       FROM outbox.messages AS m WHERE m.outbox_id = $1",
+                    columns = message_columns(),
+                    cap = COUNT_CAP + 1
+                ),
+                &vec![(&id, Type::UUID)],
+            )
+            .await?;
+        Ok(rows.first().map(|r| {
+            let head: Option<Uuid> = r.get(15);
+            MessageDetail {
+                row: message_row(r),
+                content_type: r.get(10),
+                headers: r.get(11),
+                payload: r.get(12),
+                max_attempts: r.get(13),
+                ahead: r.get::<_, Option<i64>>(14).map(CappedCount::of),
+                key_head: head.filter(|h| *h != id),
+            }
+        }))
+    }
+
+    /// Every attempt of message `id`, oldest first (from `outbox.attempts`'s primary key).
+    pub async fn console_attempts(
+        &self,
+        timeout: Duration,
+        id: Uuid,
+    ) -> Result<Vec<AttemptRecord>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT attempt_no, state::text, worker_id, error, created_at \
+                   FROM outbox.attempts WHERE outbox_id = $1 ORDER BY attempt_no LIMIT 1000",
+                &vec![(&id, Type::UUID)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AttemptRecord {
+                attempt_no: r.get(0),
+                state: r.get(1),
+                worker_id: r.get(2),
+                error: r.get(3),
+                created_at: r.get(4),
+            })
+            .collect())
+    }
+
+    /// Dead letters matching `filter` (ids, topic, since, error text), newest first
+    /// (`outbox_id` descending, on the primary key), after the cursor `before`, at most
+    /// `limit`.
+    pub async fn console_dead_letters(
+        &self,
+        timeout: Duration,
+        filter: &DeadLetterFilter,
+        before: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Vec<DeadLetterRow>> {
+        let (mut sql, mut params) = dead_letter_selection(filter);
+        if let Some(before) = &before {
+            params.push((before, Type::UUID));
+            sql += &format!(" AND d.outbox_id < ${}", params.len());
+        }
+        params.push((&limit, Type::INT8));
+        sql += &format!(" ORDER BY d.outbox_id DESC LIMIT ${}", params.len());
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                &format!(
+                    "SELECT d.outbox_id, d.topic, d.message_key, d.dead_lettered_at, \
+                            d.attempt_count, d.last_error FROM outbox.dead_letters AS d {sql}"
+                ),
+                &params,
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| DeadLetterRow {
+                outbox_id: r.get(0),
+                topic: r.get(1),
+                message_key: r.get(2),
+                dead_lettered_at: r.get(3),
+                attempt_count: r.get(4),
+                last_error: r.get(5),
+            })
+            .collect())
+    }
+
+    /// How many dead letters match `filter`, read with at most [`COUNT_CAP`] + 1 rows.
+    pub async fn console_dead_letter_count(
+        &self,
+        timeout: Duration,
+        filter: &DeadLetterFilter,
+    ) -> Result<CappedCount> {
+        let (sql, params) = dead_letter_selection(filter);
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                &format!(
+                    "SELECT count(*) FROM (SELECT 1 FROM outbox.dead_letters AS d {sql} \
+                      LIMIT {}) AS capped",
+                    COUNT_CAP + 1
+                ),
+                &params,
+            )
+            .await?;
+        Ok(CappedCount::of(rows[0].get(0)))
+    }
+
+    /// The audited replay of `outbox-relay replay`: `outbox.start_replay` with `filter`
+    /// and `reason`, then `outbox.replay_step` until nothing is left, each under the
+    /// console's timeout. Returns the replay's id and how many moved.
+    pub async fn console_replay(
+        &self,
+        timeout: Duration,
+        filter: &DeadLetterFilter,
+        reason: &str,
+    ) -> Result<(i64, i64)> {
+        let rows = self
+            .console_query(
+                timeout,
+                false,
+                "SELECT outbox.start_replay($1, $2, $3, $4, $5)",
+                &vec![
+                    (&filter.ids, Type::UUID_ARRAY),
+                    (&filter.topic, Type::TEXT),
+                    (&filter.since, Type::TIMESTAMPTZ),
+                    (&filter.error_contains, Type::TEXT),
+                    (&reason, Type::TEXT),
+                ],
+            )
+            .await?;
+        let replay_id: i64 = rows[0].get(0);
+        let step: i32 = 1000;
+        let mut moved: i64 = 0;
+        loop {
+            let rows = self
+                .console_query(
+                    timeout,
+                    false,
+                    "SELECT outbox.replay_step($1, $2)",
+                    &vec![(&replay_id, Type::INT8), (&step, Type::INT4)],
+                )
+                .await?;
+            let n: i32 = rows[0].get(0);
+            moved += i64::from(n);
+            if n < step {
+                return Ok((replay_id, moved));
+            }
+        }
+    }
+}
+
+/// The `WHERE` clause (over `outbox.dead_letters AS d`) of a [`DeadLetterFilter`], the
+/// same selection as `outbox.dead_letters_matching`, written out so that the primary key
+/// and the topic index serve it; and its parameters.
+fn dead_letter_selection(filter: &DeadLetterFilter) -> (String, Params<'_>) {
+    let mut params: Params<'_> = Vec::new();
+    let mut conditions = vec!["true".to_owned()];
+    if let Some(ids) = &filter.ids {
+        params.push((ids, Type::UUID_ARRAY));
+        conditions.push(format!("d.outbox_id = ANY (${})", params.len()));
+    }
+    if let Some(topic) = &filter.topic {
+        params.push((topic, Type::TEXT));
+        conditions.push(format!("d.topic = ${}", params.len()));
+    }
+    if let Some(since) = &filter.since {
+        params.push((since, Type::TIMESTAMPTZ));
+        conditions.push(format!("d.dead_lettered_at >= ${}", params.len()));
+    }
+    if let Some(text) = &filter.error_contains {
+        params.push((text, Type::TEXT));
+        conditions.push(format!(
+            "strpos(lower(d.last_error), lower(${})) > 0",
+            params.len()
+        ));
+    }
+    (format!("WHERE {}", conditions.join(" AND ")), params)
+}
+
+/// The columns of a [`MessageRow`], over `outbox.messages AS m`.
+fn message_columns() -> String {
+    format!(
+        "m.outbox_id, m.topic, m.message_key, {STATE_OF}, m.created_at, m.available_at, \
+         m.attempt_count, m.claimed_by, m.lease_expires_at, m.last_error"
+    )
+}
+
+fn message_row(r: &Row) -> MessageRow {
+    MessageRow {
+        outbox_id: r.get(0),
+        topic: r.get(1),
+        message_key: r.get(2),
+        state: r.get(3),
+        created_at: r.get(4),
+        available_at: r.get(5),
+        attempt_count: r.get(6),
+        claimed_by: r.get(7),
+        lease_expires_at: r.get(8),
+        last_error: r.get(9),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_past_the_cap_say_more_than() {
+        assert_eq!(CappedCount::of(10_001).to_string(), "more than 10,000");
+        assert_eq!(CappedCount::of(10_000).to_string(), "10,000");
+        assert_eq!(CappedCount::of(7).to_string(), "7");
+    }
+
+    #[test]
+    fn message_states_are_named_both_ways() {
+        for s in MessageState::ALL {
+            assert_eq!(MessageState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(MessageState::parse("delivered"), None);
+    }
+}
