@@ -18,7 +18,7 @@
 #     and pgx v4 (Debian's golang-go and golang-github-jackc-pgx-v4-dev: the Go module
 #     proxy is not reachable from every machine, Debian's packages are), psycopg and the
 #     OpenTelemetry Python SDK (the trace context snippet) in a virtual environment at
-#     target/venv, and pg (npm) in target/node_modules;
+#     target/venv, and pg and the OpenTelemetry JS SDK (npm) in target/node_modules;
 #   - moto in server mode and boto3 in the same virtual environment (the AWS destination
 #     tests start moto servers of their own and read back with boto3).
 # Starts RabbitMQ, and the machine's Redis (6379), NATS (4222), Mosquitto (1883) and a tansu broker (9092)
@@ -220,10 +220,13 @@ if [ ! -x "$target/venv/bin/moto_server" ] || ! "$target/venv/bin/python" -c 'im
     "$target/venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
         'moto[server]==5.2.5' boto3 || true
 fi
-if command -v npm >/dev/null 2>&1 && [ ! -d "$target/node_modules/pg" ]; then
-    echo "test-services: installing pg (npm) into $target/node_modules (the Node producer" \
-         "snippet's driver; under a minute)" >&2
-    npm install --no-audit --no-fund --prefix "$target" pg || true
+if command -v npm >/dev/null 2>&1 && { [ ! -d "$target/node_modules/pg" ] \
+    || [ ! -d "$target/node_modules/@opentelemetry/sdk-trace-base" ]; }; then
+    echo "test-services: installing pg and the OpenTelemetry JS API and SDK (npm) into" \
+         "$target/node_modules (the Node producer snippets' driver and the trace context" \
+         "snippet's SDK; under a minute)" >&2
+    npm install --no-audit --no-fund --prefix "$target" pg @opentelemetry/api \
+        @opentelemetry/context-async-hooks @opentelemetry/core @opentelemetry/sdk-trace-base || true
 fi
 
 for _ in $(seq 1 60); do answers 5672 && answers 9092 && break; sleep 1; done
