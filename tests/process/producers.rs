@@ -1,8 +1,8 @@
 //! The producer snippets of the README (`examples/producers/`), each run with its own
 //! language against a fresh database: psql, Python (psycopg), Node (pg), Go (pgx). Each
 //! must enqueue the order message inside its transaction and print its outbox_id, directly
-//! and through PgBouncer in transaction mode (tests/common/pgbouncer.rs); the Python and
-//! Node trace context snippets must store their span's traceparent with the message, the
+//! and through PgBouncer in transaction mode (tests/common/pgbouncer.rs); the trace context
+//! snippets (Python, Node, Go) must store their span's traceparent with the message, the
 //! same two ways; the
 //! README must show each file as it is. A toolchain or driver that is missing fails its
 //! test, naming what is missing and what installs it: `make test` (scripts/test-services.sh)
@@ -307,6 +307,46 @@ async fn go_pgx() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// OpenTelemetry Go's sources under a GOPATH (Debian's golang-opentelemetry-otel-dev).
+const OTEL_GO: &str = "src/go.opentelemetry.io/otel/sdk/trace";
+
+/// The README's Go trace context snippet, with a span of the OpenTelemetry Go SDK.
+#[tokio::test(flavor = "multi_thread")]
+async fn go_trace_context() {
+    require("go", "apt-get install golang-go");
+    let gopath = debian_gopath();
+    for (sources, package) in [
+        (PGX, "golang-github-jackc-pgx-v4-dev"),
+        (OTEL_GO, "golang-opentelemetry-otel-dev"),
+    ] {
+        assert!(
+            gopath.join(sources).is_dir(),
+            "{sources} under {}: apt-get install {package} (`make test` does it, or unpacks it \
+             under the target directory)",
+            gopath.display()
+        );
+    }
+    // Built before the database exists, so that a build that fails keeps none.
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("go-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(snippet("trace.go"), dir.join("main.go")).unwrap();
+    let build = go(&dir)
+        .args(["build", "-o", "trace", "main.go"])
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "go build of examples/producers/trace.go: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let db = TestDb::new().await;
+    carries_the_span_context(&db, || Command::new(dir.join("trace"))).await;
+    db.finish().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_readme_shows_each_snippet_as_it_is() {
     let readme =
@@ -318,6 +358,7 @@ fn the_readme_shows_each_snippet_as_it_is() {
         "enqueue.go",
         "trace.py",
         "trace.js",
+        "trace.go",
     ] {
         let text = std::fs::read_to_string(snippet(file)).unwrap();
         assert!(
