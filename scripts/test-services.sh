@@ -15,10 +15,11 @@
 #     own and read them back with python3's standard library);
 #   - what the build needs (scripts/build-deps.sh);
 #   - the toolchains and drivers of the README's producer snippets (tests/process/producers.rs): Go
-#     and pgx v4 (Debian's golang-go and golang-github-jackc-pgx-v4-dev: the Go module
+#     and pgx v4 and OpenTelemetry Go (Debian's golang-go, golang-github-jackc-pgx-v4-dev and
+#     golang-opentelemetry-otel-dev: the Go module
 #     proxy is not reachable from every machine, Debian's packages are), psycopg and the
 #     OpenTelemetry Python SDK (the trace context snippet) in a virtual environment at
-#     target/venv, and pg (npm) in target/node_modules;
+#     target/venv, and pg and the OpenTelemetry JS SDK (npm) in target/node_modules;
 #   - moto in server mode and boto3 in the same virtual environment (the AWS destination
 #     tests start moto servers of their own and read back with boto3);
 #   - the OpenTelemetry Python SDK, its OTLP/HTTP exporter and opentelemetry-proto there too
@@ -108,6 +109,11 @@ if [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] \
     apt_packages+=(golang-github-jackc-pgx-v4-dev)
     reasons+=("pgx v4, the driver of the README's Go producer snippet")
 fi
+if [ ! -d /usr/share/gocode/src/go.opentelemetry.io/otel/sdk/trace ] \
+    && [ ! -d "$target/debs/root/usr/share/gocode/src/go.opentelemetry.io/otel/sdk/trace" ]; then
+    apt_packages+=(golang-opentelemetry-otel-dev)
+    reasons+=("OpenTelemetry Go, the SDK of the README's Go trace context snippet")
+fi
 if ! command -v zsh >/dev/null 2>&1; then
     apt_packages+=(zsh); reasons+=("zsh completes command lines with the generated zsh completion script")
 fi
@@ -128,7 +134,7 @@ fi
 # other that would upgrade or remove an installed package is not installed, and the run
 # fails below naming it and what its install would change.
 debs="$target/debs"
-unpackable=" fish zsh kcat prometheus golang-go golang-github-jackc-pgx-v4-dev mosquitto-clients "
+unpackable=" fish zsh kcat prometheus golang-go golang-github-jackc-pgx-v4-dev golang-opentelemetry-otel-dev mosquitto-clients "
 # What installing the packages would change of what is installed: upgrades and removals.
 upgrades() {
     apt-get -s install --no-install-recommends "$@" 2>/dev/null \
@@ -235,10 +241,13 @@ if ! "$target/venv/bin/python" -c 'import opentelemetry.sdk, opentelemetry.proto
     "$target/venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
         opentelemetry-sdk opentelemetry-exporter-otlp-proto-http opentelemetry-proto || true
 fi
-if command -v npm >/dev/null 2>&1 && [ ! -d "$target/node_modules/pg" ]; then
-    echo "test-services: installing pg (npm) into $target/node_modules (the Node producer" \
-         "snippet's driver; under a minute)" >&2
-    npm install --no-audit --no-fund --prefix "$target" pg || true
+if command -v npm >/dev/null 2>&1 && { [ ! -d "$target/node_modules/pg" ] \
+    || [ ! -d "$target/node_modules/@opentelemetry/sdk-trace-base" ]; }; then
+    echo "test-services: installing pg and the OpenTelemetry JS API and SDK (npm) into" \
+         "$target/node_modules (the Node producer snippets' driver and the trace context" \
+         "snippet's SDK; under a minute)" >&2
+    npm install --no-audit --no-fund --prefix "$target" pg @opentelemetry/api \
+        @opentelemetry/context-async-hooks @opentelemetry/core @opentelemetry/sdk-trace-base || true
 fi
 
 # The console's browser suite (tests/process/console_browser.rs): playwright-core drives the
@@ -269,6 +278,9 @@ command -v go >/dev/null 2>&1 || missing+=("go (apt-get install golang-go)")
 [ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] \
     || [ -d "$target/debs/root/usr/share/gocode/src/github.com/jackc/pgx/v4" ] \
     || missing+=("pgx v4 for Go (apt-get install golang-github-jackc-pgx-v4-dev)")
+[ -d /usr/share/gocode/src/go.opentelemetry.io/otel/sdk/trace ] \
+    || [ -d "$target/debs/root/usr/share/gocode/src/go.opentelemetry.io/otel/sdk/trace" ] \
+    || missing+=("OpenTelemetry Go (apt-get install golang-opentelemetry-otel-dev)")
 command -v node >/dev/null 2>&1 || missing+=("node and npm (apt-get install nodejs npm)")
 command -v zsh >/dev/null 2>&1 || missing+=("zsh (apt-get install zsh)")
 command -v fish >/dev/null 2>&1 || missing+=("fish (apt-get install fish)")

@@ -1,8 +1,9 @@
 //! The producer snippets of the README (`examples/producers/`), each run with its own
 //! language against a fresh database: psql, Python (psycopg), Node (pg), Go (pgx). Each
 //! must enqueue the order message inside its transaction and print its outbox_id, directly
-//! and through PgBouncer in transaction mode (tests/common/pgbouncer.rs); the Python trace
-//! context snippet must store its span's traceparent with the message, the same two ways; the
+//! and through PgBouncer in transaction mode (tests/common/pgbouncer.rs); the trace context
+//! snippets (Python, Node, Go) must store their span's traceparent with the message, the
+//! same two ways; the
 //! README must show each file as it is. A toolchain or driver that is missing fails its
 //! test, naming what is missing and what installs it: `make test` (scripts/test-services.sh)
 //! installs psycopg and the OpenTelemetry SDK into the virtual environment `target/venv`, pg into
@@ -131,42 +132,26 @@ async fn python_psycopg() {
     db.finish().await;
 }
 
-/// The README's trace context snippet: a span of the OpenTelemetry Python SDK, its context
-/// put in the transaction with `set_config`, and the message enqueued by an unchanged call
-/// carries that span's traceparent (the SDK's own tracestate is empty: none is stored).
-#[tokio::test(flavor = "multi_thread")]
-async fn python_trace_context() {
-    let python = target_dir().join("venv/bin/python");
-    let ready = Command::new(&python)
-        .args(["-c", "import psycopg, opentelemetry.sdk.trace"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ready,
-        "no Python virtual environment with psycopg and the OpenTelemetry SDK at {}: \
-         python3 -m venv {0}; {0}/bin/pip install 'psycopg[binary]' opentelemetry-sdk \
-         (`make test` does it)",
-        target_dir().join("venv").display()
-    );
-    let db = TestDb::new().await;
+/// Runs a trace context snippet that `command` makes, directly and through PgBouncer in
+/// transaction mode: it prints the outbox_id and its span's traceparent, and the message an
+/// unchanged enqueue call made in that transaction carries that traceparent (the SDKs'
+/// own tracestate is empty: none is stored).
+async fn carries_the_span_context(db: &TestDb, mut command: impl FnMut() -> Command) {
     let bouncer = PgBouncer::start(&db.scratch_dir(), "transaction").await;
     let c = db.client().await;
-    for url in [db.url.clone(), bouncer.url(&db)] {
-        let out = Command::new(&python)
-            .arg(snippet("trace.py"))
-            .env("DATABASE_URL", &url)
-            .output()
-            .unwrap();
+    for url in [db.url.clone(), bouncer.url(db)] {
+        let mut command = command();
+        let out = command.env("DATABASE_URL", &url).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "{}",
+            "{command:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let (id, traceparent) = text
             .trim()
             .split_once(' ')
-            .unwrap_or_else(|| panic!("printed {text:?}"));
+            .unwrap_or_else(|| panic!("{command:?} printed {text:?}"));
         let sampled = traceparent.len() == 55
             && u8::from_str_radix(&traceparent[53..], 16).is_ok_and(|flags| flags & 1 == 1);
         assert!(
@@ -184,6 +169,61 @@ async fn python_trace_context() {
         assert_eq!(headers, serde_json::json!({"traceparent": traceparent}));
     }
     drop(bouncer);
+}
+
+/// The README's Python trace context snippet, with a span of the OpenTelemetry Python SDK.
+#[tokio::test(flavor = "multi_thread")]
+async fn python_trace_context() {
+    let python = target_dir().join("venv/bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import psycopg, opentelemetry.sdk.trace"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ready,
+        "no Python virtual environment with psycopg and the OpenTelemetry SDK at {}: \
+         python3 -m venv {0}; {0}/bin/pip install 'psycopg[binary]' opentelemetry-sdk \
+         (`make test` does it)",
+        target_dir().join("venv").display()
+    );
+    let db = TestDb::new().await;
+    carries_the_span_context(&db, || {
+        let mut command = Command::new(&python);
+        command.arg(snippet("trace.py"));
+        command
+    })
+    .await;
+    db.finish().await;
+}
+
+/// The README's Node trace context snippet, with a span of the OpenTelemetry JS SDK.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_trace_context() {
+    require("node", "apt-get install nodejs npm");
+    let modules = target_dir().join("node_modules");
+    for module in [
+        "pg",
+        "@opentelemetry/api",
+        "@opentelemetry/context-async-hooks",
+        "@opentelemetry/core",
+        "@opentelemetry/sdk-trace-base",
+    ] {
+        assert!(
+            modules.join(module).exists(),
+            "the {module} module under {}: npm install --prefix {} pg @opentelemetry/api \
+             @opentelemetry/context-async-hooks @opentelemetry/core @opentelemetry/sdk-trace-base \
+             (`make test` does it)",
+            modules.display(),
+            target_dir().display()
+        );
+    }
+    let db = TestDb::new().await;
+    carries_the_span_context(&db, || {
+        let mut command = Command::new("node");
+        command.env("NODE_PATH", &modules).arg(snippet("trace.js"));
+        command
+    })
+    .await;
     db.finish().await;
 }
 
@@ -267,6 +307,46 @@ async fn go_pgx() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// OpenTelemetry Go's sources under a GOPATH (Debian's golang-opentelemetry-otel-dev).
+const OTEL_GO: &str = "src/go.opentelemetry.io/otel/sdk/trace";
+
+/// The README's Go trace context snippet, with a span of the OpenTelemetry Go SDK.
+#[tokio::test(flavor = "multi_thread")]
+async fn go_trace_context() {
+    require("go", "apt-get install golang-go");
+    let gopath = debian_gopath();
+    for (sources, package) in [
+        (PGX, "golang-github-jackc-pgx-v4-dev"),
+        (OTEL_GO, "golang-opentelemetry-otel-dev"),
+    ] {
+        assert!(
+            gopath.join(sources).is_dir(),
+            "{sources} under {}: apt-get install {package} (`make test` does it, or unpacks it \
+             under the target directory)",
+            gopath.display()
+        );
+    }
+    // Built before the database exists, so that a build that fails keeps none.
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("go-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(snippet("trace.go"), dir.join("main.go")).unwrap();
+    let build = go(&dir)
+        .args(["build", "-o", "trace", "main.go"])
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "go build of examples/producers/trace.go: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let db = TestDb::new().await;
+    carries_the_span_context(&db, || Command::new(dir.join("trace"))).await;
+    db.finish().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_readme_shows_each_snippet_as_it_is() {
     let readme =
@@ -277,6 +357,8 @@ fn the_readme_shows_each_snippet_as_it_is() {
         "enqueue.js",
         "enqueue.go",
         "trace.py",
+        "trace.js",
+        "trace.go",
     ] {
         let text = std::fs::read_to_string(snippet(file)).unwrap();
         assert!(

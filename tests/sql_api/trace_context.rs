@@ -157,7 +157,15 @@ async fn a_malformed_trace_context_is_refused_with_p7001_naming_it_and_its_value
         .collect::<Vec<_>>()
         .join(",");
     let too_long = format!("k={}", "v".repeat(255)) + &format!(",j={}", "v".repeat(255));
+    let long_key = format!("{}=v", "k".repeat(257));
+    let long_value = format!("k={}", "v".repeat(257));
+    let long_tenant = format!("{}@dt=v", "t".repeat(242));
+    let long_system = format!("t@{}=v", "s".repeat(15));
     let cases: Vec<(&str, String, &str)> = vec![
+        ("p_tracestate", long_key, "is not key=value"),
+        ("p_tracestate", long_value, "is not key=value"),
+        ("p_tracestate", long_tenant, "is not key=value"),
+        ("p_tracestate", long_system, "is not key=value"),
         ("p_traceparent", "".into(), "is not a W3C traceparent"),
         (
             "p_traceparent",
@@ -177,6 +185,12 @@ async fn a_malformed_trace_context_is_refused_with_p7001_naming_it_and_its_value
         (
             "p_traceparent",
             format!(" {TRACEPARENT}"),
+            "is not a W3C traceparent",
+        ),
+        // 55 characters, but a trace id of 33 digits and a parent id of 15.
+        (
+            "p_traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c0-b7ad6b716920333-01".into(),
             "is not a W3C traceparent",
         ),
         (
@@ -295,8 +309,8 @@ async fn a_malformed_trace_context_is_refused_with_p7001_naming_it_and_its_value
 }
 
 /// What W3C Trace Context allows is accepted: 32 members, empty members, spaces and tabs
-/// around the commas, multi-tenant keys, values with spaces inside, 512 characters, any
-/// flags.
+/// around the commas, multi-tenant keys, values with spaces inside, 512 characters, keys
+/// and values of 256, any flags.
 #[tokio::test]
 async fn every_well_formed_trace_context_is_accepted_as_given() {
     let db = TestDb::new().await;
@@ -310,13 +324,16 @@ async fn every_well_formed_trace_context_is_accepted_as_given() {
     let states = [
         thirty_two,
         at_limit,
+        format!("{}=v", "k".repeat(256)),
+        format!("k={}", "v".repeat(256)),
+        format!("{}@{}=v", "t".repeat(241), "s".repeat(14)),
         "congo=t61rcWkgMzE, ,\trojo=00f067aa0ba902b7 ,".to_owned(),
         "fw529a3039@dt=1 a b,a1-b_c*d/e=~!\"#$%&'()*+-./:;<>?@[\\]^_`{|}".to_owned(),
     ];
     for (i, state) in states.iter().enumerate() {
         let traceparent = format!(
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333{i}-{}",
-            ["00", "01", "ff", "a9"][i]
+            ["00", "01", "ff", "a9", "03", "02", "10"][i]
         );
         let id: Uuid = c
             .query_one(
