@@ -753,3 +753,57 @@ async fn run_serves_the_console_beside_the_relay_when_console_addr_is_set() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_overview_is_rendered_at_most_once_per_ten_seconds() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    seed(&c).await;
+    let console = Console::start(&db, &db.url, None, &[]).await;
+    let path = format!("/?source={}", db.name);
+    let first = get(console.port, &path).await;
+    assert!(
+        first.body.contains("w-lease") && !first.body.contains("w-late"),
+        "{}",
+        first.body
+    );
+    c.execute(
+        "SELECT 1 FROM outbox.claim_outbox_batch(10, 'w-late', 300, ARRAY['orders'])",
+        &[],
+    )
+    .await
+    .unwrap();
+    c.query_one("SELECT outbox.enqueue('late', '{}'::jsonb)", &[])
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT 1 FROM outbox.claim_outbox_batch(10, 'w-late', 300, ARRAY['late'])",
+        &[],
+    )
+    .await
+    .unwrap();
+    // Within the 10 s, the section rendered first is served again, as it says.
+    let again = get(console.port, &path).await;
+    assert_eq!(
+        again.body.split("<div id=\"live\">").nth(1),
+        first.body.split("<div id=\"live\">").nth(1)
+    );
+    assert!(
+        again.body.contains("shown again for up to 10 s"),
+        "{}",
+        again.body
+    );
+    // After them, a new rendering shows the new lease holder.
+    let started = std::time::Instant::now();
+    common::eventually(
+        Duration::from_secs(30),
+        "the overview renders anew",
+        || async { get(console.port, &path).await.body.contains("w-late") },
+    )
+    .await;
+    assert!(
+        started.elapsed() > Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
