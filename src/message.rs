@@ -62,10 +62,11 @@ pub struct ClaimedMessage {
     /// The payload was larger than the claim's `max_message_bytes` and was not loaded
     /// (`payload` is empty); the message is dead-lettered without being published.
     pub payload_withheld: bool,
-    /// The message's creation context, when dispatch has put the send span's context in
-    /// `headers` in its place for one delivery attempt (export on); `None` when `headers`
-    /// still hold the creation context. See [`ClaimedMessage::creation_context`].
-    pub origin: Option<TraceContext>,
+    /// `Some` when dispatch has put the send span's context in `headers` for one delivery
+    /// attempt (export on), holding the creation context it replaced (`Some(None)`: the
+    /// message had none); `None` when `headers` are as the producer wrote them. See
+    /// [`ClaimedMessage::creation_context`].
+    pub origin: Option<Option<TraceContext>>,
 }
 
 /// A W3C trace context: the `traceparent` and `tracestate` header values.
@@ -93,7 +94,9 @@ impl ClaimedMessage {
     /// CloudEvents `traceparent` extension) writes there.
     pub fn creation_context(&self) -> Option<(&str, Option<&str>)> {
         match &self.origin {
-            Some(o) => Some((o.traceparent.as_str(), o.tracestate.as_deref())),
+            Some(o) => o
+                .as_ref()
+                .map(|o| (o.traceparent.as_str(), o.tracestate.as_deref())),
             None => self.trace_context(),
         }
     }
