@@ -233,13 +233,13 @@ if [ ! -x "$target/venv/bin/moto_server" ] || ! "$target/venv/bin/python" -c 'im
     "$target/venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
         'moto[server]==5.2.5' boto3 || true
 fi
-if ! "$target/venv/bin/python" -c 'import opentelemetry.sdk, opentelemetry.proto, opentelemetry.exporter.otlp.proto.http' 2>/dev/null; then
+if ! "$target/venv/bin/python" -c 'import opentelemetry.sdk, opentelemetry.proto, opentelemetry.exporter.otlp.proto.http, grpc' 2>/dev/null; then
     echo "test-services: installing the OpenTelemetry Python SDK, its OTLP/HTTP exporter and" \
-         "opentelemetry-proto (PyPI) into the virtual environment $target/venv (the whole-trace" \
-         "test's producer, consumer and OTLP receiver; under a minute)" >&2
+         "opentelemetry-proto and grpcio (PyPI) into the virtual environment $target/venv (the" \
+         "whole-trace test's producer, consumer and OTLP receiver, over HTTP and gRPC; under a minute)" >&2
     [ -x "$target/venv/bin/python" ] || python3 -m venv "$target/venv"
     "$target/venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
-        opentelemetry-sdk opentelemetry-exporter-otlp-proto-http opentelemetry-proto || true
+        opentelemetry-sdk opentelemetry-exporter-otlp-proto-http opentelemetry-proto grpcio || true
 fi
 if command -v npm >/dev/null 2>&1 && { [ ! -d "$target/node_modules/pg" ] \
     || [ ! -d "$target/node_modules/@opentelemetry/sdk-trace-base" ]; }; then
@@ -291,8 +291,8 @@ PUBSUB_EMULATOR="${PUBSUB_EMULATOR_BIN:-/usr/lib/google-cloud-sdk/platform/pubsu
     || missing+=("the Google Cloud Pub/Sub emulator at $PUBSUB_EMULATOR and Java 17 (apt-get install google-cloud-cli-pubsub-emulator openjdk-17-jre-headless, from Google Cloud's apt repository packages.cloud.google.com/apt; or gcloud components install pubsub-emulator, then PUBSUB_EMULATOR_BIN=<sdk>/platform/pubsub-emulator/bin/cloud-pubsub-emulator)")
 [ -x "$target/venv/bin/moto_server" ] && "$target/venv/bin/python" -c 'import boto3' 2>/dev/null \
     || missing+=("moto and boto3 in $target/venv ($target/venv/bin/pip install 'moto[server]==5.2.5' boto3)")
-"$target/venv/bin/python" -c 'import opentelemetry.sdk, opentelemetry.proto, opentelemetry.exporter.otlp.proto.http' 2>/dev/null \
-    || missing+=("the OpenTelemetry Python SDK in $target/venv ($target/venv/bin/pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http opentelemetry-proto)")
+"$target/venv/bin/python" -c 'import opentelemetry.sdk, opentelemetry.proto, opentelemetry.exporter.otlp.proto.http, grpc' 2>/dev/null \
+    || missing+=("the OpenTelemetry Python SDK in $target/venv ($target/venv/bin/pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http opentelemetry-proto grpcio)")
 [ -d "$target/node_modules/pg" ] || missing+=("pg in $target/node_modules (npm install --prefix $target pg)")
 if [ ${#missing[@]} -gt 0 ]; then
     echo "test-services: the tests need:" >&2

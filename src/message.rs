@@ -63,10 +63,11 @@ pub struct ClaimedMessage {
     /// The payload was larger than the claim's `max_message_bytes` and was not loaded
     /// (`payload` is empty); the message is dead-lettered without being published.
     pub payload_withheld: bool,
-    /// The message's creation context, when dispatch has put the send span's context in
-    /// `headers` in its place for one delivery attempt (export on); `None` when `headers`
-    /// still hold the creation context. See [`ClaimedMessage::creation_context`].
-    pub origin: Option<TraceContext>,
+    /// `Some` when dispatch has put the send span's context in `headers` for one delivery
+    /// attempt (export on), holding the creation context it replaced (`Some(None)`: the
+    /// message had none); `None` when `headers` are as the producer wrote them. See
+    /// [`ClaimedMessage::creation_context`].
+    pub origin: Option<Option<TraceContext>>,
 }
 
 #[cfg(test)]
@@ -161,7 +162,7 @@ impl ClaimedMessage {
     /// to.
     pub fn creation_context(&self) -> Option<TraceContext> {
         match &self.origin {
-            Some(origin) => Some(origin.clone()),
+            Some(origin) => origin.clone(),
             None => self.trace_context(),
         }
     }

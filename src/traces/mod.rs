@@ -51,6 +51,7 @@ pub fn messaging_system(kind: &str) -> (&'static str, &'static str) {
         "http" => ("http", "POST"),
         "file" => ("file", "write"),
         "stdout" => ("stdout", "write"),
+        "null" => ("null", "discard"),
         _ => ("outbox_relay", "send"),
     }
 }
@@ -165,7 +166,7 @@ impl Spans {
                 // are: leave them so.
                 if m.headers.is_object() || m.headers.is_null() {
                     copy.headers = serde_json::Value::Object(headers);
-                    copy.origin = origin;
+                    copy.origin = Some(origin);
                 }
             }
             spans.push(span);
@@ -235,6 +236,111 @@ impl SendSpans {
             span.set_attribute(KeyValue::new("error.type", kind));
             span.set_status(Status::error(reason.clone()));
             span.end();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    use super::*;
+
+    /// A context as its two header values, for comparisons.
+    fn pair(t: Option<crate::message::TraceContext>) -> Option<(String, Option<String>)> {
+        t.map(|t| (t.traceparent, t.tracestate))
+    }
+
+    const PRODUCER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn spans(parent_first_attempt: bool) -> Spans {
+        let provider = SdkTracerProvider::builder().build();
+        Spans::new(provider.tracer("test"), parent_first_attempt)
+    }
+
+    #[test]
+    fn the_copy_carries_the_send_span_as_its_hop_and_keeps_the_creation_context() {
+        let m = ClaimedMessage::example(serde_json::json!({
+            "traceparent": PRODUCER,
+            "tracestate": "shop=1",
+            "x-tenant": "acme",
+        }));
+        assert_eq!(
+            pair(m.trace_context()),
+            Some((PRODUCER.to_owned(), Some("shop=1".to_owned())))
+        );
+        let send = spans(false).start("hooks", "http", std::slice::from_ref(&m));
+        let copy = &send.messages[0];
+        let (hop, state) = pair(copy.trace_context()).unwrap();
+        // A root of its own (linked, not parented): another trace, and no tracestate of
+        // the producer's trace.
+        assert_ne!(hop, PRODUCER);
+        assert!(!hop.contains("4bf92f3577b34da6a3ce929d0e0e4736"), "{hop}");
+        assert!(hop.starts_with("00-") && hop.ends_with("-01"), "{hop}");
+        assert_eq!(state, None);
+        assert_eq!(
+            pair(copy.creation_context()),
+            Some((PRODUCER.to_owned(), Some("shop=1".to_owned())))
+        );
+        assert_eq!(copy.headers["x-tenant"], "acme");
+        // The claimed message itself is left as it was.
+        assert_eq!(m.origin, None);
+        assert_eq!(
+            pair(m.trace_context()),
+            Some((PRODUCER.to_owned(), Some("shop=1".to_owned())))
+        );
+        send.end(&[Outcome::Delivered]);
+    }
+
+    #[test]
+    fn a_first_attempt_continues_the_producers_trace_when_parented_and_a_retry_does_not() {
+        let mut m = ClaimedMessage::example(serde_json::json!({ "traceparent": PRODUCER }));
+        let first = spans(true).start("hooks", "http", std::slice::from_ref(&m));
+        let (hop, _) = pair(first.messages[0].trace_context()).unwrap();
+        assert!(
+            hop.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+            "{hop}"
+        );
+        assert_ne!(hop, PRODUCER);
+        m.attempt_no = 2;
+        let retry = spans(true).start("hooks", "http", std::slice::from_ref(&m));
+        let (hop, _) = pair(retry.messages[0].trace_context()).unwrap();
+        assert!(!hop.contains("4bf92f3577b34da6a3ce929d0e0e4736"), "{hop}");
+    }
+
+    #[test]
+    fn a_message_without_a_valid_context_gets_a_hop_and_no_creation_context() {
+        for headers in [
+            serde_json::Value::Null,
+            serde_json::json!({ "traceparent": "00-not-a-context" }),
+        ] {
+            let m = ClaimedMessage::example(headers);
+            let send = spans(false).start("hooks", "kafka", std::slice::from_ref(&m));
+            let copy = &send.messages[0];
+            assert!(pair(copy.trace_context()).is_some());
+            // The creation context stays what the message held, valid or not.
+            assert_eq!(pair(copy.creation_context()), pair(m.trace_context()));
+        }
+        // Headers that are not an object are left for the destination to refuse.
+        let m = ClaimedMessage::example(serde_json::json!(["x"]));
+        let send = spans(false).start("hooks", "http", std::slice::from_ref(&m));
+        assert_eq!(send.messages[0].headers, serde_json::json!(["x"]));
+    }
+
+    #[test]
+    fn each_destination_type_has_its_messaging_system() {
+        assert_eq!(messaging_system("amqp").0, "rabbitmq");
+        assert_eq!(messaging_system("sqs").0, "aws_sqs");
+        assert_eq!(messaging_system("sns").0, "aws.sns");
+        assert_eq!(messaging_system("pubsub").0, "gcp_pubsub");
+        assert_eq!(messaging_system("kinesis").0, "aws_kinesis");
+        for kind in crate::destination::DestinationConfig::KINDS {
+            assert_ne!(
+                messaging_system(kind).0,
+                "outbox_relay",
+                "{kind} has no system"
+            );
         }
     }
 }

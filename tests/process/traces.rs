@@ -311,3 +311,82 @@ async fn without_parent_first_attempt_every_send_span_is_a_root_linked_to_the_pr
     assert_eq!(consumer["trace_id"], send["trace_id"]);
     db.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spans_are_exported_over_grpc_too() {
+    let python = python();
+    let grpc = Command::new(&python)
+        .args(["-c", "import grpc"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        grpc,
+        "grpcio in {} (`make test` installs it)",
+        python.display()
+    );
+    let db = TestDb::new().await;
+    let dir = db.scratch_dir();
+    let collected = dir.join("spans-grpc.jsonl");
+    let port = free_port().to_string();
+    let _receiver = serve(
+        &python,
+        &[
+            support("otlp_receiver.py").to_str().unwrap(),
+            &port,
+            collected.to_str().unwrap(),
+            "grpc",
+        ],
+        &[],
+    );
+    let c = db.client().await;
+    let producer = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let id: uuid::Uuid = c
+        .query_one(
+            "SELECT outbox.enqueue('orders.placed', '{}'::jsonb, p_headers => jsonb_build_object('traceparent', $1::text))",
+            &[&producer],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let config = dir.join("grpc.toml");
+    std::fs::write(
+        &config,
+        format!("[tracing]\nexport = \"otlp\"\nprotocol = \"grpc\"\nendpoint = \"http://127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    let mut relayer = Relayer::start(
+        &db,
+        "grpc",
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--sink",
+            "null",
+            "--no-telemetry",
+        ],
+    );
+    eventually(Duration::from_secs(30), "the message delivered", || async {
+        count(&c, "SELECT count(*) FROM outbox.messages").await == 0
+    })
+    .await;
+    relayer.signal("TERM");
+    assert_eq!(
+        relayer.exit_code(Duration::from_secs(20)).await,
+        Some(0),
+        "{}",
+        relayer.log_text()
+    );
+    let all = spans(&collected);
+    let send = all
+        .iter()
+        .find(|s| s["name"] == "send null")
+        .unwrap_or_else(|| panic!("no send span over gRPC: {all:?}\n{}", relayer.log_text()));
+    assert_eq!(send["service"], "outbox-relay");
+    assert_eq!(attr(send, "messaging.message.id"), id.to_string().as_str());
+    assert_eq!(attr(send, "messaging.system"), "null");
+    assert_eq!(
+        send["links"],
+        serde_json::json!([{"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331"}])
+    );
+    db.finish().await;
+}
