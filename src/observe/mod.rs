@@ -6,7 +6,10 @@
 //! figures once per interval for the whole fleet (one caller at a time; the others read the
 //! stored snapshot), and this module turns a snapshot into Prometheus gauges, into a
 //! diagnosis with advice (`/debug/health`, `outbox-relay status`), and into one warning per
-//! culprit that holds the horizon longer than the threshold.
+//! culprit that holds the horizon longer than the threshold. It also asks, each interval,
+//! which topics no running relayer claims (`outbox.uncovered_topics`: ready messages that
+//! no relayer's routes cover wait with no signal of their own), and warns once per such
+//! topic, with the keys it holds on other topics, and sets their gauges.
 //!
 //! With many sources, each source a process serves is observed the same way, and its
 //! backlog exported by the process that serves it (`render_sources`).
@@ -275,8 +278,9 @@ pub async fn fetch(
     }))
 }
 
-/// Observes every `interval` (±10%) until `shutdown`: keeps `latest` current and warns
-/// once per culprit that holds the horizon past the threshold (and says when it is gone).
+/// Observes every `interval` (±10%) until `shutdown`: keeps `latest` current, warns once
+/// per culprit that holds the horizon past the threshold (and says when it is gone), and
+/// once per topic no running relayer claims (and says when one does).
 pub async fn run(
     store: Store,
     worker: WorkerId,

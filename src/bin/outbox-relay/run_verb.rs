@@ -16,7 +16,6 @@ use outbox_relay::secret::redact_url;
 use outbox_relay::store::{Store, StoreError};
 use outbox_relay::{logging, observe, probes, telemetry, traces};
 
-/// Runs the relayer with `settings` until SIGINT/SIGTERM: one source, or many.
 /// Says at start which topics this relayer claims and which it leaves to other relayers:
 /// those its routes do not cover, and those outside `topics`.
 fn say_what_is_left_to_others(settings: &Settings) {
@@ -38,6 +37,7 @@ fn say_what_is_left_to_others(settings: &Settings) {
     }
 }
 
+/// Runs the relayer with `settings` until SIGINT/SIGTERM: one source, or many.
 pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
     logging::init(settings.log_format);
     let shutdown = CancellationToken::new();
