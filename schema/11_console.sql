@@ -315,7 +315,9 @@ GRANT EXECUTE ON FUNCTION outbox.console_attempts(uuid, integer) TO outbox_reade
 -- Crash:      nothing: a read.
 -- Shape:      planned per call with the filters given (EXECUTE ... USING): by primary key
 --             for p_outbox_ids, otherwise walking dead_letters_pkey backwards from p_before
---             (or dead_letters_topic_idx for a rare topic), stopped at p_limit rows.
+--             (or dead_letters_topic_idx for a rare topic), stopped at p_limit rows that
+--             match. A filter that few dead letters match (an error text, a recent p_since)
+--             walks further, up to the caller's statement_timeout.
 CREATE OR REPLACE FUNCTION outbox.console_dead_letters(
     p_outbox_ids uuid[],
     p_topic text,
@@ -369,7 +371,9 @@ GRANT EXECUTE ON FUNCTION outbox.console_dead_letters(uuid[], text, timestamptz,
 --             moves (up to the dead letters added or removed in between).
 -- Raises:     nothing.
 -- Crash:      nothing: a read.
--- Shape:      planned per call as console_dead_letters, reading at most 10001 rows.
+-- Shape:      planned per call as console_dead_letters, stopped at the 10001st dead letter
+--             that matches: a filter that few dead letters match reads the ones its index
+--             does not exclude, up to the caller's statement_timeout.
 CREATE OR REPLACE FUNCTION outbox.console_dead_letter_count(
     p_outbox_ids uuid[],
     p_topic text,

@@ -407,7 +407,7 @@ fn seq_scanned(plan: &str, table: &str) -> u64 {
 /// keyed), their 200,000 attempts and 50,000 dead letters, analyzed: each call's statement,
 /// planned for the filters it was given, reads outbox.messages and outbox.attempts through
 /// an index only (the primary key walked from the cursor, or messages_key_seq_idx for a
-/// key) and stops at its limit; the dead-letter count reads at most 10,001 rows.
+/// key) and stops at its limit; the unfiltered dead-letter count reads at most 10,001 rows.
 #[tokio::test(flavor = "multi_thread")]
 async fn console_reads_are_index_driven_and_stop_at_their_limit() {
     let db = TestDb::new().await;
