@@ -16,9 +16,9 @@ use chrono::Utc;
 use futures_util::future::join_all;
 use uuid::Uuid;
 
+use super::Console;
 use super::html::{self, Frame, esc, opt, query_failed, time_ago};
 use super::params::{Params, encode, query};
-use super::{Console, ConsoleSettings};
 use crate::store::{DeadLetterFilter, MessageFilter, MessageState, Store, thousands};
 
 type Shared = State<Arc<Console>>;
@@ -450,7 +450,7 @@ pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Respo
     let mut failures = String::new();
     for name in order {
         let store = &console.sources[name];
-        let found = match store.console_message(t, id).await {
+        let found = match store.console_message(t, id, false).await {
             Ok(Some(_)) => true,
             Ok(None) => match store
                 .console_dead_letter_count(
@@ -512,8 +512,10 @@ pub async fn message(
     let t = s.statement_timeout;
     let base = &s.base_path;
     let n = encode(name);
-    let (pending, attempts) =
-        tokio::join!(store.console_message(t, id), store.console_attempts(t, id));
+    let (pending, attempts) = tokio::join!(
+        store.console_message(t, id, !s.sensitive_payloads),
+        store.console_attempts(t, id)
+    );
     let mut body = format!("<p>Message <code>{id}</code> in source {}.</p>", esc(name));
     let mut found = false;
     match pending {
@@ -561,14 +563,22 @@ pub async fn message(
                 );
             }
             body += "</tbody></table>";
-            body += &contents(s, &m.content_type, &m.headers, &m.payload);
+            body += &contents(
+                &m.content_type,
+                &m.headers,
+                m.payload.as_deref(),
+                m.payload_bytes,
+            );
         }
         Ok(None) => {}
         Err(e) => body += &query_failed("Pending message", &e, t),
     }
     if !found {
-        match store.dead_letter(crate::message::OutboxId(id)).await {
-            Ok(Some((d, _))) => {
+        match store
+            .console_dead_letter(t, id, !s.sensitive_payloads)
+            .await
+        {
+            Ok(Some(d)) => {
                 found = true;
                 let _ = write!(
                     body,
@@ -589,7 +599,12 @@ pub async fn message(
                     opt(d.last_error.as_deref()),
                     rq = esc(&query(&[("source", name), ("id", &id.to_string())])),
                 );
-                body += &contents(s, &d.content_type, &d.headers, &d.payload);
+                body += &contents(
+                    &d.content_type,
+                    &d.headers,
+                    d.payload.as_deref(),
+                    d.payload_bytes,
+                );
             }
             Ok(None) => {}
             Err(e) => body += &query_failed("Dead letter", &e, t),
@@ -637,21 +652,33 @@ pub async fn message(
 }
 
 /// The headers and payload of a message: pretty JSON when it parses, text when it is
-/// UTF-8, a size otherwise; the payload hidden when payloads are sensitive.
+/// UTF-8, a size otherwise; a notice with its size when the payload was not read (the
+/// console runs with `--sensitive-payloads`, and asks the database for none).
 fn contents(
-    s: &ConsoleSettings,
     content_type: &str,
     headers: &serde_json::Value,
-    payload: &[u8],
+    payload: Option<&[u8]>,
+    payload_bytes: i64,
 ) -> String {
     let headers = serde_json::to_string_pretty(headers).unwrap_or_default();
-    let shown = if s.sensitive_payloads {
+    let shown = if let Some(payload) = payload {
+        shown_payload(payload)
+    } else {
         format!(
-            "<p class=\"notice\">Payload hidden ({} bytes): the console runs with \
-             --sensitive-payloads.</p>",
-            payload.len()
+            "<p class=\"notice\">Payload hidden ({payload_bytes} bytes): the console runs \
+             with --sensitive-payloads.</p>"
         )
-    } else if let Ok(v) = serde_json::from_slice::<serde_json::Value>(payload) {
+    };
+    format!(
+        "<h2>Headers</h2><pre>{}</pre><h2>Payload <span class=\"muted\">({})</span></h2>{shown}",
+        esc(&headers),
+        esc(content_type)
+    )
+}
+
+/// A payload read: pretty JSON when it parses, text when it is UTF-8, a size otherwise.
+fn shown_payload(payload: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(payload) {
         format!(
             "<pre id=\"payload\">{}</pre>",
             esc(&serde_json::to_string_pretty(&v).unwrap_or_default())
@@ -660,12 +687,7 @@ fn contents(
         format!("<pre id=\"payload\">{}</pre>", esc(text))
     } else {
         format!("<p>{} bytes of binary payload.</p>", payload.len())
-    };
-    format!(
-        "<h2>Headers</h2><pre>{}</pre><h2>Payload <span class=\"muted\">({})</span></h2>{shown}",
-        esc(&headers),
-        esc(content_type)
-    )
+    }
 }
 
 /// The dead-letter filter of a page's parameters (`id` repeated, `topic`, `since` as an

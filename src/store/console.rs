@@ -7,10 +7,12 @@
 //! `outbox.messages` and `outbox.dead_letters`), and the backlog per topic is read from the
 //! fleet's observation (`outbox.observe`) rather than counted again.
 //!
-//! The overview, sources and destinations panels read views and functions granted to
-//! `outbox_reader`; the message and dead-letter lists read `outbox.messages`,
-//! `outbox.attempts` and `outbox.dead_letters` (docs/console.md says which rights that
-//! takes); a replay is the audited `start_replay` + `replay_step` of `outbox-relay replay`.
+//! Every read goes through views and functions granted to `outbox_reader`: the message and
+//! dead-letter screens call the SECURITY DEFINER functions of `schema/11_console.sql`
+//! (`outbox.console_messages` and its siblings), which bound their limits and read a
+//! payload only when asked, so a console login needs no right on a table. A replay is the
+//! audited `start_replay` + `replay_step` of `outbox-relay replay`, the one write, whose
+//! two functions are all it needs beyond `outbox_reader` (docs/console.md).
 
 use std::time::Duration;
 
@@ -99,27 +101,7 @@ impl MessageState {
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|s| s.as_str() == text)
     }
-
-    /// The condition on `outbox.messages AS m` that selects this state; the four are
-    /// disjoint and cover every row ([`STATE_OF`] names the same split).
-    fn condition(self) -> &'static str {
-        match self {
-            MessageState::Leased => "m.lease_token IS NOT NULL",
-            MessageState::Waiting => "m.lease_token IS NULL AND m.behind",
-            MessageState::Scheduled => {
-                "m.lease_token IS NULL AND NOT m.behind AND m.available_at > now()"
-            }
-            MessageState::Ready => {
-                "m.lease_token IS NULL AND NOT m.behind AND m.available_at <= now()"
-            }
-        }
-    }
 }
-
-/// A pending message's state, the split of [`MessageState::condition`].
-const STATE_OF: &str = "CASE WHEN m.lease_token IS NOT NULL THEN 'leased' \
-     WHEN m.behind THEN 'waiting' WHEN m.available_at > now() THEN 'scheduled' \
-     ELSE 'ready' END";
 
 /// Which pending messages the Messages page lists; `None` matches everything.
 #[derive(Clone, Debug, Default)]
@@ -155,12 +137,33 @@ pub struct MessageDetail {
     pub row: MessageRow,
     pub content_type: String,
     pub headers: serde_json::Value,
-    pub payload: Vec<u8>,
+    /// The payload; `None` when it was not read (payloads are sensitive).
+    pub payload: Option<Vec<u8>>,
+    /// The payload's stored size, read either way.
+    pub payload_bytes: i64,
     pub max_attempts: i32,
     /// Messages of the same key enqueued before it and still pending.
     pub ahead: Option<CappedCount>,
     /// The head of its key (the one delivered next), when it is not that head itself.
     pub key_head: Option<Uuid>,
+}
+
+/// One dead letter in full.
+#[derive(Clone, Debug)]
+pub struct DeadLetterDetail {
+    pub topic: String,
+    pub message_key: Option<String>,
+    pub content_type: String,
+    pub headers: serde_json::Value,
+    /// The payload; `None` when it was not read (payloads are sensitive).
+    pub payload: Option<Vec<u8>>,
+    /// The payload's stored size, read either way.
+    pub payload_bytes: i64,
+    pub created_at: DateTime<Utc>,
+    pub dead_lettered_at: DateTime<Utc>,
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    pub last_error: Option<String>,
 }
 
 /// A dead letter as the Dead letters page lists it.
@@ -443,99 +446,108 @@ impl Store {
     }
 
     /// Pending messages matching `filter`, newest first (`outbox_id` descending, on the
-    /// primary key), at most `limit`.
+    /// primary key), at most `limit` (1 to 1001): `outbox.console_messages`.
     pub async fn console_messages(
         &self,
         timeout: Duration,
         filter: &MessageFilter,
         limit: i64,
     ) -> Result<Vec<MessageRow>> {
-        let older_than = filter.older_than.map(|d| d.as_secs_f64());
-        let mut conditions = Vec::new();
-        let mut params: Params<'_> = Vec::new();
-        fn bind<'a>(
-            conditions: &mut Vec<String>,
-            params: &mut Params<'a>,
-            condition: &str,
-            value: &'a (dyn ToSql + Sync),
-            ty: Type,
-        ) {
-            params.push((value, ty));
-            conditions.push(condition.replace('?', &format!("${}", params.len())));
-        }
-        let (c, p) = (&mut conditions, &mut params);
-        if let Some(id) = &filter.id {
-            bind(c, p, "m.outbox_id = ?", id, Type::UUID);
-        }
-        if let Some(topic) = &filter.topic {
-            bind(c, p, "m.topic = ?", topic, Type::TEXT);
-        }
-        if let Some(key) = &filter.key {
-            bind(c, p, "m.message_key = ?", key, Type::TEXT);
-        }
-        if let Some(secs) = &older_than {
-            let age = "m.created_at <= now() - make_interval(secs => ?)";
-            bind(c, p, age, secs, Type::FLOAT8);
-        }
-        if let Some(before) = &filter.before {
-            bind(c, p, "m.outbox_id < ?", before, Type::UUID);
-        }
-        if let Some(state) = filter.state {
-            conditions.push(state.condition().to_owned());
-        }
-        params.push((&limit, Type::INT8));
-        let mut sql = format!("SELECT {} FROM outbox.messages AS m", message_columns());
-        if !conditions.is_empty() {
-            sql += " WHERE ";
-            sql += &conditions.join(" AND ");
-        }
-        sql += &format!(" ORDER BY m.outbox_id DESC LIMIT ${}", params.len());
-        let rows = self.console_query(timeout, true, &sql, &params).await?;
+        let older_than = filter
+            .older_than
+            .map(|d| format!("{} milliseconds", d.as_millis()));
+        let state = filter.state.map(MessageState::as_str);
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT outbox_id, topic, message_key, state, created_at, available_at, \
+                        attempt_count, claimed_by, lease_expires_at, last_error \
+                   FROM outbox.console_messages($1, $2, $3, $4, $5::text::interval, $6, $7)",
+                &vec![
+                    (&filter.id, Type::UUID),
+                    (&filter.topic, Type::TEXT),
+                    (&filter.key, Type::TEXT),
+                    (&state, Type::TEXT),
+                    (&older_than, Type::TEXT),
+                    (&filter.before, Type::UUID),
+                    (&limit, Type::INT4),
+                ],
+            )
+            .await?;
         Ok(rows.iter().map(message_row).collect())
     }
 
     /// One pending message in full with its key's position, or `None` when it is not
-    /// pending.
+    /// pending: `outbox.console_message`. Its payload is read only `with_payload`.
     pub async fn console_message(
         &self,
         timeout: Duration,
         id: Uuid,
+        with_payload: bool,
     ) -> Result<Option<MessageDetail>> {
         let rows = self
             .console_query(
                 timeout,
                 true,
-                &format!(
-                    "SELECT {columns}, m.content_type, m.headers, m.payload, \
-                            m.max_attempts, \
-                            CASE WHEN m.message_key IS NULL THEN NULL ELSE \
-                              (SELECT count(*) FROM (SELECT 1 FROM outbox.messages AS k \
-                                WHERE k.message_key = m.message_key AND k.seq < m.seq \
-                                LIMIT {cap}) AS ahead) END, \
-                            (SELECT k.outbox_id FROM outbox.messages AS k \
-                              WHERE k.message_key = m.message_key ORDER BY k.seq LIMIT 1) \
-                       FROM outbox.messages AS m WHERE m.outbox_id = $1",
-                    columns = message_columns(),
-                    cap = COUNT_CAP + 1
-                ),
-                &vec![(&id, Type::UUID)],
+                "SELECT outbox_id, topic, message_key, state, created_at, available_at, \
+                        attempt_count, claimed_by, lease_expires_at, last_error, \
+                        content_type, headers, payload, payload_bytes, max_attempts, ahead, \
+                        key_head \
+                   FROM outbox.console_message($1, $2)",
+                &vec![(&id, Type::UUID), (&with_payload, Type::BOOL)],
             )
             .await?;
         Ok(rows.first().map(|r| {
-            let head: Option<Uuid> = r.get(15);
+            let head: Option<Uuid> = r.get(16);
             MessageDetail {
                 row: message_row(r),
                 content_type: r.get(10),
                 headers: r.get(11),
                 payload: r.get(12),
-                max_attempts: r.get(13),
-                ahead: r.get::<_, Option<i64>>(14).map(CappedCount::of),
+                payload_bytes: r.get(13),
+                max_attempts: r.get(14),
+                ahead: r.get::<_, Option<i64>>(15).map(CappedCount::of),
                 key_head: head.filter(|h| *h != id),
             }
         }))
     }
 
-    /// Every attempt of message `id`, oldest first (from `outbox.attempts`'s primary key).
+    /// One dead letter in full, or `None` when `id` is not a dead letter:
+    /// `outbox.console_dead_letter`. Its payload is read only `with_payload`.
+    pub async fn console_dead_letter(
+        &self,
+        timeout: Duration,
+        id: Uuid,
+        with_payload: bool,
+    ) -> Result<Option<DeadLetterDetail>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT topic, message_key, content_type, headers, payload, payload_bytes, \
+                        created_at, dead_lettered_at, attempt_count, max_attempts, last_error \
+                   FROM outbox.console_dead_letter($1, $2)",
+                &vec![(&id, Type::UUID), (&with_payload, Type::BOOL)],
+            )
+            .await?;
+        Ok(rows.first().map(|r| DeadLetterDetail {
+            topic: r.get(0),
+            message_key: r.get(1),
+            content_type: r.get(2),
+            headers: r.get(3),
+            payload: r.get(4),
+            payload_bytes: r.get(5),
+            created_at: r.get(6),
+            dead_lettered_at: r.get(7),
+            attempt_count: r.get(8),
+            max_attempts: r.get(9),
+            last_error: r.get(10),
+        }))
+    }
+
+    /// Every attempt of message `id` (up to 1,000), oldest first: `outbox.console_attempts`.
     pub async fn console_attempts(
         &self,
         timeout: Duration,
@@ -545,8 +557,8 @@ impl Store {
             .console_query(
                 timeout,
                 true,
-                "SELECT attempt_no, state::text, worker_id, error, created_at \
-                   FROM outbox.attempts WHERE outbox_id = $1 ORDER BY attempt_no LIMIT 1000",
+                "SELECT attempt_no, state, worker_id, error, created_at \
+                   FROM outbox.console_attempts($1, 1000)",
                 &vec![(&id, Type::UUID)],
             )
             .await?;
@@ -564,7 +576,7 @@ impl Store {
 
     /// Dead letters matching `filter` (ids, topic, since, error text), newest first
     /// (`outbox_id` descending, on the primary key), after the cursor `before`, at most
-    /// `limit`.
+    /// `limit` (1 to 1001): `outbox.console_dead_letters`.
     pub async fn console_dead_letters(
         &self,
         timeout: Duration,
@@ -572,22 +584,22 @@ impl Store {
         before: Option<Uuid>,
         limit: i64,
     ) -> Result<Vec<DeadLetterRow>> {
-        let (mut sql, mut params) = dead_letter_selection(filter);
-        if let Some(before) = &before {
-            params.push((before, Type::UUID));
-            sql += &format!(" AND d.outbox_id < ${}", params.len());
-        }
-        params.push((&limit, Type::INT8));
-        sql += &format!(" ORDER BY d.outbox_id DESC LIMIT ${}", params.len());
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         let rows = self
             .console_query(
                 timeout,
                 true,
-                &format!(
-                    "SELECT d.outbox_id, d.topic, d.message_key, d.dead_lettered_at, \
-                            d.attempt_count, d.last_error FROM outbox.dead_letters AS d {sql}"
-                ),
-                &params,
+                "SELECT outbox_id, topic, message_key, dead_lettered_at, attempt_count, \
+                        last_error \
+                   FROM outbox.console_dead_letters($1, $2, $3, $4, $5, $6)",
+                &vec![
+                    (&filter.ids, Type::UUID_ARRAY),
+                    (&filter.topic, Type::TEXT),
+                    (&filter.since, Type::TIMESTAMPTZ),
+                    (&filter.error_contains, Type::TEXT),
+                    (&before, Type::UUID),
+                    (&limit, Type::INT4),
+                ],
             )
             .await?;
         Ok(rows
@@ -603,23 +615,24 @@ impl Store {
             .collect())
     }
 
-    /// How many dead letters match `filter`, read with at most [`COUNT_CAP`] + 1 rows.
+    /// How many dead letters match `filter`, read with at most [`COUNT_CAP`] + 1 rows:
+    /// `outbox.console_dead_letter_count`.
     pub async fn console_dead_letter_count(
         &self,
         timeout: Duration,
         filter: &DeadLetterFilter,
     ) -> Result<CappedCount> {
-        let (sql, params) = dead_letter_selection(filter);
         let rows = self
             .console_query(
                 timeout,
                 true,
-                &format!(
-                    "SELECT count(*) FROM (SELECT 1 FROM outbox.dead_letters AS d {sql} \
-                      LIMIT {}) AS capped",
-                    COUNT_CAP + 1
-                ),
-                &params,
+                "SELECT outbox.console_dead_letter_count($1, $2, $3, $4)",
+                &vec![
+                    (&filter.ids, Type::UUID_ARRAY),
+                    (&filter.topic, Type::TEXT),
+                    (&filter.since, Type::TIMESTAMPTZ),
+                    (&filter.error_contains, Type::TEXT),
+                ],
             )
             .await?;
         Ok(CappedCount::of(rows[0].get(0)))
@@ -667,42 +680,6 @@ impl Store {
             }
         }
     }
-}
-
-/// The `WHERE` clause (over `outbox.dead_letters AS d`) of a [`DeadLetterFilter`], the
-/// same selection as `outbox.dead_letters_matching`, written out so that the primary key
-/// and the topic index serve it; and its parameters.
-fn dead_letter_selection(filter: &DeadLetterFilter) -> (String, Params<'_>) {
-    let mut params: Params<'_> = Vec::new();
-    let mut conditions = vec!["true".to_owned()];
-    if let Some(ids) = &filter.ids {
-        params.push((ids, Type::UUID_ARRAY));
-        conditions.push(format!("d.outbox_id = ANY (${})", params.len()));
-    }
-    if let Some(topic) = &filter.topic {
-        params.push((topic, Type::TEXT));
-        conditions.push(format!("d.topic = ${}", params.len()));
-    }
-    if let Some(since) = &filter.since {
-        params.push((since, Type::TIMESTAMPTZ));
-        conditions.push(format!("d.dead_lettered_at >= ${}", params.len()));
-    }
-    if let Some(text) = &filter.error_contains {
-        params.push((text, Type::TEXT));
-        conditions.push(format!(
-            "strpos(lower(d.last_error), lower(${})) > 0",
-            params.len()
-        ));
-    }
-    (format!("WHERE {}", conditions.join(" AND ")), params)
-}
-
-/// The columns of a [`MessageRow`], over `outbox.messages AS m`.
-fn message_columns() -> String {
-    format!(
-        "m.outbox_id, m.topic, m.message_key, {STATE_OF}, m.created_at, m.available_at, \
-         m.attempt_count, m.claimed_by, m.lease_expires_at, m.last_error"
-    )
 }
 
 fn message_row(r: &Row) -> MessageRow {

@@ -6,7 +6,8 @@
 //! the batch per row (nor one that walks outbox.messages to promote the next head of a
 //! completed key). And the plan of the
 //! attempt log's retention beside a large backlog: its cost follows the attempts pruned,
-//! not the backlog.
+//! not the backlog. And the console's reads (`schema/11_console.sql`): each walks an index
+//! and stops at its limit.
 
 use crate::common;
 
@@ -357,5 +358,184 @@ async fn retention_probes_the_backlog_per_old_attempt_however_large_the_backlog(
     fill(&c, 800_000).await;
     c.batch_execute("ANALYZE outbox.messages").await.unwrap();
     assert_retention_probes_per_old_attempt("1,000,000 rows analyzed", &db.url, &c).await;
+    db.finish().await;
+}
+
+/// The rows each scan of `table` in `plan` read (its `actual rows=` per loop, times its
+/// loops), the largest.
+fn rows_scanned(plan: &str, table: &str) -> u64 {
+    plan.lines()
+        .filter(|l| l.contains(" Scan ") && l.contains(&format!(" on {table}")))
+        .filter_map(|l| {
+            let (_, after) = l.split_once("actual rows=")?;
+            let rows: u64 = after.split_whitespace().next()?.parse().ok()?;
+            let loops: u64 = after
+                .split_once("loops=")?
+                .1
+                .trim_end_matches(')')
+                .parse()
+                .ok()?;
+            Some(rows * loops)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The rows the sequential scans of `table` in `plan` read: those they returned and those
+/// their filter removed (a partition the data is not in is scanned empty, reading none).
+fn seq_scanned(plan: &str, table: &str) -> u64 {
+    let lines: Vec<&str> = plan.lines().collect();
+    let mut read = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if !(line.contains("Seq Scan on ") && line.contains(&format!(" on {table}"))) {
+            continue;
+        }
+        read += line
+            .split_once("actual rows=")
+            .and_then(|(_, a)| a.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        read += lines[i + 1..]
+            .iter()
+            .take(2)
+            .map(|l| removed(l, "Rows Removed by Filter:"))
+            .sum::<u64>();
+    }
+    read
+}
+
+/// The console's reads (`schema/11_console.sql`) over 200,000 pending messages (every tenth
+/// keyed), their 200,000 attempts and 50,000 dead letters, analyzed: each call's statement,
+/// planned for the filters it was given, reads outbox.messages and outbox.attempts through
+/// an index only (the primary key walked from the cursor, or messages_key_seq_idx for a
+/// key) and stops at its limit; the unfiltered dead-letter count reads at most 10,001 rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn console_reads_are_index_driven_and_stop_at_their_limit() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, 200_000).await;
+    c.batch_execute(
+        "INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token)
+         SELECT outbox_id, 1, 'FAILED', 'w', gen_random_uuid() FROM outbox.messages;
+         INSERT INTO outbox.dead_letters (outbox_id, topic, payload, content_type, headers,
+                                          created_at, attempt_count, max_attempts, last_error)
+         SELECT gen_random_uuid(), 'dl' || (i % 100), '\\x00', 'application/json', '{}',
+                now(), 10, 10, 'HTTP 500 #' || i
+           FROM generate_series(1, 50000) AS i;
+         ANALYZE outbox.messages; ANALYZE outbox.attempts; ANALYZE outbox.dead_letters;",
+    )
+    .await
+    .unwrap();
+    let keyed: Uuid = c
+        .query_one(
+            "SELECT outbox_id FROM outbox.messages WHERE message_key = 'k7' \
+             ORDER BY seq DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let middle: Uuid = c
+        .query_one(
+            "SELECT outbox_id FROM outbox.messages ORDER BY outbox_id OFFSET 100000 LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let dead: Uuid = c
+        .query_one("SELECT outbox_id FROM outbox.dead_letters LIMIT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (e, plans) = explaining(&db.url).await;
+    // (what is called, the text its plans must hold, the most rows a scan may read)
+    let calls = [
+        (
+            "console_messages(NULL, NULL, NULL, NULL, NULL, NULL, 51)".to_owned(),
+            "Index Scan Backward using messages_0_pkey",
+            51,
+        ),
+        (
+            format!("console_messages(NULL, NULL, NULL, NULL, NULL, '{middle}', 51)"),
+            "Index Cond: (outbox_id < ",
+            51,
+        ),
+        (
+            "console_messages(NULL, 'plans', NULL, 'ready', '0 seconds', NULL, 1001)".to_owned(),
+            "Index Scan Backward using messages_",
+            1001,
+        ),
+        (
+            "console_messages(NULL, NULL, 'k7', NULL, NULL, NULL, 51)".to_owned(),
+            "messages_0_message_key_seq_idx",
+            1_000,
+        ),
+        (
+            format!("console_messages('{keyed}', NULL, NULL, NULL, NULL, NULL, 51)"),
+            "Index Cond: (outbox_id = ",
+            1,
+        ),
+        (
+            format!("console_message('{keyed}', true)"),
+            "messages_0_message_key_seq_idx",
+            1_000,
+        ),
+        (
+            format!("console_attempts('{keyed}', 1000)"),
+            "Index Cond: (outbox_id = ",
+            1,
+        ),
+        (
+            "console_dead_letters(NULL, NULL, NULL, NULL, NULL, 51)".to_owned(),
+            "Index Scan Backward using dead_letters_pkey",
+            51,
+        ),
+        (
+            format!("console_dead_letters(NULL, NULL, NULL, 'http', '{dead}', 51)"),
+            "dead_letters_pkey",
+            50_000,
+        ),
+        (
+            format!("console_dead_letters(ARRAY['{dead}'::uuid], NULL, NULL, NULL, NULL, 51)"),
+            "Index Cond: (outbox_id = ANY ",
+            1,
+        ),
+        (
+            "console_dead_letter_count(NULL, NULL, NULL, NULL)".to_owned(),
+            "Limit",
+            10_001,
+        ),
+        (
+            format!("console_dead_letter('{dead}', false)"),
+            "Index Cond: (outbox_id = ",
+            1,
+        ),
+    ];
+    for (call, expected, most) in calls {
+        plans.lock().unwrap().clear();
+        e.batch_execute(&format!("SELECT * FROM outbox.{call}"))
+            .await
+            .unwrap();
+        let all = plans.lock().unwrap().join("\n");
+        let plan = short(&all);
+        assert!(
+            plan.contains(expected),
+            "{call}: no {expected:?} in\n{plan}"
+        );
+        for table in ["messages_", "attempts_"] {
+            let read = seq_scanned(&plan, table);
+            assert!(
+                read == 0,
+                "{call}: a sequential scan of a {table} partition read {read} rows:\n{plan}"
+            );
+        }
+        for table in ["messages_", "attempts_", "dead_letters"] {
+            let read = rows_scanned(&plan, table);
+            assert!(
+                read <= most,
+                "{call}: a scan of {table} read {read} rows (at most {most}):\n{plan}"
+            );
+        }
+    }
     db.finish().await;
 }

@@ -42,6 +42,32 @@ const STORE: &str = "src/store";
 /// The roles a statement is executed as, besides the schema owner (the test's login).
 const ROLES: [&str; 3] = ["outbox_relay", "outbox_producer", "outbox_reader"];
 
+/// Statements of a past release that its store assembled at run time from fragments (the
+/// console's filters before V38: `{sql}`, `{columns}`) and this reader cannot fill in,
+/// accepted unread by (file, the statement's opening) and printed when met. They read
+/// outbox.messages, outbox.attempts and outbox.dead_letters only, whose columns V38 (the
+/// migration after them) leaves as they are. Since V38 the console calls functions with
+/// literal statements, so no statement of a later store needs a place here; a statement
+/// not listed still fails the test.
+const ASSEMBLED_AT_RUN_TIME: [(&str, &str); 4] = [
+    (
+        "src/store/console.rs",
+        "SELECT {} FROM outbox.messages AS m",
+    ),
+    (
+        "src/store/console.rs",
+        "SELECT {columns}, m.content_type, m.headers, m.payload, ",
+    ),
+    (
+        "src/store/console.rs",
+        "SELECT d.outbox_id, d.topic, d.message_key, d.dead_lettered_at, ",
+    ),
+    (
+        "src/store/console.rs",
+        "SELECT count(*) FROM (SELECT 1 FROM outbox.dead_letters AS d {sql} ",
+    ),
+];
+
 // ---------------------------------------------------------------------------------------
 // The previous release, from git
 // ---------------------------------------------------------------------------------------
@@ -369,6 +395,16 @@ fn statements_of(commit: &str) -> BTreeMap<String, String> {
             match s {
                 Ok(sql) => {
                     statements.entry(sql).or_insert_with(|| file.to_owned());
+                }
+                Err(what)
+                    if ASSEMBLED_AT_RUN_TIME.iter().any(|(f, opening)| {
+                        *f == file && what.starts_with(&format!("\"{opening}"))
+                    }) =>
+                {
+                    eprintln!(
+                        "previous_release: {file}: {what}: assembled at run time, accepted \
+                         unread (ASSEMBLED_AT_RUN_TIME)"
+                    );
                 }
                 Err(what) => unread.push(format!("{file}: {what}")),
             }

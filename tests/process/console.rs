@@ -700,15 +700,125 @@ async fn no_page_renders_a_password_or_a_connection_string() {
         );
         assert!(!a.body.contains("postgres://"), "{path}: {}", a.body);
     }
-    // outbox_reader reads the overview's views; the message lists name the rights they need.
+    // outbox_reader alone reads the overview and the message lists.
     let overview = get(console.port, "/").await;
     assert!(overview.body.contains("orders"), "{}", overview.body);
     let messages = get(console.port, "/messages").await;
+    assert!(messages.body.contains("orders"), "{}", messages.body);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_login_with_outbox_reader_sees_every_screen_and_replays_with_the_two_replay_functions() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (last, dead) = seed(&c).await;
+    let reader = db.login("console_reader", Some("outbox_reader")).await;
+    let source = &db.name;
+    let same_origin = [("Sec-Fetch-Site", "same-origin")];
+    let console = Console::start(&db, &reader, Some(TOKEN), &[]).await;
+    let p = console.port;
+    let (last_id, dead_id) = (last.to_string(), dead[0].to_string());
+    let pages = [
+        (format!("/?source={source}"), vec!["orders", "w-lease"]),
+        (
+            format!("/messages?source={source}&topic=orders&state=waiting"),
+            vec![&*last_id, "waiting"],
+        ),
+        (
+            format!("/messages?source={source}&key=k1"),
+            vec![&*last_id, "leased"],
+        ),
+        (
+            format!("/messages/{last}?source={source}"),
+            vec!["2 message(s) of key k1 before it", "&quot;line&quot;: 3"],
+        ),
+        (
+            format!("/messages/{dead_id}?source={source}"),
+            vec!["Dead letter", "HTTP 400: refused for good", "&quot;x&quot;"],
+        ),
+        (
+            format!("/dead-letters?source={source}&topic=bad"),
+            vec!["2 dead letter(s) match", &*dead_id],
+        ),
+        (
+            format!("/dead-letters/replay?source={source}&id={dead_id}"),
+            vec!["Dry run", "would move <strong>1</strong>"],
+        ),
+        ("/sources".to_owned(), vec![source.as_str()]),
+        (
+            format!("/destinations?source={source}"),
+            vec!["Destinations"],
+        ),
+    ];
+    for (path, wanted) in &pages {
+        let a = get(p, path).await;
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+        assert!(
+            !a.body.contains("may not read") && !a.body.contains("permission denied"),
+            "{path}: a read refused to outbox_reader: {}",
+            a.body
+        );
+        for w in wanted {
+            assert!(a.body.contains(w), "{path}: no {w:?} in {}", a.body);
+        }
+    }
+
+    // Find by id leads to the message's page in the source holding it.
+    let found = get(p, &format!("/find?id={dead_id}")).await;
+    assert_eq!(found.status, 303, "{}", found.body);
     assert!(
-        messages.body.contains("this login may not read it"),
-        "{}",
-        messages.body
+        found
+            .header("location")
+            .is_some_and(|l| l.contains(&format!("/messages/{dead_id}"))),
+        "{:?}",
+        found.header("location")
     );
+
+    // outbox_reader has no right to replay: the page says so and nothing moves.
+    let a = http(
+        p,
+        "POST",
+        "/dead-letters/replay",
+        &same_origin,
+        &replay_form(source, dead[0], TOKEN),
+    )
+    .await;
+    assert!(!a.body.contains("Replayed 1"), "{}", a.body);
+    assert_eq!(dead_letter_count(&c).await, 2);
+
+    // EXECUTE on start_replay and replay_step is all a replay needs beyond outbox_reader.
+    let user = reader
+        .split("://")
+        .nth(1)
+        .unwrap()
+        .split('@')
+        .next()
+        .unwrap();
+    c.batch_execute(&format!(
+        "GRANT EXECUTE ON FUNCTION outbox.start_replay(uuid[], text, timestamptz, text, text), \
+                                   outbox.replay_step(bigint, integer) TO {user}"
+    ))
+    .await
+    .unwrap();
+    let a = http(
+        p,
+        "POST",
+        "/dead-letters/replay",
+        &same_origin,
+        &replay_form(source, dead[0], TOKEN),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("Replayed 1 dead letter(s)"), "{}", a.body);
+    assert_eq!(dead_letter_count(&c).await, 1);
+    let replayed_by: String = c
+        .query_one("SELECT replayed_by FROM outbox.replay_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(replayed_by, user);
+    drop(console);
+    db.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

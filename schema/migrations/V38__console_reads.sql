@@ -1,0 +1,425 @@
+-- The console reads through functions. The browser console read outbox.messages,
+-- outbox.attempts and outbox.dead_letters directly, so its login needed SELECT on them
+-- beyond outbox_reader. These SECURITY DEFINER functions, granted to outbox_reader and
+-- outbox_relay, return exactly what its screens show: keyset pages of pending messages and
+-- of dead letters with the console's filters, one message (payload only when asked) with
+-- its key's position, its attempts, one dead letter, and a count capped at 10001. The
+-- lists are planned per call with the filters given, on the primary keys and the key and
+-- topic indexes. Contracts in full: 11_console.sql.
+
+-- outbox.console_dead_letter_condition (internal): the WHERE condition, over
+-- outbox.dead_letters AS d, of the filter of dead_letters_matching with the filters given
+-- only, naming them as the parameters $1 (p_outbox_ids), $2 (p_topic), $3 (p_since) and
+-- $4 (p_error_contains) of the caller's EXECUTE. Called by console_dead_letters and
+-- console_dead_letter_count; granted to no one.
+--
+-- Inputs:     which of the four filters are given (their values are not written into the
+--             text: the caller passes them with USING)
+-- Returns:    'true' followed by one ' AND …' per filter given.
+-- Raises:     nothing.
+-- Shape:      the condition of dead_letters_matching, without its `IS NULL OR` arms, so that
+--             the planner sees only the filters given and can use dead_letters_pkey for the
+--             ids and dead_letters_topic_idx for the topic.
+CREATE OR REPLACE FUNCTION outbox.console_dead_letter_condition(
+    p_outbox_ids uuid[],
+    p_topic text,
+    p_since timestamptz,
+    p_error_contains text
+) RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT 'true'
+       || CASE WHEN p_outbox_ids IS NOT NULL THEN ' AND d.outbox_id = ANY ($1)' ELSE '' END
+       || CASE WHEN p_topic IS NOT NULL THEN ' AND d.topic = $2' ELSE '' END
+       || CASE WHEN p_since IS NOT NULL THEN ' AND d.dead_lettered_at >= $3' ELSE '' END
+       || CASE WHEN p_error_contains IS NOT NULL
+               THEN ' AND strpos(lower(d.last_error), lower($4)) > 0' ELSE '' END
+$$;
+
+COMMENT ON FUNCTION outbox.console_dead_letter_condition(uuid[], text, timestamptz, text) IS
+    'Internal: the WHERE condition over outbox.dead_letters AS d of the dead-letter filters given, as parameters $1 to $4 of the caller''s EXECUTE. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.console_dead_letter_condition(uuid[], text, timestamptz, text) FROM PUBLIC;
+
+-- outbox.console_messages: a keyset page of pending messages, newest first, with the
+-- console's filters.
+--
+-- Inputs:     p_id          this outbox_id only (NULL: any)
+--             p_topic       this topic exactly (NULL: any)
+--             p_key         this message_key exactly (NULL: any)
+--             p_state       'ready', 'leased', 'waiting' (behind an earlier message of its
+--                           key) or 'scheduled' (available_at later); NULL: any. The four are
+--                           disjoint and cover every message: leased first, then waiting,
+--                           then scheduled, else ready.
+--             p_older_than  created at least this long ago (NULL: any age)
+--             p_before      the keyset cursor: only outbox_ids smaller than this (NULL: from
+--                           the newest)
+--             p_limit       at most this many rows, 1 to 1001 (a page of up to 1000 and one
+--                           more, to know that another page follows)
+-- Returns:    outbox_id, topic, message_key, state (as p_state names it), created_at,
+--             available_at, attempt_count, claimed_by, lease_expires_at, last_error;
+--             outbox_id descending. No payload, headers or lease token.
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: the next page is the call with p_before = the last outbox_id returned; pages
+--             neither repeat nor skip a message that stays pending between them.
+-- Raises:     P7001 (p_limit) when NULL or outside 1 to 1001; P7001 (p_state) when not one
+--             of the four states; P7001 (p_older_than) when negative.
+-- Crash:      nothing: a read.
+-- Shape:      the statement is written with the filters given and planned for their values
+--             at each call (EXECUTE ... USING), so that no optional filter leaves a generic
+--             plan that reads outbox.messages whole: by primary key for p_id, through
+--             messages_key_seq_idx for p_key, otherwise walking messages_pkey backwards from
+--             p_before and stopping at p_limit rows. A filter that few messages match (a rare
+--             topic or state with no key) walks the primary key further, up to the caller's
+--             statement_timeout, which the console sets.
+CREATE OR REPLACE FUNCTION outbox.console_messages(
+    p_id uuid,
+    p_topic text,
+    p_key text,
+    p_state text,
+    p_older_than interval,
+    p_before uuid,
+    p_limit integer
+) RETURNS TABLE (
+    outbox_id uuid,
+    topic text,
+    message_key text,
+    state text,
+    created_at timestamptz,
+    available_at timestamptz,
+    attempt_count integer,
+    claimed_by text,
+    lease_expires_at timestamptz,
+    last_error text
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_where text := '';
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1001 THEN
+        PERFORM outbox.invalid_argument('p_limit',
+            format('must be between 1 and 1001, got %s', coalesce(p_limit::text, 'NULL')));
+    END IF;
+    IF p_state IS NOT NULL AND p_state NOT IN ('ready', 'leased', 'waiting', 'scheduled') THEN
+        PERFORM outbox.invalid_argument('p_state',
+            format('must be ready, leased, waiting or scheduled, got %L', p_state));
+    END IF;
+    IF p_older_than < interval '0' THEN
+        PERFORM outbox.invalid_argument('p_older_than', 'must be an interval of 0 or more');
+    END IF;
+    IF p_id IS NOT NULL THEN
+        v_where := v_where || ' AND m.outbox_id = $1';
+    END IF;
+    IF p_topic IS NOT NULL THEN
+        v_where := v_where || ' AND m.topic = $2';
+    END IF;
+    IF p_key IS NOT NULL THEN
+        v_where := v_where || ' AND m.message_key = $3';
+    END IF;
+    IF p_older_than IS NOT NULL THEN
+        v_where := v_where || ' AND m.created_at <= now() - $4';
+    END IF;
+    IF p_before IS NOT NULL THEN
+        v_where := v_where || ' AND m.outbox_id < $5';
+    END IF;
+    v_where := v_where || CASE p_state
+        WHEN 'leased' THEN ' AND m.lease_token IS NOT NULL'
+        WHEN 'waiting' THEN ' AND m.lease_token IS NULL AND m.behind'
+        WHEN 'scheduled' THEN
+            ' AND m.lease_token IS NULL AND NOT m.behind AND m.available_at > now()'
+        WHEN 'ready' THEN
+            ' AND m.lease_token IS NULL AND NOT m.behind AND m.available_at <= now()'
+        ELSE ''
+    END;
+    RETURN QUERY EXECUTE
+        'SELECT m.outbox_id, m.topic, m.message_key,
+                CASE WHEN m.lease_token IS NOT NULL THEN ''leased''
+                     WHEN m.behind THEN ''waiting''
+                     WHEN m.available_at > now() THEN ''scheduled''
+                     ELSE ''ready'' END,
+                m.created_at, m.available_at, m.attempt_count, m.claimed_by,
+                m.lease_expires_at, m.last_error
+           FROM outbox.messages AS m
+          WHERE true' || v_where || '
+          ORDER BY m.outbox_id DESC
+          LIMIT $6'
+        USING p_id, p_topic, p_key, p_older_than, p_before, p_limit;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uuid, integer) IS
+    'A keyset page (outbox_id descending, before p_before) of pending messages filtered by id, topic, key, state and age (each NULL: any), at most p_limit (1 to 1001) rows, without payloads; planned per call on an index; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uuid, integer) TO outbox_reader, outbox_relay;
+
+-- outbox.console_message: one pending message in full, with its key's position.
+--
+-- Inputs:     p_id            the outbox_id
+--             p_with_payload  true: return the payload; false or NULL: payload is NULL and
+--                             the payload is not read (payload_bytes is its stored size)
+-- Returns:    no row when p_id is not pending; otherwise its columns as console_messages
+--             returns them, then content_type, headers, payload, payload_bytes,
+--             max_attempts, ahead (the messages of its key with a smaller seq, counted up to
+--             10001; NULL without a key) and key_head (the outbox_id of its key's smallest
+--             seq, the one delivered next; NULL without a key).
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: a caller that must not see payloads (the console's --sensitive-payloads)
+--             passes false, and no payload leaves the database.
+-- Raises:     nothing.
+-- Crash:      nothing: a read.
+-- Shape:      one primary-key probe of outbox.messages, and for a keyed message two ranges
+--             of messages_key_seq_idx, the first stopped at 10001 rows.
+CREATE OR REPLACE FUNCTION outbox.console_message(p_id uuid, p_with_payload boolean)
+RETURNS TABLE (
+    outbox_id uuid,
+    topic text,
+    message_key text,
+    state text,
+    created_at timestamptz,
+    available_at timestamptz,
+    attempt_count integer,
+    claimed_by text,
+    lease_expires_at timestamptz,
+    last_error text,
+    content_type text,
+    headers jsonb,
+    payload bytea,
+    payload_bytes bigint,
+    max_attempts integer,
+    ahead bigint,
+    key_head uuid
+)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT m.outbox_id, m.topic, m.message_key,
+       CASE WHEN m.lease_token IS NOT NULL THEN 'leased'
+            WHEN m.behind THEN 'waiting'
+            WHEN m.available_at > now() THEN 'scheduled'
+            ELSE 'ready' END,
+       m.created_at, m.available_at, m.attempt_count, m.claimed_by, m.lease_expires_at,
+       m.last_error, m.content_type, m.headers,
+       CASE WHEN p_with_payload THEN m.payload END,
+       octet_length(m.payload)::bigint,
+       m.max_attempts,
+       CASE WHEN m.message_key IS NOT NULL THEN
+           (SELECT count(*)
+              FROM (SELECT 1
+                      FROM outbox.messages AS k
+                     WHERE k.message_key = m.message_key
+                       AND k.seq < m.seq
+                     LIMIT 10001) AS ahead)
+       END,
+       (SELECT k.outbox_id
+          FROM outbox.messages AS k
+         WHERE k.message_key = m.message_key
+         ORDER BY k.seq
+         LIMIT 1)
+  FROM outbox.messages AS m
+ WHERE m.outbox_id = p_id
+$$;
+
+COMMENT ON FUNCTION outbox.console_message(uuid, boolean) IS
+    'One pending message with its state, headers, payload only when p_with_payload (its size always), the messages of its key ahead of it (up to 10,001) and its key''s head; no row when not pending.';
+
+REVOKE ALL ON FUNCTION outbox.console_message(uuid, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_message(uuid, boolean) TO outbox_reader, outbox_relay;
+
+-- outbox.console_attempts: the attempt log of one message, oldest first.
+--
+-- Inputs:     p_id     the outbox_id (pending, dead-lettered or delivered)
+--             p_limit  at most this many attempts, 1 to 1000
+-- Returns:    attempt_no, state (as text), worker_id, error, created_at; attempt_no
+--             ascending. The attempts retention has not pruned yet.
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: nothing beyond the read.
+-- Raises:     P7001 (p_limit) when NULL or outside 1 to 1000.
+-- Crash:      nothing: a read.
+-- Shape:      one range of each partition's primary key (outbox_id, attempt_no).
+CREATE OR REPLACE FUNCTION outbox.console_attempts(p_id uuid, p_limit integer)
+RETURNS TABLE (
+    attempt_no integer,
+    state text,
+    worker_id text,
+    error text,
+    created_at timestamptz
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
+        PERFORM outbox.invalid_argument('p_limit',
+            format('must be between 1 and 1000, got %s', coalesce(p_limit::text, 'NULL')));
+    END IF;
+    RETURN QUERY
+    SELECT a.attempt_no, a.state::text, a.worker_id, a.error, a.created_at
+      FROM outbox.attempts AS a
+     WHERE a.outbox_id = p_id
+     ORDER BY a.attempt_no
+     LIMIT p_limit;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.console_attempts(uuid, integer) IS
+    'The attempts of one message (those retention kept), oldest first, at most p_limit (1 to 1000); P7001 on a bad limit.';
+
+REVOKE ALL ON FUNCTION outbox.console_attempts(uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_attempts(uuid, integer) TO outbox_reader, outbox_relay;
+
+-- outbox.console_dead_letters: a keyset page of dead letters, newest outbox_id first,
+-- selected as dead_letters_matching selects them.
+--
+-- Inputs:     p_outbox_ids, p_topic, p_since, p_error_contains   the filter of
+--                           dead_letters_matching (07_dead_letters.sql; each NULL: any)
+--             p_before      the keyset cursor: only outbox_ids smaller than this (NULL: from
+--                           the newest)
+--             p_limit       at most this many rows, 1 to 1001
+-- Returns:    outbox_id, topic, message_key, dead_lettered_at, attempt_count, last_error;
+--             outbox_id descending. No payload.
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: the filter selects what dead_letters_matching, and so a replay with the same
+--             filter, selects; the next page is the call with p_before = the last id.
+-- Raises:     P7001 (p_limit) when NULL or outside 1 to 1001.
+-- Crash:      nothing: a read.
+-- Shape:      planned per call with the filters given (EXECUTE ... USING): by primary key
+--             for p_outbox_ids, otherwise walking dead_letters_pkey backwards from p_before
+--             (or dead_letters_topic_idx for a rare topic), stopped at p_limit rows that
+--             match. A filter that few dead letters match (an error text, a recent p_since)
+--             walks further, up to the caller's statement_timeout.
+CREATE OR REPLACE FUNCTION outbox.console_dead_letters(
+    p_outbox_ids uuid[],
+    p_topic text,
+    p_since timestamptz,
+    p_error_contains text,
+    p_before uuid,
+    p_limit integer
+) RETURNS TABLE (
+    outbox_id uuid,
+    topic text,
+    message_key text,
+    dead_lettered_at timestamptz,
+    attempt_count integer,
+    last_error text
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1001 THEN
+        PERFORM outbox.invalid_argument('p_limit',
+            format('must be between 1 and 1001, got %s', coalesce(p_limit::text, 'NULL')));
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT d.outbox_id, d.topic, d.message_key, d.dead_lettered_at, d.attempt_count,
+                d.last_error
+           FROM outbox.dead_letters AS d
+          WHERE ' || outbox.console_dead_letter_condition(p_outbox_ids, p_topic, p_since,
+                                                           p_error_contains)
+               || CASE WHEN p_before IS NOT NULL THEN ' AND d.outbox_id < $5' ELSE '' END || '
+          ORDER BY d.outbox_id DESC
+          LIMIT $6'
+        USING p_outbox_ids, p_topic, p_since, p_error_contains, p_before, p_limit;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.console_dead_letters(uuid[], text, timestamptz, text, uuid, integer) IS
+    'A keyset page (outbox_id descending, before p_before) of the dead letters dead_letters_matching selects, at most p_limit (1 to 1001) rows, without payloads; planned per call on an index; P7001 on a bad limit.';
+
+REVOKE ALL ON FUNCTION outbox.console_dead_letters(uuid[], text, timestamptz, text, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_dead_letters(uuid[], text, timestamptz, text, uuid, integer) TO outbox_reader, outbox_relay;
+
+-- outbox.console_dead_letter_count: how many dead letters a filter selects, counted up to
+-- 10001.
+--
+-- Inputs:     p_outbox_ids, p_topic, p_since, p_error_contains   the filter of
+--                           dead_letters_matching (each NULL: any)
+-- Returns:    the count, at most 10001 (10001: more than 10000).
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: counts what console_dead_letters lists and a replay with the same filter
+--             moves (up to the dead letters added or removed in between).
+-- Raises:     nothing.
+-- Crash:      nothing: a read.
+-- Shape:      planned per call as console_dead_letters, stopped at the 10001st dead letter
+--             that matches: a filter that few dead letters match reads the ones its index
+--             does not exclude, up to the caller's statement_timeout.
+CREATE OR REPLACE FUNCTION outbox.console_dead_letter_count(
+    p_outbox_ids uuid[],
+    p_topic text,
+    p_since timestamptz,
+    p_error_contains text
+) RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    EXECUTE
+        'SELECT count(*)
+           FROM (SELECT 1
+                   FROM outbox.dead_letters AS d
+                  WHERE ' || outbox.console_dead_letter_condition(p_outbox_ids, p_topic,
+                                                                   p_since, p_error_contains)
+                  || '
+                  LIMIT 10001) AS capped'
+        INTO v_count
+        USING p_outbox_ids, p_topic, p_since, p_error_contains;
+    RETURN v_count;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.console_dead_letter_count(uuid[], text, timestamptz, text) IS
+    'How many dead letters dead_letters_matching selects with this filter, counted up to 10,001 (10,001: more than 10,000).';
+
+REVOKE ALL ON FUNCTION outbox.console_dead_letter_count(uuid[], text, timestamptz, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_dead_letter_count(uuid[], text, timestamptz, text) TO outbox_reader, outbox_relay;
+
+-- outbox.console_dead_letter: one dead letter in full.
+--
+-- Inputs:     p_id            the outbox_id
+--             p_with_payload  true: return the payload; false or NULL: payload is NULL and
+--                             the payload is not read (payload_bytes is its stored size)
+-- Returns:    no row when p_id is not a dead letter; otherwise outbox_id, topic,
+--             message_key, content_type, headers, payload, payload_bytes, created_at,
+--             dead_lettered_at, attempt_count, max_attempts, last_error.
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: as console_message: false leaves the payload in the database.
+-- Raises:     nothing.
+-- Crash:      nothing: a read.
+-- Shape:      one probe of dead_letters_pkey.
+CREATE OR REPLACE FUNCTION outbox.console_dead_letter(p_id uuid, p_with_payload boolean)
+RETURNS TABLE (
+    outbox_id uuid,
+    topic text,
+    message_key text,
+    content_type text,
+    headers jsonb,
+    payload bytea,
+    payload_bytes bigint,
+    created_at timestamptz,
+    dead_lettered_at timestamptz,
+    attempt_count integer,
+    max_attempts integer,
+    last_error text
+)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT d.outbox_id, d.topic, d.message_key, d.content_type, d.headers,
+       CASE WHEN p_with_payload THEN d.payload END,
+       octet_length(d.payload)::bigint,
+       d.created_at, d.dead_lettered_at, d.attempt_count, d.max_attempts, d.last_error
+  FROM outbox.dead_letters AS d
+ WHERE d.outbox_id = p_id
+$$;
+
+COMMENT ON FUNCTION outbox.console_dead_letter(uuid, boolean) IS
+    'One dead letter with its headers, payload only when p_with_payload (its size always); no row when p_id is not a dead letter.';
+
+REVOKE ALL ON FUNCTION outbox.console_dead_letter(uuid, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_dead_letter(uuid, boolean) TO outbox_reader, outbox_relay;
