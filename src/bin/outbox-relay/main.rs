@@ -121,7 +121,7 @@ enum Command {
     /// sources, destinations (docs/console.md).
     Console(Box<console_verb::Args>),
     /// Measure drain throughput, latency and memory (see `make bench`).
-    Bench(bench::Options),
+    Bench(Box<bench::Options>),
     /// Ask a running relayer's /healthz (or /readyz) and exit 0 when it answers 200 (for
     /// container HEALTHCHECKs: the image has no curl).
     Healthcheck {
