@@ -70,12 +70,12 @@ pub const SOURCE_OLDEST_READY_AGE: &str = "outbox_source_oldest_ready_age_second
 pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         UNCOVERED_READY,
-        Kind::Gauge,
+        Kind::LabelledGauge,
         "Messages ready for longer than observe_uncovered_secs on a topic no running relayer claims, by topic (0 once one does).",
     ),
     (
         UNCOVERED_HELD_KEYS,
-        Kind::Gauge,
+        Kind::LabelledGauge,
         "Keys whose messages on other topics wait behind a message of a topic no running relayer claims, by that topic.",
     ),
     (
@@ -287,6 +287,9 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
 pub enum Kind {
     Counter,
     Gauge,
+    /// A gauge with one series per label value (a topic) and none before its first value:
+    /// described from the start, absent until something sets it.
+    LabelledGauge,
     Histogram,
     /// A gauge computed from the database by one process per interval and rendered from
     /// the latest observation, not through the recorder.
@@ -346,7 +349,7 @@ fn register() {
                 metrics::describe_counter!(name, help);
                 counter!(name).absolute(0);
             }
-            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Gauge | Kind::LabelledGauge => metrics::describe_gauge!(name, help),
             Kind::Histogram => metrics::describe_histogram!(name, help),
             Kind::Observed => {}
         }
