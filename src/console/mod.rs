@@ -169,6 +169,7 @@ pub fn connect_sources(
 /// The console's routes under `settings.base_path`.
 pub fn router(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Router {
     let base = settings.base_path.clone();
+    let loopback = settings.listen.ip().is_loopback();
     let names = sources.keys().cloned().collect();
     let state = Arc::new(Console {
         settings,
@@ -199,7 +200,9 @@ pub fn router(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Ro
     }
     router
         .with_state(state)
-        .layer(axum::middleware::from_fn(security::guard))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            security::guard(loopback, request, next)
+        }))
 }
 
 /// Binds `settings.listen` now (a taken port fails the start) and serves the console until

@@ -89,13 +89,31 @@ pub fn check_listen(
 
 /// Middleware: every response gets the security headers; a request with an unsafe method
 /// (anything but GET, HEAD and OPTIONS) from another site is refused with 403 before any
-/// handler runs.
-pub async fn guard(request: Request, next: Next) -> Response {
+/// handler runs. A console that listens on a loopback address (`loopback`) answers only
+/// requests whose `Host` is a loopback name: a page of another site that rebinds its own
+/// name to 127.0.0.1 (DNS rebinding) would otherwise read the console as its own origin.
+pub async fn guard(loopback: bool, request: Request, next: Next) -> Response {
     let safe = matches!(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
     );
-    let mut response = if safe || same_origin(request.headers()) {
+    let mut response = if loopback && !loopback_host(request.headers()) {
+        tracing::warn!(
+            host = request
+                .headers()
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+            path = %request.uri().path(),
+            "console refused a request for another host name (it listens on a loopback address)"
+        );
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            "refused: this console listens on a loopback address and answers only for \
+             localhost, 127.0.0.1 or [::1] (a host name that merely resolves to it is refused)\n",
+        )
+            .into_response()
+    } else if safe || same_origin(request.headers()) {
         next.run(request).await
     } else {
         tracing::warn!(
@@ -123,6 +141,26 @@ pub async fn guard(request: Request, next: Next) -> Response {
     response
 }
 
+/// Whether the request's `Host` names this machine's loopback interface: `localhost`, or a
+/// loopback IP address (`127.0.0.1`, `[::1]`), with or without a port.
+pub fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split_once(']').map_or("", |(ip, _)| ip)
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        }
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Whether the browser says the request comes from the console's own pages:
 /// `Sec-Fetch-Site: same-origin`; without that header (older browsers), an `Origin` whose
 /// host and port are the request's `Host`. Neither: refused.
@@ -144,6 +182,37 @@ pub fn same_origin(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_loopback_host_names_are_loopback_hosts() {
+        let host = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_str(value).unwrap());
+            loopback_host(&h)
+        };
+        for ok in [
+            "localhost",
+            "LOCALHOST:9188",
+            "127.0.0.1",
+            "127.0.0.1:9188",
+            "127.1.2.3:80",
+            "[::1]",
+            "[::1]:9188",
+        ] {
+            assert!(host(ok), "{ok}");
+        }
+        for refused in [
+            "evil.example",
+            "evil.example:9188",
+            "localhost.evil.example",
+            "10.0.0.1:9188",
+            "[::2]:9188",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!host(refused), "{refused}");
+        }
+        assert!(!loopback_host(&HeaderMap::new()), "no Host at all");
+    }
 
     #[test]
     fn a_token_matches_itself_only() {

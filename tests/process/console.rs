@@ -537,6 +537,38 @@ async fn a_replay_needs_the_token_from_the_same_origin_and_is_audited() {
     );
 }
 
+/// A console on a loopback address answers only for loopback host names: a page whose own
+/// name was made to resolve to 127.0.0.1 (DNS rebinding) is not the console's origin.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_loopback_console_answers_only_for_loopback_host_names() {
+    let db = TestDb::new().await;
+    let console = Console::start(&db, &db.url, None, &[]).await;
+    let status = |host: String| async move {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", console.port))
+            .await
+            .expect("connect to the console");
+        let request = format!("GET / HTTP/1.0\r\nHost: {host}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut response))
+            .await
+            .expect("the console answers within 30 s")
+            .unwrap();
+        text(&response)
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse::<u16>().ok())
+            .expect("a status line")
+    };
+    let port = console.port;
+    assert_eq!(status(format!("evil.example:{port}")).await, 421);
+    assert_eq!(status(format!("127.0.0.1.nip.io:{port}")).await, 421);
+    assert_eq!(status(format!("localhost:{port}")).await, 200);
+    assert_eq!(status(format!("127.0.0.1:{port}")).await, 200);
+    db.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_non_loopback_address_without_a_token_is_refused_unless_read_only() {
     let db = TestDb::new().await;
