@@ -21,7 +21,9 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 
 use super::cloudevents::{self, Envelope, Mode, STRUCTURED_CONTENT_TYPE, percent_encode};
-use super::{Destination, Setting, Window, install_tls_provider, metadata, user_headers};
+use super::{
+    DEADLINE_PASSED, Destination, Setting, Window, install_tls_provider, metadata, user_headers,
+};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
 use crate::secret::redact_url;
@@ -235,6 +237,9 @@ impl Http {
     }
 }
 
+/// Below this much time before the call's deadline, a request is not started.
+const MIN_REQUEST_TIME: Duration = Duration::from_millis(10);
+
 /// The URL for `topic`: `{topic}` replaced by the topic percent-encoded as one path segment
 /// (every byte but RFC 3986's unreserved characters), so `/`, `?`, `#` and `%` in a topic
 /// stay inside it. `.` and `..` are refused: URL parsers resolve them even when encoded.
@@ -280,7 +285,15 @@ impl Destination for Http {
             futures_util::stream::iter(batch)
                 .map(move |m| async move {
                     match window.check() {
-                        Ok(()) => self.send(m, window.remaining()).await,
+                        // Too little time left for a request to go out: it is not sent
+                        // (a timeout while it waits for a connection would otherwise count
+                        // as an unanswered attempt).
+                        Ok(()) => match window.remaining() {
+                            Some(left) if left < MIN_REQUEST_TIME => Outcome::NotAttempted {
+                                reason: DEADLINE_PASSED.to_owned(),
+                            },
+                            left => self.send(m, left).await,
+                        },
                         Err(not_sent) => not_sent,
                     }
                 })

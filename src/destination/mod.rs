@@ -60,7 +60,7 @@ mod window;
 
 #[cfg(feature = "aws")]
 pub use aws::sdk_config as aws_sdk_config;
-pub use window::{WINDOW_CLOSED, Window};
+pub use window::{DEADLINE_PASSED, WINDOW_CLOSED, Window};
 
 use std::sync::Arc;
 use std::time::Duration;
