@@ -108,16 +108,22 @@ impl Mqtt {
             Protocol::V5 => {
                 let mut props = Vec::new();
                 let outbox = metadata(m);
+                // The MQTT binding: attributes as user properties under their own names,
+                // `datacontenttype` as the Content Type property. Attributes and headers
+                // share that one namespace, so an attribute wins over a header of its name
+                // (the event's `traceparent` is the creation context; never two values).
+                let attributes = match self.envelope.as_ref().filter(|e| e.mode == Mode::Binary) {
+                    Some(e) => e.headers(m, "", false),
+                    None => Vec::new(),
+                };
                 for (name, value) in user_headers(m)? {
-                    if !outbox.iter().any(|(n, _)| *n == name) {
+                    if !outbox.iter().any(|(n, _)| *n == name)
+                        && !attributes.iter().any(|(n, _)| n == name)
+                    {
                         props.push((name.to_owned(), value));
                     }
                 }
-                // The MQTT binding: attributes as user properties under their own names,
-                // `datacontenttype` as the Content Type property.
-                if let Some(e) = self.envelope.as_ref().filter(|e| e.mode == Mode::Binary) {
-                    props.extend(e.headers(m, "", false));
-                }
+                props.extend(attributes);
                 props.extend(outbox.into_iter().map(|(n, v)| (n.to_owned(), v)));
                 for (name, value) in &props {
                     if name.len() > MQTT_STRING || value.len() > MQTT_STRING {
