@@ -45,7 +45,7 @@ pub async fn run(settings: Settings, migrate: bool) -> Result<()> {
     let exporting = traces::install(&settings.traces)?;
     if let Some(e) = &exporting {
         tracing::info!(
-            endpoint = e.endpoint(),
+            endpoint = outbox_relay::secret::redact_url(e.endpoint()),
             "exporting a span per delivery attempt over OTLP"
         );
     }

@@ -4,9 +4,10 @@
 //! `detail` is the message as one JSON object, the same as a line of the `file` destination,
 //! so the outbox_id travels inside the event (`detail.outbox_id`): PutEvents does not let a
 //! sender choose the event's `id`. The event's `time` is the message's enqueue time. A
-//! message with a creation trace context has it in `detail.headers` (`traceparent`,
-//! `tracestate`), and as the entry's `TraceHeader` in AWS X-Ray's form, which EventBridge
-//! passes on to targets that take one (Lambda, Step Functions, …).
+//! message with a trace context has it in `detail.headers` (`traceparent`, `tracestate`:
+//! the creation context, or the attempt's `send` span with span export on), and as the
+//! entry's `TraceHeader` in AWS X-Ray's form, which EventBridge passes on to targets that
+//! take one (Lambda, Step Functions, …).
 
 use std::time::Duration;
 
