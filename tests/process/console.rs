@@ -896,6 +896,51 @@ async fn run_serves_the_console_beside_the_relay_when_console_addr_is_set() {
     .await;
 }
 
+/// `run --console-addr` takes the console's own variables, as `outbox-relay console` does:
+/// its base path and its sensitive payloads here.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_console_takes_the_consoles_variables() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (last, _) = seed(&c).await;
+    let port = free_port();
+    let _child = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args([
+                "run",
+                "--worker-id",
+                "w-env",
+                "--no-telemetry",
+                "--sink",
+                "null",
+            ])
+            .args(["--topics", "nothing-of-the-seed"])
+            .args(["--console-addr", &format!("127.0.0.1:{port}")])
+            .env("DATABASE_URL", &db.url)
+            .env("OUTBOX_CONSOLE_BASE_PATH", "/ops")
+            .env("OUTBOX_CONSOLE_SENSITIVE_PAYLOADS", "true")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn outbox-relay"),
+    );
+    common::eventually(Duration::from_secs(60), "run's console answers", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let a = get(port, &format!("/ops/messages/{last}?source={}", db.name)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("Payload hidden"), "{}", a.body);
+    assert_eq!(
+        get(port, "/messages").await.status,
+        404,
+        "served under /ops only"
+    );
+    db.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_overview_is_rendered_at_most_once_per_ten_seconds() {
     let db = TestDb::new().await;

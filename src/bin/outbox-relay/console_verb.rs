@@ -47,6 +47,24 @@ pub struct Args {
     connections_per_source: usize,
 }
 
+/// The console's flags alone, for [`settings_from_env`].
+#[derive(clap::Parser)]
+struct FromEnv {
+    #[command(flatten)]
+    args: Args,
+}
+
+/// The settings of the console `run --console-addr` serves on `listen`: those of
+/// `outbox-relay console` with its defaults and its `OUTBOX_CONSOLE_*` variables (the
+/// token, its file, the base path, sensitive payloads), so that the console is the same
+/// whichever way it is started.
+pub fn settings_from_env(listen: SocketAddr) -> Result<ConsoleSettings> {
+    let listen = listen.to_string();
+    let parsed = <FromEnv as clap::Parser>::try_parse_from(["console", "--listen", &listen])
+        .map_err(|e| anyhow::anyhow!("the console's OUTBOX_CONSOLE_* settings: {e}"))?;
+    parsed.args.settings()
+}
+
 impl Args {
     /// The console's settings, the token read from OUTBOX_CONSOLE_TOKEN or --token-file.
     pub fn settings(&self) -> Result<ConsoleSettings> {

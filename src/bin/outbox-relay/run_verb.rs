@@ -232,18 +232,8 @@ async fn serve_console(
     sources: std::collections::BTreeMap<String, String>,
     shutdown: &CancellationToken,
 ) -> Result<()> {
-    use outbox_relay::console::{self, AdminToken, ConsoleSettings};
-    let token = std::env::var("OUTBOX_CONSOLE_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .map(|t| AdminToken::new(&t))
-        .transpose()?;
-    let settings = ConsoleSettings {
-        listen: addr,
-        token,
-        ..ConsoleSettings::default()
-    };
-    settings.validate().map_err(|e| {
+    use outbox_relay::console;
+    let settings = crate::console_verb::settings_from_env(addr).map_err(|e| {
         anyhow::anyhow!(
             "{e} (console_addr; for a read-only console on such an address, run \
              `outbox-relay console --read-only` beside the relayer)"
