@@ -691,7 +691,9 @@ fn shown_payload(payload: &[u8]) -> String {
 }
 
 /// The dead-letter filter of a page's parameters (`id` repeated, `topic`, `since` as an
-/// age such as `1h`, `error`), or a 400 naming the bad one.
+/// age such as `1h` or an RFC 3339 time, `error`), or a 400 naming the bad one. The replay
+/// preview hands `since` on as the time it stood for, so that the replay moves exactly the
+/// dead letters the preview listed.
 fn dead_letter_filter(params: &Params) -> Result<DeadLetterFilter, Refusal> {
     let ids = params
         .all("id")
@@ -703,15 +705,21 @@ fn dead_letter_filter(params: &Params) -> Result<DeadLetterFilter, Refusal> {
         .collect::<Result<Vec<_>, _>>()?;
     let since = match params.get("since") {
         None => None,
-        Some(v) => {
-            let d = humantime::parse_duration(v).map_err(|e| {
-                bad_request(&format!("since: {v:?} is not a duration such as 1h ({e})"))
-            })?;
-            Some(
-                Utc::now()
-                    - chrono::Duration::from_std(d).map_err(|_| bad_request("since: too long"))?,
-            )
-        }
+        Some(v) => match chrono::DateTime::parse_from_rfc3339(v) {
+            Ok(at) => Some(at.with_timezone(&Utc)),
+            Err(_) => {
+                let d = humantime::parse_duration(v).map_err(|e| {
+                    bad_request(&format!(
+                        "since: {v:?} is neither a duration such as 1h ({e}) nor an RFC 3339 time"
+                    ))
+                })?;
+                Some(
+                    Utc::now()
+                        - chrono::Duration::from_std(d)
+                            .map_err(|_| bad_request("since: too long"))?,
+                )
+            }
+        },
     };
     Ok(DeadLetterFilter {
         ids: (!ids.is_empty()).then_some(ids),
@@ -931,7 +939,7 @@ pub async fn replay_preview(State(console): Shared, RawQuery(q): RawQuery) -> Pa
         for id in filter.ids.iter().flatten() {
             let _ = write!(hidden, "<input type=\"hidden\" name=\"id\" value=\"{id}\">");
         }
-        for field in ["topic", "since", "error"] {
+        for field in ["topic", "error"] {
             if let Some(v) = params.get(field) {
                 let _ = write!(
                     hidden,
@@ -939,6 +947,13 @@ pub async fn replay_preview(State(console): Shared, RawQuery(q): RawQuery) -> Pa
                     esc(v)
                 );
             }
+        }
+        if let Some(since) = filter.since {
+            let _ = write!(
+                hidden,
+                "<input type=\"hidden\" name=\"since\" value=\"{}\">",
+                esc(&since.to_rfc3339())
+            );
         }
         let _ = write!(
             body,
@@ -1174,4 +1189,22 @@ pub async fn destinations(State(console): Shared, RawQuery(q): RawQuery) -> Page
         &frame(&console, "Destinations", "/destinations", name, true),
         &body,
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_is_an_age_or_the_time_the_preview_handed_on() {
+        let at = "2026-11-28T20:00:00.500+00:00";
+        let filter =
+            dead_letter_filter(&Params::parse(&format!("since={}", at.replace('+', "%2B"))))
+                .unwrap_or_else(|_| panic!("{at} is a time"));
+        assert_eq!(filter.since.unwrap().to_rfc3339(), at);
+        let filter = dead_letter_filter(&Params::parse("since=1h")).unwrap_or_else(|_| panic!());
+        let age = Utc::now() - filter.since.unwrap();
+        assert!((3599..=3601).contains(&age.num_seconds()), "{age}");
+        assert!(dead_letter_filter(&Params::parse("since=yesterday")).is_err());
+    }
 }

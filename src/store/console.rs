@@ -272,7 +272,10 @@ impl Store {
         Ok(rows)
     }
 
-    /// `outbox.observe`, as [`Store::observe`], under the console's timeout.
+    /// `outbox.observe`, as [`Store::observe`], under the console's timeout. It asks for the
+    /// relayers' default number of topics (`observe_top_topics`, 10): a snapshot the console
+    /// refreshes is the one the fleet reads and exports, and a larger number there would
+    /// make every relayer export that many topic series until the next refresh.
     pub async fn console_observe(
         &self,
         timeout: Duration,
@@ -283,7 +286,7 @@ impl Store {
                 timeout,
                 false,
                 "SELECT observed_at, refreshed, snapshot \
-                   FROM outbox.observe(100, make_interval(secs => $1))",
+                   FROM outbox.observe(10, make_interval(secs => $1))",
                 &vec![(&max_age.as_secs_f64(), Type::FLOAT8)],
             )
             .await?;
