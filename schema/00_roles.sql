@@ -17,7 +17,9 @@
 --   outbox_producer  applications: EXECUTE on the two enqueue overloads and on
 --                    schema_version, nothing else.
 --   outbox_reader    dashboards and operators who only look: SELECT on the views, EXECUTE
---                    on observe and schema_version.
+--                    on observe and schema_version, and on the console's read functions
+--                    (11_console.sql), which return messages and dead letters with their
+--                    payloads and headers, a bounded page at a time.
 --
 -- The roles are NOLOGIN groups. Grant them to login roles, as the owner of the database:
 --   CREATE ROLE app_relay LOGIN PASSWORD '…' IN ROLE outbox_relay;

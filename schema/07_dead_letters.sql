@@ -2,7 +2,8 @@
 -- back into the outbox, audited.
 --
 -- Objects, all for outbox_relay (the `outbox-relay dead-letters` and `replay` verbs, or an
--- operator's psql session with a login in that role); outbox_reader reads replay_log only:
+-- operator's psql session with a login in that role); outbox_reader reads replay_log here,
+-- and dead letters through the console's functions (11_console.sql):
 --
 --   dead_letters_matching(ids, topic, since, error_contains)   the dead letters a filter
 --                                            selects: the one definition of the filter,
