@@ -9,7 +9,7 @@ use std::time::Duration;
 use metrics::{Label, counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::message::{ClaimedMessage, WorkerId};
+use crate::message::{ClaimedMessage, TraceContext, WorkerId};
 
 pub const CLAIMED: &str = "outbox_messages_claimed_total";
 pub const DELIVERED: &str = "outbox_messages_delivered_total";
@@ -580,25 +580,33 @@ pub fn retry_scheduled(
     delay: Duration,
 ) {
     counter!(RETRIED, source.labels(&m.topic)).increment(1);
+    let trace = m.trace_context();
     tracing::warn!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no,
+        trace_id = trace.as_ref().map(TraceContext::trace_id), creation_span_id = trace.as_ref().map(TraceContext::parent_id),
         retry_in_ms = millis(delay), reason, "delivery failed; will retry (dead-lettered if out of attempts)");
 }
 
 pub fn rejected(worker: &WorkerId, source: &Source, m: &ClaimedMessage, reason: &str) {
     counter!(DEAD_LETTERED, source.labels(&m.topic)).increment(1);
+    let trace = m.trace_context();
     tracing::warn!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no,
+        trace_id = trace.as_ref().map(TraceContext::trace_id), creation_span_id = trace.as_ref().map(TraceContext::parent_id),
         reason, "destination rejected the message; dead-lettered");
 }
 
 pub fn retries_exhausted(worker: &WorkerId, source: &Source, m: &ClaimedMessage, reason: &str) {
     counter!(DEAD_LETTERED, source.labels(&m.topic)).increment(1);
+    let trace = m.trace_context();
     tracing::warn!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no,
+        trace_id = trace.as_ref().map(TraceContext::trace_id), creation_span_id = trace.as_ref().map(TraceContext::parent_id),
         reason, "last attempt failed; dead-lettered");
 }
 
 pub fn lease_lost(worker: &WorkerId, source: &Source, m: &ClaimedMessage) {
     counter!(LEASE_LOST, source.labels(&m.topic)).increment(1);
+    let trace = m.trace_context();
     tracing::info!(outbox_id = %m.id, worker_id = %worker, source = source.name(), topic = %m.topic, attempt_no = m.attempt_no,
+        trace_id = trace.as_ref().map(TraceContext::trace_id), creation_span_id = trace.as_ref().map(TraceContext::parent_id),
         "lease lost before completion; the outcome belongs to whoever holds it now");
 }
 

@@ -367,7 +367,8 @@ async fn messages_not_sent_by_the_deadline_are_given_back_without_an_attempt() {
     hooks.seen.lock().unwrap().slow_topic =
         Some(("slow".into(), std::time::Duration::from_millis(1_500)));
     c.batch_execute(
-        "SELECT outbox.enqueue('slow', convert_to('{}', 'UTF8'), p_max_attempts => 1); \
+        "SELECT outbox.enqueue('slow', convert_to('{}', 'UTF8'), p_max_attempts => 1, \
+           p_traceparent => '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'); \
          SELECT outbox.enqueue('orders', convert_to(format('{\"n\": %s}', n), 'UTF8')) \
            FROM generate_series(1, 5) AS n",
     )
@@ -398,6 +399,14 @@ async fn messages_not_sent_by_the_deadline_are_given_back_without_an_attempt() {
         history.values().filter(|h| *h == "1:RETRYABLE").count(),
         1,
         "the slow one's call is its attempt: {history:?}"
+    );
+    // The log line of its outcome carries its creation context's trace and span ids.
+    let log = w.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("dead-lettered")
+            && l.contains("4bf92f3577b34da6a3ce929d0e0e4736")
+            && l.contains("00f067aa0ba902b7")),
+        "{log}"
     );
     let orders = hooks
         .seen
