@@ -660,6 +660,20 @@ fn contents(
     payload: Option<&[u8]>,
     payload_bytes: i64,
 ) -> String {
+    // The creation context's trace, to look the producer's request up in a trace viewer.
+    let trace = headers
+        .get("traceparent")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|tp| crate::message::TraceContext::parse(tp, None))
+        .map(|t| {
+            format!(
+                "<p>Trace <code class=\"trace-id\">{}</code>, created by span <code>{}</code> \
+                 (its creation context, docs/tracing.md).</p>",
+                esc(t.trace_id()),
+                esc(t.parent_id())
+            )
+        })
+        .unwrap_or_default();
     let headers = serde_json::to_string_pretty(headers).unwrap_or_default();
     let shown = if let Some(payload) = payload {
         shown_payload(payload)
@@ -670,7 +684,7 @@ fn contents(
         )
     };
     format!(
-        "<h2>Headers</h2><pre>{}</pre><h2>Payload <span class=\"muted\">({})</span></h2>{shown}",
+        "{trace}<h2>Headers</h2><pre>{}</pre><h2>Payload <span class=\"muted\">({})</span></h2>{shown}",
         esc(&headers),
         esc(content_type)
     )
@@ -1206,5 +1220,19 @@ mod tests {
         let age = Utc::now() - filter.since.unwrap();
         assert!((3599..=3601).contains(&age.num_seconds()), "{age}");
         assert!(dead_letter_filter(&Params::parse("since=yesterday")).is_err());
+    }
+
+    #[test]
+    fn a_message_with_a_creation_context_shows_its_trace_id() {
+        let headers = serde_json::json!({
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        });
+        let page = contents("application/json", &headers, None, 2);
+        assert!(
+            page.contains("<code class=\"trace-id\">4bf92f3577b34da6a3ce929d0e0e4736</code>"),
+            "{page}"
+        );
+        let page = contents("application/json", &serde_json::json!({}), None, 2);
+        assert!(!page.contains("trace-id"), "{page}");
     }
 }
