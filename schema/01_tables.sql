@@ -791,7 +791,11 @@ REVOKE ALL ON TABLE outbox.circuit_reports FROM PUBLIC;
 -- Written by report_coverage when the relayer starts and when it renews its report (never
 -- per claim or batch), so it holds one row per relayer; a relayer that stopped renewing
 -- leaves a row that expires (expires_at), deleted an hour after that by the next report of
--- any relayer. Read by uncovered_topics; owner only.
+-- any relayer. route_patterns and route_destinations are the relayer's routes in its
+-- configuration's order (each route's topic as a LIKE pattern, and the destination it
+-- goes to, whose circuit the relayer reports by that name in outbox.circuit_reports);
+-- NULL from a relayer that does not report its routes. Read by uncovered_topics and
+-- stalled_topics; owner only.
 CREATE TABLE outbox.coverage_reports (
     worker_id      text        NOT NULL,
     include_topics text[],
@@ -800,11 +804,18 @@ CREATE TABLE outbox.coverage_reports (
     reported_at    timestamptz NOT NULL,
     -- after this the report is stale: the relayer did not renew it (stopped, or cut off)
     expires_at     timestamptz NOT NULL,
-    CONSTRAINT coverage_reports_pkey PRIMARY KEY (worker_id)
+    -- the routes' topics (LIKE patterns) and destinations, in the configuration's order;
+    -- both NULL or both of one length
+    route_patterns     text[],
+    route_destinations text[],
+    CONSTRAINT coverage_reports_pkey PRIMARY KEY (worker_id),
+    CONSTRAINT coverage_reports_routes CHECK (
+        (route_patterns IS NULL) = (route_destinations IS NULL)
+        AND cardinality(route_patterns) IS NOT DISTINCT FROM cardinality(route_destinations))
 );
 
 COMMENT ON TABLE outbox.coverage_reports IS
-    'The topics each running relayer claims (LIKE patterns of its routes, exact topics it is limited to) and until when the report holds; written by report_coverage, read by uncovered_topics; owner only.';
+    'The topics each running relayer claims (LIKE patterns of its routes, exact topics it is limited to), its routes'' destinations, and until when the report holds; written by report_coverage, read by uncovered_topics and stalled_topics; owner only.';
 
 REVOKE ALL ON TABLE outbox.coverage_reports FROM PUBLIC;
 

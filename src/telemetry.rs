@@ -40,6 +40,8 @@ pub const PINNED_SLOTS: &str = "outbox_message_slots_pinned";
 pub const HELD_OPEN_SLOTS: &str = "outbox_message_slots_held_open_total";
 pub const UNCOVERED_READY: &str = "outbox_uncovered_ready_messages";
 pub const UNCOVERED_HELD_KEYS: &str = "outbox_uncovered_held_keys";
+pub const CIRCUIT_HELD_READY: &str = "outbox_circuit_held_ready_messages";
+pub const CIRCUIT_HELD_KEYS: &str = "outbox_circuit_held_keys";
 /// The `state` label values of [`SOURCES`].
 pub const SOURCE_STATES: [&str; 7] = [
     "starting",
@@ -77,6 +79,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         UNCOVERED_HELD_KEYS,
         Kind::LabelledGauge,
         "Keys whose messages on other topics wait behind a message of a topic no running relayer claims, by that topic.",
+    ),
+    (
+        CIRCUIT_HELD_READY,
+        Kind::LabelledGauge,
+        "Messages ready for longer than observe_uncovered_secs on a topic every running relayer claiming it leaves out while its destination's circuit is open, by topic (0 once one claims it again).",
+    ),
+    (
+        CIRCUIT_HELD_KEYS,
+        Kind::LabelledGauge,
+        "Keys whose messages on other topics wait behind a message of a topic held by open circuits, by that topic.",
     ),
     (
         CLAIMED,
@@ -795,6 +807,44 @@ pub fn topic_covered_again(topic: &str) {
 pub fn uncovered_topic(topic: &str, ready: i64, held_keys: i64) {
     gauge!(UNCOVERED_READY, "topic" => topic.to_owned()).set(ready as f64);
     gauge!(UNCOVERED_HELD_KEYS, "topic" => topic.to_owned()).set(held_keys as f64);
+}
+
+/// A topic every running relayer claiming it leaves out while the circuit of its
+/// destination is open, named once when found: `ready` messages wait for `destinations`,
+/// the oldest for `oldest_secs`, holding `held_keys` keys whose messages on `held_topics`
+/// wait behind them.
+pub fn topic_held_by_circuits(
+    topic: &str,
+    destinations: &[String],
+    ready: i64,
+    oldest_secs: f64,
+    held_keys: i64,
+    held_topics: &[String],
+) {
+    tracing::warn!(
+        topic = %topic,
+        destinations = %destinations.join(","),
+        ready,
+        oldest_ready_age_secs = oldest_secs.round(),
+        held_keys,
+        held_topics = %held_topics.join(","),
+        "topic held behind an open circuit: its ready messages wait for its destination, and \
+         by per-key order so do the later messages of held_keys keys on held_topics; bring \
+         the destination back, or route the topic elsewhere"
+    );
+}
+
+/// A topic named by [`topic_held_by_circuits`] is claimed again (or has nothing ready).
+pub fn topic_no_longer_held_by_circuits(topic: &str) {
+    tracing::info!(topic = %topic, "topic no longer held behind an open circuit");
+    circuit_held_topic(topic, 0, 0);
+}
+
+/// The gauges of one topic held by open circuits.
+#[allow(clippy::cast_precision_loss)] // counts far below 2^52
+pub fn circuit_held_topic(topic: &str, ready: i64, held_keys: i64) {
+    gauge!(CIRCUIT_HELD_READY, "topic" => topic.to_owned()).set(ready as f64);
+    gauge!(CIRCUIT_HELD_KEYS, "topic" => topic.to_owned()).set(held_keys as f64);
 }
 
 /// Whether the notification listener hears its own test notification.

@@ -222,8 +222,6 @@ impl Dispatcher {
             .collect()
     }
 
-    /// Notified (one stored wake-up for one waiter) when any destination's circuit
-    /// changes state.
     /// The topics this process may claim at all: those its routes cover, as `LIKE`
     /// patterns (`None`: a `*` route covers every topic). Messages of other topics are left
     /// to the relayers that cover them.
@@ -231,11 +229,24 @@ impl Dispatcher {
         self.covered.as_deref()
     }
 
+    /// The routes as the coverage report gives them to the database: each route's topic
+    /// as a `LIKE` pattern and the name of its destination (the name its circuit is
+    /// reported under), in the configuration's order.
+    pub fn route_report(&self) -> (Vec<String>, Vec<String>) {
+        self.routes
+            .like_patterns()
+            .into_iter()
+            .map(|(pattern, lane)| (pattern, self.lanes[lane].name.clone()))
+            .unzip()
+    }
+
     /// The routes' topic patterns as configured (`orders.*`), for the start-up line.
     pub fn route_topics(&self) -> Vec<String> {
         self.routes.described()
     }
 
+    /// Notified (one stored wake-up for one waiter) when any destination's circuit
+    /// changes state.
     pub fn circuit_changed(&self) -> Arc<Notify> {
         self.circuit_changed.clone()
     }

@@ -123,6 +123,12 @@ impl Routes {
         Some(self.0.iter().map(|(p, _)| p.to_like()).collect())
     }
 
+    /// Each route's topic as a SQL `LIKE` pattern with the index of its destination, in the
+    /// configuration's order (a `*` route as `%`).
+    pub fn like_patterns(&self) -> Vec<(String, usize)> {
+        self.0.iter().map(|(p, d)| (p.to_like(), *d)).collect()
+    }
+
     /// The routes' topic patterns as written in the config (`orders.*`, `emails`), for
     /// the start-up line that says what this relayer leaves to others.
     pub fn described(&self) -> Vec<String> {

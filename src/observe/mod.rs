@@ -7,9 +7,11 @@
 //! stored snapshot), and this module turns a snapshot into Prometheus gauges, into a
 //! diagnosis with advice (`/debug/health`, `outbox-relay status`), and into one warning per
 //! culprit that holds the horizon longer than the threshold. It also asks, each interval,
-//! which topics no running relayer claims (`outbox.uncovered_topics`: ready messages that
-//! no relayer's routes cover wait with no signal of their own), and warns once per such
-//! topic, with the keys it holds on other topics, and sets their gauges.
+//! which topics stall (`outbox.stalled_topics`: ready messages that no relayer's routes
+//! cover, or that every relayer covering them leaves out while their destination's circuit
+//! is open, wait with no signal of their own, and by per-key order so do the later
+//! messages of their keys on other topics), and warns once per such topic, with its cause
+//! and the keys it holds on other topics, and sets their gauges.
 //!
 //! With many sources, each source a process serves is observed the same way, and its
 //! backlog exported by the process that serves it (`render_sources`).
@@ -26,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::message::WorkerId;
-use crate::store::{Store, StoreError, UncoveredTopic};
+use crate::store::{StalledTopic, Store, StoreError};
 use crate::telemetry;
 
 mod render;
@@ -280,7 +282,7 @@ pub async fn fetch(
 
 /// Observes every `interval` (±10%) until `shutdown`: keeps `latest` current, warns once
 /// per culprit that holds the horizon past the threshold (and says when it is gone), and
-/// once per topic no running relayer claims (and says when one does).
+/// once per stalled topic (and says when it moves again).
 pub async fn run(
     store: Store,
     worker: WorkerId,
@@ -290,11 +292,11 @@ pub async fn run(
 ) {
     let settings = latest.settings;
     let mut warned: HashMap<String, HorizonHolder> = HashMap::new();
-    let mut uncovered: HashSet<String> = HashSet::new();
+    let mut stalled: HashSet<(String, String)> = HashSet::new();
     loop {
-        match store.uncovered_topics(settings.uncovered_after).await {
-            Ok(found) => watch_uncovered(&found, settings.top_topics, &mut uncovered),
-            Err(e) => telemetry::database_error(&worker, &source, "uncovered_topics", &e),
+        match store.stalled_topics(settings.uncovered_after).await {
+            Ok(found) => watch_stalled(&found, settings.top_topics, &mut stalled),
+            Err(e) => telemetry::database_error(&worker, &source, "stalled_topics", &e),
         }
         match fetch(&store, settings.top_topics, settings.interval).await {
             Ok(Some(observation)) => {
@@ -316,29 +318,51 @@ pub async fn run(
     }
 }
 
-/// Warns once per topic that became uncovered (no running relayer claims its ready
-/// messages), naming it with the keys it holds on other topics, and says when it is claimed
-/// again; the gauges follow the `top` oldest such topics.
-fn watch_uncovered(found: &[UncoveredTopic], top: i32, warned: &mut HashSet<String>) {
+/// Warns once per topic that became stalled (no running relayer claims its ready messages,
+/// or every relayer claiming them leaves them out behind an open circuit), naming it with
+/// its cause and the keys it holds on other topics, and says when it moves again; the
+/// gauges follow the `top` oldest such topics of each cause.
+fn watch_stalled(found: &[StalledTopic], top: i32, warned: &mut HashSet<(String, String)>) {
     let top = usize::try_from(top).unwrap_or(usize::MAX);
-    let now: HashSet<String> = found.iter().map(|u| u.topic.clone()).collect();
-    for u in found {
-        if warned.insert(u.topic.clone()) {
-            telemetry::topic_uncovered(
-                &u.topic,
-                u.ready,
-                u.oldest_ready_age_secs,
-                u.held_keys,
-                &u.held_topics,
-            );
+    let now: HashSet<(String, String)> = found
+        .iter()
+        .map(|s| (s.topic.clone(), s.cause.clone()))
+        .collect();
+    for s in found {
+        if warned.insert((s.topic.clone(), s.cause.clone())) {
+            if s.is_uncovered() {
+                telemetry::topic_uncovered(
+                    &s.topic,
+                    s.ready,
+                    s.oldest_ready_age_secs,
+                    s.held_keys,
+                    &s.held_topics,
+                );
+            } else {
+                telemetry::topic_held_by_circuits(
+                    &s.topic,
+                    &s.destinations,
+                    s.ready,
+                    s.oldest_ready_age_secs,
+                    s.held_keys,
+                    &s.held_topics,
+                );
+            }
         }
     }
-    for gone in warned.difference(&now) {
-        telemetry::topic_covered_again(gone);
+    for (topic, cause) in warned.difference(&now) {
+        if cause == StalledTopic::UNCOVERED {
+            telemetry::topic_covered_again(topic);
+        } else {
+            telemetry::topic_no_longer_held_by_circuits(topic);
+        }
     }
     warned.retain(|t| now.contains(t));
-    for u in found.iter().take(top) {
-        telemetry::uncovered_topic(&u.topic, u.ready, u.held_keys);
+    for s in found.iter().filter(|s| s.is_uncovered()).take(top) {
+        telemetry::uncovered_topic(&s.topic, s.ready, s.held_keys);
+    }
+    for s in found.iter().filter(|s| !s.is_uncovered()).take(top) {
+        telemetry::circuit_held_topic(&s.topic, s.ready, s.held_keys);
     }
 }
 

@@ -1,7 +1,8 @@
-//! Reports the topics this relayer claims to the database (`outbox.report_coverage`), so
-//! that a topic no running relayer claims can be named (`outbox.uncovered_topics`, read by
-//! the observer and `outbox-relay status`): which topics a relayer claims lives in its
-//! configuration, and an operator asks the database.
+//! Reports the topics this relayer claims, and the destination of each of its routes, to
+//! the database (`outbox.report_coverage`), so that a topic no running relayer claims, or
+//! one every relayer claiming it leaves out while its destination's circuit is open, can be
+//! named (`outbox.stalled_topics`, read by the observer and `outbox-relay status`): which
+//! topics a relayer claims lives in its configuration, and an operator asks the database.
 //!
 //! The report is written at start and renewed a third of the way to its expiry
 //! ([`TTL`](super::circuit_reports::TTL), as the circuits' reports), never per claim or
@@ -36,9 +37,11 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let include = dispatcher.covered_topics();
+    let (patterns, destinations) = dispatcher.route_report();
+    let routes = (patterns.as_slice(), destinations.as_slice());
     loop {
         let wait = match store
-            .report_coverage(&worker, include, topics.as_deref(), TTL)
+            .report_coverage(&worker, include, topics.as_deref(), routes, TTL)
             .await
         {
             Ok(()) => RENEW,
@@ -54,7 +57,7 @@ pub async fn run(
     }
     // Stopping: this process claims nothing any more.
     if let Err(e) = store
-        .report_coverage(&worker, include, topics.as_deref(), Duration::ZERO)
+        .report_coverage(&worker, include, topics.as_deref(), routes, Duration::ZERO)
         .await
     {
         telemetry::database_error(&worker, &source, "report_coverage", &e);

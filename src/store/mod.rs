@@ -68,7 +68,7 @@ pub use fill::{
 };
 pub use lease::{ClaimSizes, Repair, TopicFilter};
 pub use listen::{ListenerHealth, NOTIFY_CHANNEL};
-pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, Status, UncoveredTopic};
+pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, StalledTopic, Status};
 pub use pooler::{Pooling, STATEMENT_POOLING};
 pub use slots::Rotation;
 pub use sources::SourceTurn;

@@ -2,8 +2,8 @@
 //! snapshot, computed by one process per interval; `observe` reads its JSON), the
 //! `outbox.status` view, the destinations' circuits as the relayers report them
 //! (`outbox.report_circuits`, the `outbox.circuits` view; `outbox-relay status`), and the
-//! topics the relayers claim (`outbox.report_coverage`) with those none claims
-//! (`outbox.uncovered_topics`).
+//! topics the relayers claim and their routes (`outbox.report_coverage`) with the topics
+//! none claims or all leave out behind an open circuit (`outbox.stalled_topics`).
 
 use std::time::Duration;
 
@@ -57,11 +57,17 @@ pub struct ReportedCircuit {
     pub stale: bool,
 }
 
-/// A row of `outbox.uncovered_topics`: a topic whose ready messages no running relayer
-/// claims.
+/// A row of `outbox.stalled_topics`: a topic whose ready messages wait because no running
+/// relayer claims them, or because every relayer that claims them leaves them out while
+/// their destination's circuit is open.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct UncoveredTopic {
+pub struct StalledTopic {
     pub topic: String,
+    /// `uncovered` (no running relayer claims the topic) or `circuit_open` (every relayer
+    /// claiming it has the circuit of its destination open or half-open).
+    pub cause: String,
+    /// For `circuit_open`, those destinations; empty for `uncovered`.
+    pub destinations: Vec<String>,
     /// Messages of the topic ready for longer than the bound asked for.
     pub ready: i64,
     /// How long the oldest of them has been ready, in seconds.
@@ -73,55 +79,77 @@ pub struct UncoveredTopic {
     pub held_topics: Vec<String>,
 }
 
+impl StalledTopic {
+    /// The `cause` of a topic no running relayer claims.
+    pub const UNCOVERED: &'static str = "uncovered";
+    /// The `cause` of a topic held behind open circuits.
+    pub const CIRCUIT_OPEN: &'static str = "circuit_open";
+
+    /// No running relayer claims it.
+    pub fn is_uncovered(&self) -> bool {
+        self.cause == Self::UNCOVERED
+    }
+}
+
 impl Store {
     /// `outbox.report_coverage`: the topics `worker` claims (`include`: the routes' `LIKE`
-    /// patterns, `None` for every topic; `topics`: the exact topics it is limited to),
-    /// holding for `ttl` unless renewed; a zero `ttl` withdraws the report.
+    /// patterns, `None` for every topic; `topics`: the exact topics it is limited to) and
+    /// its routes (each route's `LIKE` pattern and destination name, in order), holding
+    /// for `ttl` unless renewed; a zero `ttl` withdraws the report.
     pub async fn report_coverage(
         &self,
         worker: &WorkerId,
         include: Option<&[String]>,
         topics: Option<&[String]>,
+        routes: (&[String], &[String]),
         ttl: Duration,
     ) -> Result<()> {
+        let (patterns, destinations) = routes;
         self.client()
             .await?
             .query_typed(
-                &self.sql("SELECT outbox.report_coverage($1, $2, $3, make_interval(secs => $4))"),
+                &self.sql(
+                    "SELECT outbox.report_coverage($1, $2, $3, make_interval(secs => $4), $5, $6)",
+                ),
                 &[
                     (&worker.as_str(), Type::TEXT),
                     (&include, Type::TEXT_ARRAY),
                     (&topics, Type::TEXT_ARRAY),
                     (&ttl.as_secs_f64(), Type::FLOAT8),
+                    (&patterns, Type::TEXT_ARRAY),
+                    (&destinations, Type::TEXT_ARRAY),
                 ],
             )
             .await?;
         Ok(())
     }
 
-    /// `outbox.uncovered_topics`: topics with messages ready for at least `older_than` that
-    /// no running relayer claims, oldest first.
-    pub async fn uncovered_topics(&self, older_than: Duration) -> Result<Vec<UncoveredTopic>> {
+    /// `outbox.stalled_topics`: topics with messages ready for at least `older_than` that
+    /// no running relayer claims, or that every relayer claiming them leaves out behind an
+    /// open circuit, oldest first.
+    pub async fn stalled_topics(&self, older_than: Duration) -> Result<Vec<StalledTopic>> {
         let rows = self
             .client()
             .await?
             .query_typed(
                 &self.sql(
-                    "SELECT topic, ready, extract(epoch FROM oldest_ready_age)::float8, \
-                            held_keys, held_topics \
-                       FROM outbox.uncovered_topics(make_interval(secs => $1))",
+                    "SELECT topic, cause, destinations, ready, \
+                            extract(epoch FROM oldest_ready_age)::float8, held_keys, held_topics \
+                       FROM outbox.stalled_topics(make_interval(secs => $1))",
                 ),
                 &[(&older_than.as_secs_f64(), Type::FLOAT8)],
             )
             .await?;
         Ok(rows
             .iter()
-            .map(|r| UncoveredTopic {
+            .map(|r| StalledTopic {
                 topic: r.get(0),
-                ready: r.get(1),
-                oldest_ready_age_secs: r.get(2),
-                held_keys: r.get(3),
-                held_topics: r.get(4),
+                cause: r.get(1),
+                destinations: r.get(2),
+                ready: r.get(3),
+                oldest_ready_age_secs: r.get(4),
+                held_keys: r.get(5),
+                held_topics: r.get(6),
             })
             .collect())
     }

@@ -565,3 +565,150 @@ async fn status_shows_when_the_first_delayed_message_of_a_topic_is_due() {
     assert_eq!(due_column("parked").as_deref(), Some("-"), "{shown}");
     db.finish().await;
 }
+
+/// Item 2 of issue 55, the case it reports: `orders.dead` routed to a destination that is
+/// down and `orders.live` to one that is up, five keys with a message on `orders.dead`
+/// before ten on `orders.live`. The unkeyed `orders.live` messages are delivered; the keyed
+/// ones wait behind their key's head by per-key order, and the relayer says why: the
+/// held-topic gauges name `orders.dead` with its 5 keys, its log names the topic, the
+/// destination and the held topic, and `status` has a line saying the same. Once the
+/// destination is back, everything is delivered in key order and the gauges go back to 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_held_behind_a_topic_whose_destination_is_down_is_named_with_the_blocking_topic() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let held = common::ClosedPort::new();
+    let port = held.port;
+    let live_out = db.scratch_dir().join("live.jsonl");
+    let config = db.scratch_dir().join("held.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.down]\ntype = \"http\"\nurl = \"http://127.0.0.1:{port}/\"\n\
+             [destinations.live]\ntype = \"file\"\npath = \"{}\"\n\
+             [[routes]]\ntopic = \"orders.dead\"\ndestination = \"down\"\n\
+             [[routes]]\ntopic = \"orders.live\"\ndestination = \"live\"\n",
+            live_out.display()
+        ),
+    )
+    .unwrap();
+    for k in 0..5 {
+        let key = format!("order-{k}");
+        c.execute(
+            "SELECT outbox.enqueue('orders.dead', '{}'::jsonb, $1)",
+            &[&key],
+        )
+        .await
+        .unwrap();
+        c.execute(
+            "SELECT outbox.enqueue('orders.live', jsonb_build_object('n', n), $1) \
+               FROM generate_series(1, 10) AS n",
+            &[&key],
+        )
+        .await
+        .unwrap();
+    }
+    common::fill(&c, "orders.live", 10, None).await;
+
+    let config = config.display().to_string();
+    let telemetry = format!("127.0.0.1:{}", free_port());
+    let mut relayer = Relayer::start(
+        &db,
+        "relay-held",
+        &[
+            "--config",
+            &config,
+            "--telemetry-addr",
+            &telemetry,
+            "--poll-interval-ms",
+            "50",
+            "--circuit-failures",
+            "1",
+            "--circuit-cooldown-ms",
+            "3000",
+            "--retry-base-ms",
+            "10",
+            "--observe-interval-secs",
+            "1",
+            "--observe-uncovered-secs",
+            "1",
+        ],
+    );
+    eventually(MINUTE, "the unkeyed live messages delivered", || async {
+        live_out.exists() && lines_in(&live_out) >= 10
+    })
+    .await;
+    eventually(MINUTE, "the held keys' gauge", || async {
+        relayer.metric("outbox_circuit_held_keys").await == Some(5.0)
+    })
+    .await;
+    // Only the unkeyed ones went: each keyed live message waits behind its key's head.
+    assert_eq!(lines_in(&live_out), 10);
+    let ready = relayer
+        .metric("outbox_circuit_held_ready_messages")
+        .await
+        .unwrap();
+    assert!((1.0..=5.0).contains(&ready), "{ready}");
+    assert_eq!(
+        relayer.metric("outbox_uncovered_held_keys").await,
+        Some(0.0)
+    );
+
+    let out = verb(&["status", "--uncovered-secs", "1"], &db.url);
+    assert!(out.status.success(), "{out:?}");
+    let status = text(&out.stdout);
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("held by an open circuit: topic \"orders.dead\": "))
+        .unwrap_or_else(|| panic!("no held line: {status}"));
+    assert!(
+        line.contains("while the circuit of down is open")
+            && line.contains("it holds 5 key(s) whose messages on orders.live wait behind it"),
+        "{line}"
+    );
+    let json = text(&verb(&["status", "--json", "--uncovered-secs", "1"], &db.url).stdout);
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let held_topics = &json["circuit_held_topics"];
+    assert_eq!(held_topics[0]["topic"], "orders.dead", "{json}");
+    assert_eq!(held_topics[0]["destinations"], serde_json::json!(["down"]));
+    assert_eq!(held_topics[0]["held_keys"], 5);
+    assert_eq!(json["uncovered_topics"], serde_json::json!([]));
+    let log = relayer.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("topic held behind an open circuit")
+                && l.contains("orders.dead")
+                && l.contains("down")
+                && l.contains("orders.live")),
+        "{log}"
+    );
+
+    // The destination is back: the next probe closes the circuit and every key drains.
+    let listener = held.listen();
+    let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::OK });
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    eventually(MINUTE, "every message delivered", || async {
+        common::pending(&c).await == 0
+    })
+    .await;
+    assert_eq!(lines_in(&live_out), 60);
+    eventually(MINUTE, "the held keys' gauge back to 0", || async {
+        relayer.metric("outbox_circuit_held_keys").await == Some(0.0)
+    })
+    .await;
+    assert!(
+        !text(&verb(&["status", "--uncovered-secs", "1"], &db.url).stdout)
+            .contains("held by an open circuit")
+    );
+    relayer.signal("TERM");
+    assert_eq!(relayer.exit_code(MINUTE).await, Some(0));
+    server.abort();
+    db.finish().await;
+}
+
+/// The lines of a JSONL file written so far.
+fn lines_in(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}

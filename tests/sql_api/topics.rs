@@ -302,3 +302,150 @@ async fn uncovered_topics_are_those_no_live_coverage_report_claims_with_the_keys
     }
     db.finish().await;
 }
+
+/// `outbox.stalled_topics` names, beside the uncovered topics, a topic that every relayer
+/// claiming it leaves out while the circuit of its route's destination is open (the
+/// issue's case: `orders.dead` routed to a broker that is down, `orders.live` elsewhere,
+/// keys with a message on each), with the destinations and the keys held on other topics.
+/// A relayer that claims it with a closed circuit, or that reports no routes, clears it.
+#[tokio::test]
+async fn stalled_topics_name_a_topic_every_claiming_relayer_holds_behind_an_open_circuit() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for k in ["k1", "k2", "k3"] {
+        enqueue(&c, "orders.dead", Some(k)).await;
+        enqueue(&c, "orders.live", Some(k)).await;
+        enqueue(&c, "orders.live", Some(k)).await;
+    }
+    enqueue(&c, "orders.live", None).await;
+    enqueue(&c, "misc", None).await;
+    type Row = (String, String, Vec<String>, i64, i64, Vec<String>);
+    async fn stalled(c: &Client) -> Vec<Row> {
+        c.query(
+            "SELECT topic, cause, destinations, ready, held_keys, held_topics \
+               FROM outbox.stalled_topics('0') ORDER BY topic, cause",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect()
+    }
+    let row = |t: &str, cause: &str, d: &[&str], n: i64, keys: i64, held: &[&str]| -> Row {
+        let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        (
+            t.to_owned(),
+            cause.to_owned(),
+            owned(d),
+            n,
+            keys,
+            owned(held),
+        )
+    };
+    let report = |worker: &'static str, circuit: &'static str| {
+        let c = &c;
+        async move {
+            // Routes in order: orders.dead to mqtt, orders.% (the rest) to kinesis, misc to
+            // stdout; include_topics as the relayer writes them.
+            c.execute(
+                "SELECT outbox.report_coverage($1, ARRAY['orders.dead', 'orders.%', 'misc'], \
+                        NULL, '90 seconds', ARRAY['orders.dead', 'orders.%', 'misc'], \
+                        ARRAY['mqtt', 'kinesis', 'stdout'])",
+                &[&worker],
+            )
+            .await
+            .unwrap();
+            c.execute(
+                "SELECT outbox.report_circuits($1, '{mqtt,kinesis,stdout}', \
+                        ARRAY[$2, 'closed', 'closed'], ARRAY[now(), now(), now()], \
+                        interval '90 seconds')",
+                &[&worker, &circuit],
+            )
+            .await
+            .unwrap();
+        }
+    };
+
+    // Nobody reports yet: every topic with ready messages is uncovered.
+    assert_eq!(
+        stalled(&c).await,
+        [
+            row("misc", "uncovered", &[], 1, 0, &[]),
+            row("orders.dead", "uncovered", &[], 3, 3, &["orders.live"]),
+            row("orders.live", "uncovered", &[], 7, 0, &[]),
+        ]
+    );
+
+    // Two relayers cover everything, both with mqtt's circuit open (one half-open):
+    // orders.dead is held, naming mqtt and the three keys whose orders.live messages wait.
+    report("r1", "open").await;
+    report("r2", "half-open").await;
+    assert_eq!(
+        stalled(&c).await,
+        [row(
+            "orders.dead",
+            "circuit_open",
+            &["mqtt"],
+            3,
+            3,
+            &["orders.live"]
+        )]
+    );
+    // The same figures through uncovered_topics' older contract: nothing is uncovered.
+    let uncovered: i64 = c
+        .query_one("SELECT count(*) FROM outbox.uncovered_topics('0')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(uncovered, 0);
+
+    // One claiming relayer whose circuit is closed again: orders.dead moves, not held.
+    report("r2", "closed").await;
+    assert!(stalled(&c).await.is_empty());
+
+    // A relayer that reports no routes (a release before them) never holds a topic.
+    report("r2", "open").await;
+    c.execute(
+        "SELECT outbox.report_coverage('r3', NULL, NULL, '90 seconds')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(stalled(&c).await.is_empty());
+
+    // An expired circuit report holds nothing either: r1 alone, its report of mqtt expired.
+    for w in ["r2", "r3"] {
+        c.execute("SELECT outbox.report_coverage($1, NULL, NULL, '0')", &[&w])
+            .await
+            .unwrap();
+    }
+    c.batch_execute(
+        "UPDATE outbox.circuit_reports SET expires_at = now() - interval '1 second' \
+          WHERE worker_id = 'r1'",
+    )
+    .await
+    .unwrap();
+    assert!(stalled(&c).await.is_empty());
+
+    for (call, argument) in [
+        ("SELECT * FROM outbox.stalled_topics(NULL)", "p_older_than"),
+        (
+            "SELECT outbox.report_coverage('w', NULL, NULL, '1 second', ARRAY['a%'], NULL)",
+            "p_route_destinations",
+        ),
+        (
+            "SELECT outbox.report_coverage('w', NULL, NULL, '1 second', ARRAY['a%'], '{x,y}')",
+            "p_route_destinations",
+        ),
+        (
+            "SELECT outbox.report_coverage('w', NULL, NULL, '1 second', ARRAY[NULL::text], '{x}')",
+            "p_route_patterns",
+        ),
+    ] {
+        let (code, message) = sqlstate(c.query(call, &[]).await);
+        assert_eq!(code, "P7001", "{call}");
+        assert!(message.contains(argument), "{call}: {message}");
+    }
+    db.finish().await;
+}

@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use futures_util::stream::{self, StreamExt};
 use outbox_relay::observe::{self, Observation, TopicFigures};
 use outbox_relay::sources::SourcesSettings;
-use outbox_relay::store::{ReportedCircuit, Status, Store, UncoveredTopic};
+use outbox_relay::store::{ReportedCircuit, StalledTopic, Status, Store};
 
 use crate::all_sources;
 
@@ -195,15 +195,15 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     if !args.watch {
         // Whether LISTEN through this URL hears (not through a transaction pooler), asked
         // while the observation is read.
-        let (o, heard, reports, uncovered) = tokio::join!(
+        let (o, heard, reports, stalled) = tokio::join!(
             observe(Duration::ZERO),
             store.wake_ups_heard(Duration::from_secs(1)),
             store.circuits(),
-            store.uncovered_topics(Duration::from_secs(args.uncovered_secs))
+            store.stalled_topics(Duration::from_secs(args.uncovered_secs))
         );
         let o = o?;
         let reports = reports.context("status: the circuits")?;
-        let uncovered = uncovered.context("status: the uncovered topics")?;
+        let stalled = stalled.map_err(|e| format!("{:#}", anyhow::Error::from(e)));
         let rates = last_minute(store, &o).await?;
         let wake_ups = match heard {
             Ok(true) => "heard",
@@ -227,7 +227,15 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             value["messages_table"] = serde_json::to_value(&o.snapshot.messages_table)?;
             value["problems"] = serde_json::to_value(problems)?;
             value["circuits"] = serde_json::to_value(circuits(&reports))?;
-            value["uncovered_topics"] = serde_json::to_value(&uncovered)?;
+            match &stalled {
+                Ok(found) => {
+                    let (uncovered, held): (Vec<&StalledTopic>, Vec<&StalledTopic>) =
+                        found.iter().partition(|s| s.is_uncovered());
+                    value["uncovered_topics"] = serde_json::to_value(uncovered)?;
+                    value["circuit_held_topics"] = serde_json::to_value(held)?;
+                }
+                Err(e) => value["stalled_topics_error"] = e.clone().into(),
+            }
             value["wake_ups"] = wake_ups.into();
             outln!("{}", serde_json::to_string(&value)?);
         } else {
@@ -238,7 +246,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
                     &o,
                     &rates,
                     &reports,
-                    &uncovered,
+                    &stalled,
                     None,
                     horizon_threshold
                 )
@@ -259,10 +267,10 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     loop {
         let o = observe(Duration::from_secs(1)).await?;
         let reports = store.circuits().await.context("status: the circuits")?;
-        let uncovered = store
-            .uncovered_topics(Duration::from_secs(args.uncovered_secs))
+        let stalled = store
+            .stalled_topics(Duration::from_secs(args.uncovered_secs))
             .await
-            .context("status: the uncovered topics")?;
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)));
         let rates = last_minute(store, &o).await?;
         let now = Instant::now();
         let shown = totals(o.snapshot.topics.iter().filter(|t| wanted(args, t)));
@@ -276,7 +284,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             &o,
             &rates,
             &reports,
-            &uncovered,
+            &stalled,
             change,
             horizon_threshold,
         );
@@ -305,7 +313,7 @@ fn render(
     o: &Observation,
     rates: &LastMinute,
     reports: &[ReportedCircuit],
-    uncovered: &[UncoveredTopic],
+    stalled: &Result<Vec<StalledTopic>, String>,
     backlog_change_per_sec: Option<f64>,
     horizon_threshold: Duration,
 ) -> String {
@@ -383,7 +391,7 @@ fn render(
         );
     }
     render_circuits(&mut out, reports);
-    render_uncovered(&mut out, uncovered);
+    render_stalled(&mut out, stalled);
     let problems = observe::diagnose(s, horizon_threshold);
     if problems.is_empty() {
         let oldest = s
@@ -405,27 +413,50 @@ fn render(
     out
 }
 
-/// The topics no running relayer claims, a line each, with the keys they hold on other
-/// topics; nothing when every topic with ready messages is claimed.
-fn render_uncovered(out: &mut String, uncovered: &[UncoveredTopic]) {
-    for u in uncovered {
-        let _ = write!(
-            out,
-            "uncovered: topic {:?}: {} ready, the oldest for {:.0}s, claimed by no running relayer",
-            u.topic, u.ready, u.oldest_ready_age_secs
-        );
-        if u.held_keys > 0 {
+/// The topics that stall, a line each: those no running relayer claims, and those every
+/// relayer claiming them leaves out behind an open circuit, with the keys they hold on
+/// other topics; nothing when every topic with ready messages is claimed. A failure to
+/// read them is a line of its own, and the rest of the status stands.
+fn render_stalled(out: &mut String, stalled: &Result<Vec<StalledTopic>, String>) {
+    let found = match stalled {
+        Ok(found) => found,
+        Err(e) => {
+            let _ = writeln!(out, "stalled topics: unknown ({e})");
+            return;
+        }
+    };
+    for s in found {
+        if s.is_uncovered() {
+            let _ = write!(
+                out,
+                "uncovered: topic {:?}: {} ready, the oldest for {:.0}s, claimed by no running relayer",
+                s.topic, s.ready, s.oldest_ready_age_secs
+            );
+        } else {
+            let _ = write!(
+                out,
+                "held by an open circuit: topic {:?}: {} ready, the oldest for {:.0}s, left out by every \
+                 relayer claiming it while the circuit of {} is open",
+                s.topic,
+                s.ready,
+                s.oldest_ready_age_secs,
+                s.destinations.join(", ")
+            );
+        }
+        if s.held_keys > 0 {
             let _ = write!(
                 out,
                 "; it holds {} key(s) whose messages on {} wait behind it",
-                u.held_keys,
-                u.held_topics.join(", ")
+                s.held_keys,
+                s.held_topics.join(", ")
             );
         }
-        let _ = writeln!(
-            out,
+        let advice = if s.is_uncovered() {
             " (start a relayer whose routes cover it, or widen a relayer's routes)"
-        );
+        } else {
+            " (bring the destination back, or route the topic to another)"
+        };
+        let _ = writeln!(out, "{advice}");
     }
 }
 
