@@ -294,10 +294,7 @@ pub async fn run(
     let mut warned: HashMap<String, HorizonHolder> = HashMap::new();
     let mut stalled: HashSet<(String, String)> = HashSet::new();
     loop {
-        match store.stalled_topics(settings.uncovered_after).await {
-            Ok(found) => watch_stalled(&found, settings.top_topics, &mut stalled),
-            Err(e) => telemetry::database_error(&worker, &source, "stalled_topics", &e),
-        }
+        let mut any_waiting = true;
         match fetch(&store, settings.top_topics, settings.interval).await {
             Ok(Some(observation)) => {
                 watch_horizon(
@@ -305,10 +302,21 @@ pub async fn run(
                     settings.horizon_threshold,
                     &mut warned,
                 );
+                any_waiting = waited_past(&observation.snapshot, settings.uncovered_after);
                 latest.set(observation);
             }
             Ok(None) => {}
             Err(e) => telemetry::database_error(&worker, &source, "observe", &e),
+        }
+        // stalled_topics reads outbox.messages whole: asked only when the fleet's
+        // snapshot has a message ready for longer than the bound (none: none stalls).
+        if any_waiting {
+            match store.stalled_topics(settings.uncovered_after).await {
+                Ok(found) => watch_stalled(&found, settings.top_topics, &mut stalled),
+                Err(e) => telemetry::database_error(&worker, &source, "stalled_topics", &e),
+            }
+        } else {
+            watch_stalled(&[], settings.top_topics, &mut stalled);
         }
         let jittered = settings.interval.mul_f64(rand::random_range(0.9..=1.1));
         tokio::select! {
@@ -316,6 +324,16 @@ pub async fn run(
             () = tokio::time::sleep(jittered) => {}
         }
     }
+}
+
+/// Whether any topic of `snapshot` (the top topics and `other`, so every topic) has a
+/// message ready for longer than `bound`.
+fn waited_past(snapshot: &Snapshot, bound: Duration) -> bool {
+    snapshot
+        .topics
+        .iter()
+        .filter_map(|t| t.oldest_ready_age_seconds)
+        .any(|age| age >= bound.as_secs_f64())
 }
 
 /// Warns once per topic that became stalled (no running relayer claims its ready messages,
