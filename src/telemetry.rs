@@ -779,6 +779,7 @@ pub fn horizon_released(h: HorizonCulprit<'_>) {
 /// messages, the oldest ready for `oldest_secs`, holding `held_keys` keys whose messages on
 /// `held_topics` wait behind them.
 pub fn topic_uncovered(
+    source: &Source,
     topic: &str,
     ready: i64,
     oldest_secs: f64,
@@ -786,6 +787,7 @@ pub fn topic_uncovered(
     held_topics: &[String],
 ) {
     tracing::warn!(
+        source = source.name(),
         topic = %topic,
         ready,
         oldest_ready_age_secs = oldest_secs.round(),
@@ -797,16 +799,16 @@ pub fn topic_uncovered(
 }
 
 /// A topic named by [`topic_uncovered`] is claimed again (or has nothing ready any more).
-pub fn topic_covered_again(topic: &str) {
-    tracing::info!(topic = %topic, "topic no longer uncovered");
-    uncovered_topic(topic, 0, 0);
+pub fn topic_covered_again(source: &Source, topic: &str) {
+    tracing::info!(source = source.name(), topic = %topic, "topic no longer uncovered");
+    uncovered_topic(source, topic, 0, 0);
 }
 
-/// The gauges of one uncovered topic.
+/// The gauges of one uncovered topic (of `source`, with many).
 #[allow(clippy::cast_precision_loss)] // counts far below 2^52
-pub fn uncovered_topic(topic: &str, ready: i64, held_keys: i64) {
-    gauge!(UNCOVERED_READY, "topic" => topic.to_owned()).set(ready as f64);
-    gauge!(UNCOVERED_HELD_KEYS, "topic" => topic.to_owned()).set(held_keys as f64);
+pub fn uncovered_topic(source: &Source, topic: &str, ready: i64, held_keys: i64) {
+    gauge!(UNCOVERED_READY, source.labels(topic)).set(ready as f64);
+    gauge!(UNCOVERED_HELD_KEYS, source.labels(topic)).set(held_keys as f64);
 }
 
 /// A topic every running relayer claiming it leaves out while the circuit of its
@@ -814,6 +816,7 @@ pub fn uncovered_topic(topic: &str, ready: i64, held_keys: i64) {
 /// the oldest for `oldest_secs`, holding `held_keys` keys whose messages on `held_topics`
 /// wait behind them.
 pub fn topic_held_by_circuits(
+    source: &Source,
     topic: &str,
     destinations: &[String],
     ready: i64,
@@ -822,6 +825,7 @@ pub fn topic_held_by_circuits(
     held_topics: &[String],
 ) {
     tracing::warn!(
+        source = source.name(),
         topic = %topic,
         destinations = %destinations.join(","),
         ready,
@@ -835,16 +839,16 @@ pub fn topic_held_by_circuits(
 }
 
 /// A topic named by [`topic_held_by_circuits`] is claimed again (or has nothing ready).
-pub fn topic_no_longer_held_by_circuits(topic: &str) {
-    tracing::info!(topic = %topic, "topic no longer held behind an open circuit");
-    circuit_held_topic(topic, 0, 0);
+pub fn topic_no_longer_held_by_circuits(source: &Source, topic: &str) {
+    tracing::info!(source = source.name(), topic = %topic, "topic no longer held behind an open circuit");
+    circuit_held_topic(source, topic, 0, 0);
 }
 
-/// The gauges of one topic held by open circuits.
+/// The gauges of one topic held by open circuits (of `source`, with many).
 #[allow(clippy::cast_precision_loss)] // counts far below 2^52
-pub fn circuit_held_topic(topic: &str, ready: i64, held_keys: i64) {
-    gauge!(CIRCUIT_HELD_READY, "topic" => topic.to_owned()).set(ready as f64);
-    gauge!(CIRCUIT_HELD_KEYS, "topic" => topic.to_owned()).set(held_keys as f64);
+pub fn circuit_held_topic(source: &Source, topic: &str, ready: i64, held_keys: i64) {
+    gauge!(CIRCUIT_HELD_READY, source.labels(topic)).set(ready as f64);
+    gauge!(CIRCUIT_HELD_KEYS, source.labels(topic)).set(held_keys as f64);
 }
 
 /// Whether the notification listener hears its own test notification.

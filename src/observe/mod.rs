@@ -312,11 +312,11 @@ pub async fn run(
         // snapshot has a message ready for longer than the bound (none: none stalls).
         if any_waiting {
             match store.stalled_topics(settings.uncovered_after).await {
-                Ok(found) => watch_stalled(&found, settings.top_topics, &mut stalled),
+                Ok(found) => watch_stalled(&source, &found, settings.top_topics, &mut stalled),
                 Err(e) => telemetry::database_error(&worker, &source, "stalled_topics", &e),
             }
         } else {
-            watch_stalled(&[], settings.top_topics, &mut stalled);
+            watch_stalled(&source, &[], settings.top_topics, &mut stalled);
         }
         let jittered = settings.interval.mul_f64(rand::random_range(0.9..=1.1));
         tokio::select! {
@@ -340,7 +340,12 @@ fn waited_past(snapshot: &Snapshot, bound: Duration) -> bool {
 /// or every relayer claiming them leaves them out behind an open circuit), naming it with
 /// its cause and the keys it holds on other topics, and says when it moves again; the
 /// gauges follow the `top` oldest such topics of each cause.
-fn watch_stalled(found: &[StalledTopic], top: i32, warned: &mut HashSet<(String, String)>) {
+fn watch_stalled(
+    source: &telemetry::Source,
+    found: &[StalledTopic],
+    top: i32,
+    warned: &mut HashSet<(String, String)>,
+) {
     let top = usize::try_from(top).unwrap_or(usize::MAX);
     let now: HashSet<(String, String)> = found
         .iter()
@@ -350,6 +355,7 @@ fn watch_stalled(found: &[StalledTopic], top: i32, warned: &mut HashSet<(String,
         if warned.insert((s.topic.clone(), s.cause.clone())) {
             if s.is_uncovered() {
                 telemetry::topic_uncovered(
+                    source,
                     &s.topic,
                     s.ready,
                     s.oldest_ready_age_secs,
@@ -358,6 +364,7 @@ fn watch_stalled(found: &[StalledTopic], top: i32, warned: &mut HashSet<(String,
                 );
             } else {
                 telemetry::topic_held_by_circuits(
+                    source,
                     &s.topic,
                     &s.destinations,
                     s.ready,
@@ -370,17 +377,17 @@ fn watch_stalled(found: &[StalledTopic], top: i32, warned: &mut HashSet<(String,
     }
     for (topic, cause) in warned.difference(&now) {
         if cause == StalledTopic::UNCOVERED {
-            telemetry::topic_covered_again(topic);
+            telemetry::topic_covered_again(source, topic);
         } else {
-            telemetry::topic_no_longer_held_by_circuits(topic);
+            telemetry::topic_no_longer_held_by_circuits(source, topic);
         }
     }
     warned.retain(|t| now.contains(t));
     for s in found.iter().filter(|s| s.is_uncovered()).take(top) {
-        telemetry::uncovered_topic(&s.topic, s.ready, s.held_keys);
+        telemetry::uncovered_topic(source, &s.topic, s.ready, s.held_keys);
     }
     for s in found.iter().filter(|s| !s.is_uncovered()).take(top) {
-        telemetry::circuit_held_topic(&s.topic, s.ready, s.held_keys);
+        telemetry::circuit_held_topic(source, &s.topic, s.ready, s.held_keys);
     }
 }
 
