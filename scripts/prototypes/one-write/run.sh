@@ -14,6 +14,9 @@
 #                      each completion, holding the attempts; messages deleted as today
 #   abc    outbox_abc: ac + proto_abc.sql: unkeyed delivered messages left in their slot,
 #                      fenced by the batch row, passed by the probe (one row write each)
+#   l      outbox_l:   proto_l.sql: today's claim without its lock of each head (the
+#                      lease's UPDATE locks); a Heap/LOCK record less per message
+#   al     outbox_al:  a + l
 #   floor  outbox_f:   the bare floor: one DELETE … RETURNING of a batch by id order plus
 #                      its attempts' INSERT, one statement, no lease (bench --peers's)
 #   pgmq   pgmq_like:  pgmq_like.sql: pgmq's read (visibility-time UPDATE) + delete by id
@@ -34,7 +37,7 @@ set -euo pipefail
 messages=${1:-240000}
 batches=${BATCHES:-500 100}
 rounds=${ROUNDS:-2}
-variants=${VARIANTS:-today a ag ac abc floor pgmq}
+variants=${VARIANTS:-today a ag ac abc l al floor pgmq}
 last=${LAST:-38}
 migrations=${MIGRATIONS:-schema/migrations}
 base=${DATABASE_URL%/*}
@@ -52,8 +55,9 @@ trap cleanup EXIT
 schema_of() {
   case $1 in
     today) echo outbox_t ;; a) echo outbox_a ;; ag) echo outbox_ag ;; ac) echo outbox_ac ;;
-    abc) echo outbox_abc ;; floor) echo outbox_f ;; pgmq) echo pgmq_like ;;
-    *) echo "run.sh: unknown variant $1 (today a ag ac abc floor pgmq)" >&2; exit 2 ;;
+    abc) echo outbox_abc ;; l) echo outbox_l ;; al) echo outbox_al ;;
+    floor) echo outbox_f ;; pgmq) echo pgmq_like ;;
+    *) echo "run.sh: unknown variant $1 (today a ag ac abc l al floor pgmq)" >&2; exit 2 ;;
   esac
 }
 rename() { # FILE SCHEMA: the file with the outbox schema renamed
@@ -88,6 +92,8 @@ for v in $variants; do
     ag) rename "$here/proto_a.sql" "$s" | sed 's/^-- :GIN //' >>"$out/all.sql" ;;
     ac) rename "$here/proto_ac.sql" "$s" >>"$out/all.sql" ;;
     abc) { rename "$here/proto_ac.sql" "$s"; rename "$here/proto_abc.sql" "$s"; } >>"$out/all.sql" ;;
+    l) rename "$here/proto_l.sql" "$s" >>"$out/all.sql" ;;
+    al) { rename "$here/proto_a.sql" "$s"; rename "$here/proto_l.sql" "$s"; } >>"$out/all.sql" ;;
   esac
   psql -XAtq -v ON_ERROR_STOP=1 "$base/$tpl" -f "$out/all.sql" >/dev/null 2>"$out/err" || { echo "FAILED loading $v"; cat "$out/err"; exit 1; }
   [ "$v" = floor ] || sed "s/outbox\./$s./g; s/public\.complete_all/public.complete_all_$v/g" "$here/../complete_all.sql" |
@@ -150,13 +156,34 @@ for round in $(seq 1 "$rounds"); do
     load1=$(cut -d' ' -f1-3 /proc/loadavg)
     lsn1=$(psql -XAtq "$base/$db" -c 'SELECT pg_current_wal_lsn()')
     echo "== round $round, batch $batch: $messages messages per variant, 2 clients × $txns transactions; load average $load0 before, $load1 after; WAL of the run $(psql -XAtq "$base/$db" -c "SELECT pg_size_pretty(pg_wal_lsn_diff('$lsn1', '$lsn0'))")"
+    # WAL_DIR (the server's pg_wal, readable here): the run's WAL by record type, for a run
+    # of one variant (VARIANTS=today …): which writes a delivered message leaves
+    if [ -n "${WAL_DIR:-}" ]; then
+      echo "WAL of the run by record type (pg_waldump --stats=record), per message delivered:"
+      "${PG_WALDUMP:-pg_waldump}" -p "$WAL_DIR" -s "$lsn0" -e "$lsn1" --stats=record 2>/dev/null |
+        python3 -c "
+import re, sys
+n = int(sys.argv[1])
+num = r'\s+(\d+)\s+\(\s*[0-9.]+\)'
+rows = []
+for line in sys.stdin:
+    m = re.match(r'^(\S+/\S+)' + num * 4, line)
+    if m:
+        name, count, rec, fpi, total = m.group(1), *map(int, m.groups()[1:])
+        rows.append((total, name, count, rec, fpi))
+for total, name, count, rec, fpi in sorted(rows, reverse=True)[:12]:
+    print('  %-24s %9d records %7.2f per message  records %6.0f B/msg  full pages %6.0f B/msg' % (name, count, count / n, rec / n, fpi / n))
+" "$((messages * 85 / 100))" || true
+    fi
     # per variant: batches and mean ms per batch from pgbench; time and WAL from pg_stat_statements
     python3 - "$out/pgbench" $variants >"$out/pgb" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 names = sys.argv[2:]
-for i, part in enumerate(re.split(r'\nSQL script \d+: ', text)[1:]):
-    n = re.search(r'- (\d+) transactions', part).group(1)
+parts = re.split(r'\nSQL script \d+: ', text)[1:] or [text]  # one script: no sections
+for i, part in enumerate(parts):
+    n = re.search(r'- (\d+) transactions|transactions actually processed: (\d+)', part)
+    n = n.group(1) or n.group(2)
     lat = re.search(r'- latency average = ([0-9.]+) ms', part).group(1)
     stmts = re.findall(r'^\s+([0-9.]+)\s+\d+\s+(\S.*)$', part, re.M)
     split = ' '.join(s[0] for s in stmts)
@@ -179,7 +206,7 @@ PY
     # delivered message's lease reported lost (P7002 from complete_outbox_attempt)
     for v in $variants; do
       s=$(schema_of "$v")
-      case $v in floor|pgmq) continue ;; today) log=$s.attempts ;; *) log=$s.attempts_all ;; esac
+      case $v in floor|pgmq) continue ;; today|l) log=$s.attempts ;; *) log=$s.attempts_all ;; esac
       psql -XAtq "$base/$db" -c "
         SELECT '  check $v: ' || count(*) || ' attempts of ' || count(DISTINCT outbox_id) || ' messages, '
                || (SELECT count(*) FROM $s.messages m WHERE m.lease_token IS NULL) || ' messages unleased; '
