@@ -184,7 +184,7 @@ parts = re.split(r'\nSQL script \d+: ', text)[1:] or [text]  # one script: no se
 for i, part in enumerate(parts):
     n = re.search(r'- (\d+) transactions|transactions actually processed: (\d+)', part)
     n = n.group(1) or n.group(2)
-    lat = re.search(r'- latency average = ([0-9.]+) ms', part).group(1)
+    lat = re.search(r'latency average = ([0-9.]+) ms', part).group(1)
     stmts = re.findall(r'^\s+([0-9.]+)\s+\d+\s+(\S.*)$', part, re.M)
     split = ' '.join(s[0] for s in stmts)
     print(names[i], n, lat, split)
