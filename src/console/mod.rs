@@ -132,10 +132,21 @@ pub(crate) struct Console {
     /// [`OVERVIEW_REUSE`], so that many operators (and their live updates) cost one pass
     /// over the views that read a whole table.
     overviews: std::sync::Mutex<BTreeMap<String, (std::time::Instant, Arc<String>)>>,
+    /// The sources whose observation the console is refreshing now, in the background
+    /// (one refresh at a time per source).
+    refreshing: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// How long a source's rendered overview is served again before it is computed anew.
 pub(crate) const OVERVIEW_REUSE: Duration = Duration::from_secs(10);
+
+/// A stored observation older than this is refreshed, in the background: the fleet's
+/// relayers refresh it every `observe_interval_secs` (15 by default) when they run.
+pub(crate) const OBSERVATION_MAX_AGE: Duration = Duration::from_secs(15);
+
+/// The statement timeout of a background refresh of the observation, which reads the whole
+/// backlog (about 0.37 s a million pending messages): no page waits for it.
+pub(crate) const OBSERVATION_REFRESH_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Console {
     /// The source `name` asks for, or the first one; `None` when `name` is unknown.
@@ -176,6 +187,7 @@ pub fn router(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Ro
         sources,
         names,
         overviews: std::sync::Mutex::default(),
+        refreshing: Arc::default(),
     });
     let at = |path: &str| format!("{base}{path}");
     let mut router = Router::new()

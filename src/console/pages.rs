@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::Console;
 use super::html::{self, Frame, esc, opt, query_failed, time_ago};
 use super::params::{Params, encode, query};
-use crate::store::{DeadLetterFilter, MessageFilter, MessageState, Store, thousands};
+use crate::store::{DeadLetterFilter, MessageFilter, MessageState, Store, WorkerRow, thousands};
 
 type Shared = State<Arc<Console>>;
 
@@ -130,14 +130,64 @@ async fn overview_reused(console: &Console, name: &str, store: &Store) -> Arc<St
     section
 }
 
+/// The observation of `store`: the stored one (one row's read), and when it is missing or
+/// older than [`super::OBSERVATION_MAX_AGE`] a refresh in the background (one at a time per
+/// source, under [`super::OBSERVATION_REFRESH_TIMEOUT`]). The page shows the stored
+/// snapshot at once; only when none is stored yet does it wait for the refresh, no longer
+/// than the statement timeout: no page is held for the computation of a large backlog.
+async fn observation(
+    console: &Console,
+    name: &str,
+    store: &Store,
+) -> crate::store::Result<Option<crate::store::ObservationRow>> {
+    let t = timeout(console);
+    let latest = store.console_latest_observation(t).await;
+    let stale = match &latest {
+        Ok(Some(o)) => {
+            (Utc::now() - o.observed_at).to_std().unwrap_or_default() > super::OBSERVATION_MAX_AGE
+        }
+        Ok(None) => true,
+        Err(_) => false,
+    };
+    if !stale
+        || !console
+            .refreshing
+            .lock()
+            .expect("not poisoned")
+            .insert(name.to_owned())
+    {
+        return latest;
+    }
+    let (store, source, refreshing) = (store.clone(), name.to_owned(), console.refreshing.clone());
+    let refresh = tokio::spawn(async move {
+        let refreshed = store
+            .console_observe(
+                super::OBSERVATION_REFRESH_TIMEOUT,
+                super::OBSERVATION_MAX_AGE,
+            )
+            .await;
+        if let Err(e) = &refreshed {
+            tracing::warn!(source = %source, error = %e, "the console could not refresh the observation");
+        }
+        refreshing.lock().expect("not poisoned").remove(&source);
+        refreshed
+    });
+    if !matches!(latest, Ok(None)) {
+        return latest;
+    }
+    match tokio::time::timeout(t, refresh).await {
+        Ok(Ok(Ok(Some(fresh)))) => Ok(Some(fresh)),
+        _ => latest,
+    }
+}
+
 async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
     let t = timeout(console);
     let base = &console.settings.base_path;
     let n = encode(name);
-    let (observation, rates, workers, circuits) = tokio::join!(
-        store.console_observe(t, Duration::from_secs(15)),
+    let (observation, rates, circuits) = tokio::join!(
+        observation(console, name, store),
         store.console_rates(t),
-        store.console_workers(t),
         store.console_circuits(t),
     );
     let mut out = format!(
@@ -149,13 +199,19 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
         id = esc(&n),
         name = esc(name)
     );
+    let workers = observation
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .map(|o| WorkerRow::from_snapshot(&o.snapshot));
     match observation {
         Ok(Some(o)) => {
             let _ = write!(
                 out,
-                "<p class=\"muted\">Backlog as observed {} (the fleet's shared observation, \
-                 refreshed at most every 15 s).</p>",
-                time_ago(o.observed_at)
+                "<p class=\"muted\">Backlog and workers as observed {} (the fleet's shared \
+                 observation, refreshed every {} s while it is read).</p>",
+                time_ago(o.observed_at),
+                super::OBSERVATION_MAX_AGE.as_secs()
             );
             out += "<table><caption>Per topic</caption><thead><tr><th scope=\"col\">Topic</th>\
                     <th scope=\"col\" class=\"num\">Ready</th><th scope=\"col\" class=\"num\">Scheduled</th>\
@@ -189,7 +245,10 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
             }
             out += "</tbody></table>";
         }
-        Ok(None) => out += "<p>No observation yet: no relayer has observed this source.</p>",
+        Ok(None) => {
+            out += "<p>No observation yet: the console asked for one; it shows on the next \
+                    refresh.</p>";
+        }
         Err(e) => out += &query_failed("Backlog", &e, t),
     }
     match rates {
@@ -197,7 +256,7 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
             let now = Utc::now();
             let mut minutes: Vec<(String, i64)> = Vec::with_capacity(60);
             let mut total = 0;
-            for back in (0..60).rev() {
+            for back in (1..=60).rev() {
                 let minute = now - chrono::Duration::minutes(back);
                 let key = minute.format("%H:%M").to_string();
                 let v = rates
@@ -211,7 +270,8 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
             let _ = write!(
                 out,
                 "<h3>Delivered per minute, last hour</h3>{}<p class=\"muted\">{} delivered, \
-                 {} attempts that did not deliver, in the last hour.</p>",
+                 {} attempts that did not deliver, in the last hour's whole minutes (each \
+                 counted once by the observation's refresh).</p>",
                 html::bars(
                     &minutes,
                     &format!("Delivered per minute over the last hour of {name}")
@@ -222,33 +282,30 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
         }
         Err(e) => out += &query_failed("Delivered per minute", &e, t),
     }
-    match workers {
-        Ok(workers) => {
-            out += "<h3>Workers</h3>";
-            if workers.is_empty() {
-                out +=
-                    "<p>No worker holds a lease or recorded an attempt in the last 5 minutes.</p>";
-            } else {
-                out += "<table><thead><tr><th scope=\"col\">Worker</th><th scope=\"col\" class=\"num\">Leases held</th>\
-                        <th scope=\"col\">Next lease expiry</th><th scope=\"col\" class=\"num\">Delivered (5 min)</th>\
-                        <th scope=\"col\" class=\"num\">Failed (5 min)</th><th scope=\"col\">Last attempt (heartbeat)</th></tr></thead><tbody>";
-                for w in workers {
-                    let _ = write!(
-                        out,
-                        "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td>{}</td>\
+    if let Some(workers) = workers {
+        out += "<h3>Workers</h3>";
+        if workers.is_empty() {
+            out += "<p>No worker held a lease or recorded an attempt in the minute before \
+                        the observation.</p>";
+        } else {
+            out += "<table><thead><tr><th scope=\"col\">Worker</th><th scope=\"col\" class=\"num\">Leases held</th>\
+                        <th scope=\"col\">Next lease expiry</th><th scope=\"col\" class=\"num\">Delivered (1 min)</th>\
+                        <th scope=\"col\" class=\"num\">Not delivered (1 min)</th><th scope=\"col\">Last attempt (heartbeat)</th></tr></thead><tbody>";
+            for w in workers {
+                let _ = write!(
+                    out,
+                    "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td>{}</td>\
                          <td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
-                        esc(&w.worker_id),
-                        thousands(w.leases_held),
-                        w.next_lease_expiry.map_or_else(|| "—".into(), time_ago),
-                        thousands(w.dispatched_5m),
-                        thousands(w.failed_5m),
-                        w.last_attempt_at.map_or_else(|| "—".into(), time_ago),
-                    );
-                }
-                out += "</tbody></table>";
+                    esc(&w.worker_id),
+                    thousands(w.leases_held),
+                    w.next_lease_expiry.map_or_else(|| "—".into(), time_ago),
+                    thousands(w.delivered_1m),
+                    thousands(w.not_delivered_1m),
+                    w.last_attempt_at.map_or_else(|| "—".into(), time_ago),
+                );
             }
+            out += "</tbody></table>";
         }
-        Err(e) => out += &query_failed("Workers", &e, t),
     }
     match circuits {
         Ok(circuits) => out += &circuit_table(&circuits),
@@ -1131,43 +1188,52 @@ pub async fn sources(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     )))
 }
 
-/// Destinations: each destination's circuit as each relayer reports it, the error rate of
-/// the last five minutes per worker, and the latest errors.
+/// Destinations: each destination's circuit as each relayer reports it, the error rate per
+/// worker in the minute before the observation, and the latest errors.
 pub async fn destinations(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
     let (name, store) = pick(&console, &params)?;
     let t = timeout(&console);
     let base = &console.settings.base_path;
-    let (circuits, workers, failures) = tokio::join!(
+    let (circuits, observation, failures) = tokio::join!(
         store.console_circuits(t),
-        store.console_workers(t),
+        observation(&console, name, store),
         store.console_failures(t)
     );
     let mut body = match circuits {
         Ok(c) => circuit_table(&c),
         Err(e) => query_failed("Circuits", &e, t),
     };
-    match workers {
-        Ok(w) => {
-            body += "<h3>Error rate, last 5 minutes</h3><table><thead><tr><th scope=\"col\">Worker</th>\
-                     <th scope=\"col\" class=\"num\">Delivered</th><th scope=\"col\" class=\"num\">Failed</th>\
-                     <th scope=\"col\" class=\"num\">Error rate</th></tr></thead><tbody>";
-            for w in w {
-                let total = w.dispatched_5m + w.failed_5m;
+    match observation {
+        Ok(Some(o)) => {
+            let _ = write!(
+                body,
+                "<h3>Error rate, the minute before the observation</h3><p class=\"muted\">As \
+                 observed {}.</p><table><thead><tr><th scope=\"col\">Worker</th>\
+                 <th scope=\"col\" class=\"num\">Delivered</th><th scope=\"col\" class=\"num\">Not delivered</th>\
+                 <th scope=\"col\" class=\"num\">Error rate</th></tr></thead><tbody>",
+                time_ago(o.observed_at)
+            );
+            for w in WorkerRow::from_snapshot(&o.snapshot) {
+                let total = w.delivered_1m + w.not_delivered_1m;
                 let rate = if total == 0 {
                     "—".to_owned()
                 } else {
-                    format!("{:.1} %", w.failed_5m as f64 * 100.0 / total as f64)
+                    format!("{:.1} %", w.not_delivered_1m as f64 * 100.0 / total as f64)
                 };
                 let _ = write!(
                     body,
                     "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{rate}</td></tr>",
                     esc(&w.worker_id),
-                    thousands(w.dispatched_5m),
-                    thousands(w.failed_5m)
+                    thousands(w.delivered_1m),
+                    thousands(w.not_delivered_1m)
                 );
             }
             body += "</tbody></table>";
+        }
+        Ok(None) => {
+            body += "<h3>Error rate</h3><p>No observation yet: the console asked for one; it \
+                     shows on the next refresh.</p>";
         }
         Err(e) => body += &query_failed("Error rate", &e, t),
     }

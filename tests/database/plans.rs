@@ -539,3 +539,122 @@ async fn console_reads_are_index_driven_and_stop_at_their_limit() {
     }
     db.finish().await;
 }
+
+/// What the console's overview and destinations pages read instead of tables
+/// (`schema/08_observation.sql`), over 200,000 pending messages (a tenth leased) and
+/// 200,000 attempts of the last hour: `latest_observation` and `observed_attempt_rates`
+/// read no row of outbox.messages or outbox.attempts, whatever the backlog; the
+/// observation's refresh counts each minute of attempts once, by ranges of
+/// attempts_created_at_idx, and a second refresh within the same minute counts none again;
+/// and the snapshot names each lease holder with its leases.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_reads_the_observation_not_the_tables() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, 200_000).await;
+    c.batch_execute(
+        "UPDATE outbox.messages
+            SET claimed_by = 'w' || (seq % 3), lease_token = gen_random_uuid(),
+                lease_expires_at = now() + interval '1 minute'
+          WHERE seq % 10 = 0;
+         INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token,
+                                      created_at)
+         SELECT outbox_id, 1, 'DISPATCHED', 'w', gen_random_uuid(),
+                now() - interval '1 hour' + seq * interval '17 milliseconds'
+           FROM outbox.messages;
+         ANALYZE outbox.messages; ANALYZE outbox.attempts;",
+    )
+    .await
+    .unwrap();
+    let (e, plans) = explaining(&db.url).await;
+    let run = |sql: &'static str| {
+        let (e, plans) = (&e, plans.clone());
+        async move {
+            plans.lock().unwrap().clear();
+            e.batch_execute(sql).await.unwrap();
+            short(&plans.lock().unwrap().join("\n"))
+        }
+    };
+    let refresh = run("SELECT * FROM outbox.observe(10, interval '0')").await;
+    let counted = refresh
+        .lines()
+        .filter(|l| l.contains("Index Only Scan") || l.contains("Index Scan"))
+        .filter(|l| l.contains("created_at_idx on attempts_"))
+        .count();
+    assert!(
+        counted > 0,
+        "the refresh read no range of attempts_created_at_idx:\n{refresh}"
+    );
+    assert_eq!(
+        seq_scanned(&refresh, "attempts_"),
+        0,
+        "the refresh read attempts sequentially:\n{refresh}"
+    );
+    let minutes: i64 = c
+        .query_one("SELECT count(*) FROM outbox.attempt_minutes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!((59..=60).contains(&minutes), "{minutes} minutes counted");
+    let again = run("SELECT * FROM outbox.observe(10, interval '0')").await;
+    let lines_of_attempts = |plan: &str| {
+        plan.lines()
+            .filter(|l| l.contains("created_at_idx on attempts_") && l.contains("actual rows="))
+            .filter_map(|l| {
+                l.split_once("actual rows=")?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>()
+    };
+    assert!(
+        lines_of_attempts(&again) < lines_of_attempts(&refresh),
+        "a second refresh counted the hour again:\n{again}"
+    );
+    for read in [
+        "SELECT * FROM outbox.latest_observation()",
+        "SELECT * FROM outbox.observed_attempt_rates()",
+    ] {
+        let plan = run(read).await;
+        for table in ["messages_", "attempts_"] {
+            assert_eq!(
+                rows_scanned(&plan, table) + seq_scanned(&plan, table),
+                0,
+                "{read} read {table}:\n{plan}"
+            );
+        }
+    }
+    let rates: i64 = c
+        .query_one(
+            "SELECT sum(delivered)::bigint FROM outbox.observed_attempt_rates()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(rates > 150_000, "{rates} delivered in the counted minutes");
+    let workers: serde_json::Value = c
+        .query_one(
+            "SELECT snapshot -> 'workers' FROM outbox.latest_observation()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let held: i64 = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| {
+            w["worker_id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("w") && id.len() == 2)
+        })
+        .map(|w| w["leases_held"].as_i64().unwrap())
+        .sum();
+    assert_eq!(held, 20_000, "{workers}");
+    db.finish().await;
+}
