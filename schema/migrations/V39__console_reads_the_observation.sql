@@ -7,7 +7,11 @@
 -- last minute of attempts by worker (snapshot key 'workers'); its refresh counts each
 -- whole minute of attempts once into outbox.attempt_minutes (observed_attempt_rates); and
 -- latest_observation returns the stored snapshot without ever computing it, so a page
--- costs the same at any backlog. Contracts in full: 01_tables.sql, 08_observation.sql.
+-- costs the same at any backlog. And console_messages searches a filter that no id or key
+-- bounds (a rare topic or state) among the 100,000 messages below its cursor only, instead
+-- of walking the primary key until it has a page (up to the statement timeout at ten
+-- million); console_window_end gives the next window's cursor. Contracts in full:
+-- 01_tables.sql, 08_observation.sql, 11_console.sql.
 
 -- outbox.attempt_minutes: the attempts of each whole minute of the last hour, delivered and
 -- not, counted once by the refresh of the observation that first finds the minute over
@@ -421,3 +425,185 @@ COMMENT ON FUNCTION outbox.observe(integer, interval) IS
 
 REVOKE ALL ON FUNCTION outbox.observe(integer, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.observe(integer, interval) TO outbox_relay, outbox_reader;
+
+-- outbox.console_messages: a keyset page of pending messages, newest first, with the
+-- console's filters.
+--
+-- Inputs:     p_id          this outbox_id only (NULL: any)
+--             p_topic       this topic exactly (NULL: any)
+--             p_key         this message_key exactly (NULL: any)
+--             p_state       'ready', 'leased', 'waiting' (behind an earlier message of its
+--                           key) or 'scheduled' (available_at later); NULL: any. The four are
+--                           disjoint and cover every message: leased first, then waiting,
+--                           then scheduled, else ready.
+--             p_older_than  created at least this long ago (NULL: any age)
+--             p_before      the keyset cursor: only outbox_ids smaller than this (NULL: from
+--                           the newest)
+--             p_limit       at most this many rows, 1 to 1001 (a page of up to 1000 and one
+--                           more, to know that another page follows)
+-- Returns:    outbox_id, topic, message_key, state (as p_state names it), created_at,
+--             available_at, attempt_count, claimed_by, lease_expires_at, last_error;
+--             outbox_id descending. No payload, headers or lease token.
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: the next page is the call with p_before = the last outbox_id returned; pages
+--             neither repeat nor skip a message that stays pending between them. Without
+--             p_id and p_key, a filter (topic, state, age) is looked for among the
+--             console_search_window() (100,000) messages below p_before only: fewer than
+--             p_limit rows means no more match in that window, and the search goes on with
+--             p_before = console_window_end(p_before).
+-- Raises:     P7001 (p_limit) when NULL or outside 1 to 1001; P7001 (p_state) when not one
+--             of the four states; P7001 (p_older_than) when negative.
+-- Crash:      nothing: a read.
+-- Shape:      the statement is written with the filters given and planned for their values
+--             at each call (EXECUTE ... USING), so that no optional filter leaves a generic
+--             plan that reads outbox.messages whole: by primary key for p_id, through
+--             messages_key_seq_idx for p_key (the key's own messages), otherwise walking
+--             messages_pkey backwards from p_before and stopping at p_limit rows, or at the
+--             end of the search window for a filter that few messages match (a rare topic or
+--             state): at most 100,000 index entries and rows at any backlog.
+CREATE OR REPLACE FUNCTION outbox.console_messages(
+    p_id uuid,
+    p_topic text,
+    p_key text,
+    p_state text,
+    p_older_than interval,
+    p_before uuid,
+    p_limit integer
+) RETURNS TABLE (
+    outbox_id uuid,
+    topic text,
+    message_key text,
+    state text,
+    created_at timestamptz,
+    available_at timestamptz,
+    attempt_count integer,
+    claimed_by text,
+    lease_expires_at timestamptz,
+    last_error text
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_where text := '';
+    v_from text := 'outbox.messages AS m';
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1001 THEN
+        PERFORM outbox.invalid_argument('p_limit',
+            format('must be between 1 and 1001, got %s', coalesce(p_limit::text, 'NULL')));
+    END IF;
+    IF p_state IS NOT NULL AND p_state NOT IN ('ready', 'leased', 'waiting', 'scheduled') THEN
+        PERFORM outbox.invalid_argument('p_state',
+            format('must be ready, leased, waiting or scheduled, got %L', p_state));
+    END IF;
+    IF p_older_than < interval '0' THEN
+        PERFORM outbox.invalid_argument('p_older_than', 'must be an interval of 0 or more');
+    END IF;
+    IF p_id IS NOT NULL THEN
+        v_where := v_where || ' AND m.outbox_id = $1';
+    END IF;
+    -- the messages searched: the search window below the cursor, unless an id or a key
+    -- bounds them already
+    IF p_id IS NULL AND p_key IS NULL
+       AND (p_topic IS NOT NULL OR p_state IS NOT NULL OR p_older_than IS NOT NULL) THEN
+        v_from := '(SELECT * FROM outbox.messages AS w'
+                  || CASE WHEN p_before IS NOT NULL THEN ' WHERE w.outbox_id < $5' ELSE '' END
+                  || ' ORDER BY w.outbox_id DESC LIMIT outbox.console_search_window()) AS m';
+    END IF;
+    IF p_topic IS NOT NULL THEN
+        v_where := v_where || ' AND m.topic = $2';
+    END IF;
+    IF p_key IS NOT NULL THEN
+        v_where := v_where || ' AND m.message_key = $3';
+    END IF;
+    IF p_older_than IS NOT NULL THEN
+        v_where := v_where || ' AND m.created_at <= now() - $4';
+    END IF;
+    IF p_before IS NOT NULL THEN
+        v_where := v_where || ' AND m.outbox_id < $5';
+    END IF;
+    v_where := v_where || CASE p_state
+        WHEN 'leased' THEN ' AND m.lease_token IS NOT NULL'
+        WHEN 'waiting' THEN ' AND m.lease_token IS NULL AND m.behind'
+        WHEN 'scheduled' THEN
+            ' AND m.lease_token IS NULL AND NOT m.behind AND m.available_at > now()'
+        WHEN 'ready' THEN
+            ' AND m.lease_token IS NULL AND NOT m.behind AND m.available_at <= now()'
+        ELSE ''
+    END;
+    RETURN QUERY EXECUTE
+        'SELECT m.outbox_id, m.topic, m.message_key,
+                CASE WHEN m.lease_token IS NOT NULL THEN ''leased''
+                     WHEN m.behind THEN ''waiting''
+                     WHEN m.available_at > now() THEN ''scheduled''
+                     ELSE ''ready'' END,
+                m.created_at, m.available_at, m.attempt_count, m.claimed_by,
+                m.lease_expires_at, m.last_error
+           FROM ' || v_from || '
+          WHERE true' || v_where || '
+          ORDER BY m.outbox_id DESC
+          LIMIT $6'
+        USING p_id, p_topic, p_key, p_older_than, p_before, p_limit;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uuid, integer) IS
+    'A keyset page (outbox_id descending, before p_before) of pending messages filtered by id, topic, key, state and age (each NULL: any), at most p_limit (1 to 1001) rows, without payloads; planned per call on an index; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uuid, integer) TO outbox_reader, outbox_relay;
+
+-- outbox.console_search_window: how many pending messages console_messages searches for a
+-- filter that no id or key bounds, from its cursor: 100,000.
+--
+-- Inputs:     none.
+-- Returns:    100000.
+-- Locks:      nothing. Raises: nothing. Crash: nothing.
+-- Shape:      a constant, written once for console_messages and console_window_end.
+CREATE OR REPLACE FUNCTION outbox.console_search_window() RETURNS integer
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 100000 $$;
+
+COMMENT ON FUNCTION outbox.console_search_window() IS
+    'How many pending messages console_messages searches below its cursor for a filter no id or key bounds (100,000).';
+
+REVOKE ALL ON FUNCTION outbox.console_search_window() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_search_window() TO outbox_reader, outbox_relay;
+
+-- outbox.console_window_end: where the search window of console_messages below p_before
+-- ends: the cursor of the next window.
+--
+-- Inputs:     p_before  the cursor of the window (NULL: from the newest message)
+-- Returns:    the outbox_id of the last of the console_search_window() pending messages
+--             below p_before, newest first; NULL when fewer remain (the window reached the
+--             oldest pending message).
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: console_messages with p_before = the result searches the messages just
+--             older than the window it searched with p_before.
+-- Raises:     nothing.
+-- Crash:      nothing: a read.
+-- Shape:      messages_pkey walked backwards from p_before, 100,000 entries (an index-only
+--             scan where the visibility map allows), at any backlog.
+CREATE OR REPLACE FUNCTION outbox.console_window_end(p_before uuid) RETURNS uuid
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_end uuid;
+BEGIN
+    EXECUTE
+        'SELECT w.outbox_id FROM outbox.messages AS w'
+        || CASE WHEN p_before IS NOT NULL THEN ' WHERE w.outbox_id < $1' ELSE '' END
+        || ' ORDER BY w.outbox_id DESC OFFSET outbox.console_search_window() - 1 LIMIT 1'
+        INTO v_end
+        USING p_before;
+    RETURN v_end;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.console_window_end(uuid) IS
+    'The last outbox_id of console_messages''s search window below p_before (the next window''s cursor); NULL when the window reaches the oldest pending message.';
+
+REVOKE ALL ON FUNCTION outbox.console_window_end(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_window_end(uuid) TO outbox_reader, outbox_relay;

@@ -19,7 +19,9 @@ use uuid::Uuid;
 use super::Console;
 use super::html::{self, Frame, esc, opt, query_failed, time_ago};
 use super::params::{Params, encode, query};
-use crate::store::{DeadLetterFilter, MessageFilter, MessageState, Store, WorkerRow, thousands};
+use crate::store::{
+    DeadLetterFilter, MessageFilter, MessageState, SEARCH_WINDOW, Store, WorkerRow, thousands,
+};
 
 type Shared = State<Arc<Console>>;
 
@@ -464,6 +466,32 @@ pub async fn messages(State(console): Shared, RawQuery(q): RawQuery) -> Page {
                     "<p><a rel=\"next\" href=\"{base}/messages?{}\">Older messages →</a></p>",
                     esc(&query(&pairs))
                 );
+            } else if filter.windowed() {
+                // Fewer than a page matched among the window searched: say so, and offer
+                // the next window.
+                match store
+                    .console_window_end(s.statement_timeout, filter.before)
+                    .await
+                {
+                    Ok(Some(end)) => {
+                        let mut pairs = keep.to_vec();
+                        let cursor = end.to_string();
+                        pairs.push(("before", &cursor));
+                        let _ = write!(
+                            body,
+                            "<p>No more match among the {} pending messages searched. \
+                             <a rel=\"next\" href=\"{base}/messages?{}\">Search the next {} \
+                             older messages →</a></p>",
+                            thousands(SEARCH_WINDOW),
+                            esc(&query(&pairs)),
+                            thousands(SEARCH_WINDOW)
+                        );
+                    }
+                    Ok(None) => {
+                        body += "<p>The search reached the oldest pending message.</p>";
+                    }
+                    Err(e) => body += &query_failed("Next search window", &e, s.statement_timeout),
+                }
             }
         }
         Err(e) => body += &query_failed("Messages", &e, s.statement_timeout),

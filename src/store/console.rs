@@ -116,6 +116,21 @@ pub struct MessageFilter {
     pub before: Option<Uuid>,
 }
 
+/// How many pending messages `outbox.console_messages` searches below its cursor for a
+/// filter that no id or key bounds (`outbox.console_search_window()`).
+pub const SEARCH_WINDOW: i64 = 100_000;
+
+impl MessageFilter {
+    /// Whether `outbox.console_messages` searches this filter in a window of
+    /// [`SEARCH_WINDOW`] messages (a topic, state or age without an id or key): a short page
+    /// then means no more match in that window, not none at all.
+    pub fn windowed(&self) -> bool {
+        self.id.is_none()
+            && self.key.is_none()
+            && (self.topic.is_some() || self.state.is_some() || self.older_than.is_some())
+    }
+}
+
 /// A pending message as the Messages page lists it.
 #[derive(Clone, Debug)]
 pub struct MessageRow {
@@ -517,6 +532,25 @@ impl Store {
             )
             .await?;
         Ok(rows.iter().map(message_row).collect())
+    }
+
+    /// Where the search window of `console_messages` below `before` ends: the cursor of
+    /// the next window (`outbox.console_window_end`); `None` when the window reached the
+    /// oldest pending message.
+    pub async fn console_window_end(
+        &self,
+        timeout: Duration,
+        before: Option<Uuid>,
+    ) -> Result<Option<Uuid>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT outbox.console_window_end($1)",
+                &vec![(&before, Type::UUID)],
+            )
+            .await?;
+        Ok(rows.first().and_then(|r| r.get(0)))
     }
 
     /// One pending message in full with its key's position, or `None` when it is not

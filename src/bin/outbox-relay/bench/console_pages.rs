@@ -98,7 +98,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     let observed = t.elapsed();
     let server_settings: String = sql
         .query_one(
-            "SELECT string_agg(name || ' ' || setting || coalesce(unit, ''), ', ' ORDER BY name) \
+            "SELECT string_agg(name || ' ' || current_setting(name), ', ' ORDER BY name) \
                FROM pg_settings \
               WHERE name IN ('shared_buffers', 'work_mem', 'fsync', 'synchronous_commit', \
                              'max_wal_size', 'effective_cache_size')",
