@@ -488,10 +488,25 @@ fn kept(before: &str, after: &str) -> bool {
     after == "ok" || before.get(..14) == after.get(..14)
 }
 
-/// `statement` executed with sample arguments as the schema owner and as each role, each in
-/// a transaction rolled back.
-async fn run_as_each(c: &Client, statement: &Statement) -> Vec<(&'static str, String)> {
-    let args: Vec<Box<dyn ToSql + Sync + Send>> = statement.params().iter().map(sample).collect();
+/// The sample argument of parameter `n` (from 1) of `sql`, of type `ty`: [`sample`], but an
+/// interval's text ('1 second') for a text parameter the statement casts to an interval
+/// (`$5::text::interval`, the console's age filter), which 'previous-release' is not.
+fn sample_of(sql: &str, n: usize, ty: &Type) -> Box<dyn ToSql + Sync + Send> {
+    if *ty == Type::TEXT && sql.contains(&format!("${n}::text::interval")) {
+        return Box::new("1 second".to_owned());
+    }
+    sample(ty)
+}
+
+/// `statement` (the text `sql`) executed with sample arguments as the schema owner and as
+/// each role, each in a transaction rolled back.
+async fn run_as_each(c: &Client, sql: &str, statement: &Statement) -> Vec<(&'static str, String)> {
+    let args: Vec<Box<dyn ToSql + Sync + Send>> = statement
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| sample_of(sql, i + 1, ty))
+        .collect();
     let refs: Vec<&(dyn ToSql + Sync)> = args
         .iter()
         .map(|a| a.as_ref() as &(dyn ToSql + Sync))
@@ -687,7 +702,7 @@ async fn the_previous_releases_statements_work_on_the_newest_schema() {
                 outcome(Err(e))
             )
         });
-        let outcomes = run_as_each(&old, &statement).await;
+        let outcomes = run_as_each(&old, sql, &statement).await;
         // It runs, or is turned down by the SQL API's own checks (P7001 for a sample
         // argument naming nothing), for some role: the sample arguments reach its body.
         assert!(
@@ -721,7 +736,10 @@ async fn the_previous_releases_statements_work_on_the_newest_schema() {
     for (sql, b) in &before {
         let who = format!("{} at {} ({sql:?})", b.file, &commit[..12]);
         // The old relayer's prepared statement, used after the migration.
-        for ((role, was), (_, now)) in b.outcomes.iter().zip(run_as_each(&old, &b.statement).await)
+        for ((role, was), (_, now)) in b
+            .outcomes
+            .iter()
+            .zip(run_as_each(&old, sql, &b.statement).await)
         {
             if !kept(was, &now) {
                 failures.push(format!(
@@ -741,8 +759,10 @@ async fn the_previous_releases_statements_work_on_the_newest_schema() {
                         b.columns
                     ));
                 }
-                for ((role, was), (_, now)) in
-                    b.outcomes.iter().zip(run_as_each(&new, &statement).await)
+                for ((role, was), (_, now)) in b
+                    .outcomes
+                    .iter()
+                    .zip(run_as_each(&new, sql, &statement).await)
                 {
                     if !kept(was, &now) {
                         failures.push(format!("{who}, as {role}: {now} (before: {was})"));
