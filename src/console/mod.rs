@@ -161,6 +161,48 @@ impl Console {
     }
 }
 
+/// Refuses a console whose pools could hold more connections to one Postgres server (host
+/// and port) than the fleet's `max_connections_per_server` (`cap`; `None`: no cap): each
+/// source's pool holds up to `connections_per_source`, so the sources of one server hold
+/// together up to that many times their number. The error names the server and the
+/// largest `--connections-per-source` that fits, or says that the cap cannot hold one
+/// connection a source.
+pub fn check_connection_budget(
+    sources: &BTreeMap<String, String>,
+    connections_per_source: usize,
+    cap: Option<usize>,
+) -> Result<(), ConfigError> {
+    let Some(cap) = cap else { return Ok(()) };
+    let mut per_server: BTreeMap<String, usize> = BTreeMap::new();
+    for url in sources.values() {
+        let server =
+            crate::connection::Target::parse(url).map_or_else(|_| url.clone(), |t| t.address());
+        *per_server.entry(server).or_default() += 1;
+    }
+    for (server, n) in per_server {
+        let most = n * connections_per_source;
+        if most <= cap {
+            continue;
+        }
+        let fix = if n <= cap {
+            format!("give --connections-per-source {} or less", cap / n)
+        } else {
+            "the cap cannot hold one connection a source: serve the console over fewer \
+             sources (--source NAME)"
+                .to_owned()
+        };
+        return Err(ConfigError::new(
+            "--connections-per-source",
+            format!(
+                "{n} source(s) on {server} with {connections_per_source} connection(s) each \
+                 could hold {most} connections there, more than the fleet's \
+                 max_connections_per_server of {cap}: {fix}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The stores of `sources` (name → connection string), each a pool of
 /// `settings.connections_per_source` opened lazily, named `outbox-relay console` in
 /// `pg_stat_activity`.
@@ -259,4 +301,43 @@ pub async fn serve(
             }
         }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(urls: &[&str]) -> BTreeMap<String, String> {
+        urls.iter()
+            .enumerate()
+            .map(|(i, u)| (format!("s{i}"), (*u).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_pools_of_one_server_stay_within_the_fleets_cap() {
+        let three = sources(&[
+            "postgres://a@db1:5432/one",
+            "postgres://a@db1:5432/two",
+            "postgres://a@db1:5432/three",
+            "postgres://a@db2:5432/four",
+        ]);
+        // No cap: anything goes.
+        assert!(check_connection_budget(&three, 16, None).is_ok());
+        // Three sources of db1 at 2 each hold 6: within 6, not within 5.
+        assert!(check_connection_budget(&three, 2, Some(6)).is_ok());
+        let e = check_connection_budget(&three, 2, Some(5))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("db1:5432")
+                && e.contains("could hold 6 connections")
+                && e.contains("--connections-per-source 1 or less"),
+            "{e}"
+        );
+        let e = check_connection_budget(&three, 1, Some(2))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot hold one connection a source"), "{e}");
+    }
 }

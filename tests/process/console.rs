@@ -619,6 +619,61 @@ async fn a_non_loopback_address_without_a_token_is_refused_unless_read_only() {
     assert!(child.try_wait().unwrap().is_none());
 }
 
+/// The console's pools stay within the fleet's `max_connections_per_server`: a console
+/// whose pools could hold more connections to the server than the cap is refused, naming
+/// what fits; within it, it serves.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_consoles_pools_stay_within_the_fleets_connection_cap() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let out = common::verb_env(
+        &[
+            "console",
+            "--connections-per-source",
+            "4",
+            "--listen",
+            &listen,
+        ],
+        &db.url,
+        &[("OUTBOX_MAX_CONNECTIONS_PER_SERVER", "3")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("max_connections_per_server of 3")
+            && err.contains("--connections-per-source 3 or less"),
+        "{err}"
+    );
+    let mut child = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args([
+                "console",
+                "--connections-per-source",
+                "3",
+                "--listen",
+                &listen,
+            ])
+            .env("DATABASE_URL", &db.url)
+            .env("OUTBOX_MAX_CONNECTIONS_PER_SERVER", "3")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    common::eventually(
+        Duration::from_secs(60),
+        "the console within the cap answers",
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    assert_eq!(get(port, "/").await.status, 200);
+    assert!(child.try_wait().unwrap().is_none());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_statement_timeout_shows_on_the_page_and_the_rest_still_renders() {
     let db = TestDb::new().await;

@@ -360,7 +360,20 @@ async fn dispatch(cli: Cli) -> Result<()> {
                     }
                 }
             };
-            console_verb::run(settings, sources).await
+            // The fleet's cap, as `run` reads it: its variable, or the config file.
+            let cap = match std::env::var("OUTBOX_MAX_CONNECTIONS_PER_SERVER")
+                .ok()
+                .filter(|v| !v.is_empty())
+            {
+                Some(v) => Some(v.parse::<usize>().map_err(|_| {
+                    anyhow::anyhow!(
+                        "invalid setting OUTBOX_MAX_CONNECTIONS_PER_SERVER: {v:?} is not a \
+                         number of connections"
+                    )
+                })?),
+                None => sources_settings(&cli)?.max_connections_per_server,
+            };
+            console_verb::run(settings, sources, cap).await
         }
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;
