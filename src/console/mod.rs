@@ -123,11 +123,36 @@ impl ConsoleSettings {
     }
 }
 
-/// What the handlers share: the settings and each source's store, by name.
+/// The sources served, as last discovered: each one's store, by name.
+pub(crate) struct Sources {
+    stores: BTreeMap<String, Store>,
+    names: Vec<String>,
+}
+
+impl Sources {
+    fn new(stores: BTreeMap<String, Store>) -> Self {
+        let names = stores.keys().cloned().collect();
+        Self { stores, names }
+    }
+
+    /// The source `name` asks for, or the first one; `None` when `name` is unknown.
+    fn source(&self, name: Option<&str>) -> Option<(&str, &Store)> {
+        match name {
+            Some(name) => self
+                .stores
+                .get_key_value(name)
+                .map(|(n, s)| (n.as_str(), s)),
+            None => self.stores.iter().next().map(|(n, s)| (n.as_str(), s)),
+        }
+    }
+}
+
+/// What the handlers share: the settings and the sources.
 pub(crate) struct Console {
     settings: ConsoleSettings,
-    sources: BTreeMap<String, Store>,
-    names: Vec<String>,
+    /// Replaced whole by each rediscovery ([`Rediscovery`]); a request works on the
+    /// sources as they were when it started.
+    sources: std::sync::RwLock<Arc<Sources>>,
     /// Each source's overview section as last rendered, and when: reused for
     /// [`OVERVIEW_REUSE`], so that many operators (and their live updates) cost one pass
     /// over the views that read a whole table.
@@ -149,15 +174,9 @@ pub(crate) const OBSERVATION_MAX_AGE: Duration = Duration::from_secs(15);
 pub(crate) const OBSERVATION_REFRESH_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Console {
-    /// The source `name` asks for, or the first one; `None` when `name` is unknown.
-    fn source(&self, name: Option<&str>) -> Option<(&str, &Store)> {
-        match name {
-            Some(name) => self
-                .sources
-                .get_key_value(name)
-                .map(|(n, s)| (n.as_str(), s)),
-            None => self.sources.iter().next().map(|(n, s)| (n.as_str(), s)),
-        }
+    /// The sources as last discovered.
+    fn sources(&self) -> Arc<Sources> {
+        self.sources.read().expect("not poisoned").clone()
     }
 }
 
@@ -219,18 +238,88 @@ pub fn connect_sources(
         .collect()
 }
 
-/// The console's routes under `settings.base_path`.
-pub fn router(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Router {
-    let base = settings.base_path.clone();
-    let loopback = settings.listen.ip().is_loopback();
-    let names = sources.keys().cloned().collect();
-    let state = Arc::new(Console {
+/// How the console finds its sources again while it runs: as the fleet finds them
+/// (`settings`), every `settings.discover_interval`, its pools within `cap` (the fleet's
+/// `max_connections_per_server`) as at its start.
+#[derive(Clone, Debug)]
+pub struct Rediscovery {
+    pub settings: crate::sources::SourcesSettings,
+    /// The connection string each source was found with (name → connection string).
+    pub found: BTreeMap<String, String>,
+    pub cap: Option<usize>,
+}
+
+/// Every `r.settings.discover_interval` until `shutdown`: finds the sources again and,
+/// when they changed, serves the new set: a source that stays keeps its pool, a new one
+/// gets one, a gone one's pool is dropped (its connections close when the requests that
+/// hold them end). A discovery that fails, or a set whose pools would exceed the cap, is
+/// logged and the sources stay as they were.
+async fn rediscover(console: Arc<Console>, mut r: Rediscovery, shutdown: CancellationToken) {
+    let every = r.settings.discover_interval.max(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let found = match crate::sources::discover(&r.settings).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, "the console could not find its sources again; it keeps the ones it has");
+                continue;
+            }
+        };
+        if found == r.found {
+            continue;
+        }
+        let per_source = console.settings.connections_per_source;
+        if let Err(e) = check_connection_budget(&found, per_source, r.cap) {
+            tracing::warn!(error = %e, "the sources found again exceed the connection cap; the console keeps the ones it has");
+            continue;
+        }
+        let old = console.sources();
+        let mut stores = BTreeMap::new();
+        for (name, url) in &found {
+            let kept = (r.found.get(name) == Some(url))
+                .then(|| old.stores.get(name).cloned())
+                .flatten();
+            let store = match kept {
+                Some(store) => store,
+                None => match Store::connect_as(url, per_source, "outbox-relay console") {
+                    Ok(store) => store,
+                    Err(e) => {
+                        tracing::warn!(source = %name, error = %e, "the console cannot open a source found again");
+                        continue;
+                    }
+                },
+            };
+            stores.insert(name.clone(), store);
+        }
+        tracing::info!(
+            sources = stores.len(),
+            "the console serves the sources found again"
+        );
+        *console.sources.write().expect("not poisoned") = Arc::new(Sources::new(stores));
+        r.found = found;
+    }
+}
+
+fn state(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Arc<Console> {
+    Arc::new(Console {
         settings,
-        sources,
-        names,
+        sources: std::sync::RwLock::new(Arc::new(Sources::new(sources))),
         overviews: std::sync::Mutex::default(),
         refreshing: Arc::default(),
-    });
+    })
+}
+
+/// The console's routes under `settings.base_path`.
+pub fn router(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Router {
+    routes(state(settings, sources))
+}
+
+fn routes(state: Arc<Console>) -> Router {
+    let base = state.settings.base_path.clone();
+    let loopback = state.settings.listen.ip().is_loopback();
     let at = |path: &str| format!("{base}{path}");
     let mut router = Router::new()
         .route(&at("/"), get(pages::overview))
@@ -267,6 +356,17 @@ pub async fn serve(
     sources: BTreeMap<String, Store>,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_rediscovering(settings, sources, None, shutdown).await
+}
+
+/// [`serve`], finding the sources again as `rediscovery` says while it runs (`None`: the
+/// sources given, for good).
+pub async fn serve_rediscovering(
+    settings: ConsoleSettings,
+    sources: BTreeMap<String, Store>,
+    rediscovery: Option<Rediscovery>,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(settings.listen).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -274,21 +374,24 @@ pub async fn serve(
         )
     })?;
     let bound = listener.local_addr()?;
-    let stores: Vec<Store> = sources.values().cloned().collect();
-    let idle = shutdown.clone();
+    let writable = settings.writable();
+    let state = state(settings, sources);
+    let idle = (shutdown.clone(), state.clone());
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                () = idle.cancelled() => return,
+                () = idle.0.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_secs(30)) => {}
             }
-            for store in &stores {
+            for store in idle.1.sources().stores.values() {
                 store.close_idle(Duration::from_secs(60));
             }
         }
     });
-    let writable = settings.writable();
-    let app = router(settings, sources);
+    if let Some(r) = rediscovery {
+        tokio::spawn(rediscover(state.clone(), r, shutdown.clone()));
+    }
+    let app = routes(state);
     tracing::info!(addr = %bound, writable, "console listening");
     Ok((
         bound,

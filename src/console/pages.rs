@@ -16,9 +16,9 @@ use chrono::Utc;
 use futures_util::future::join_all;
 use uuid::Uuid;
 
-use super::Console;
 use super::html::{self, Frame, esc, opt, query_failed, time_ago};
 use super::params::{Params, encode, query};
+use super::{Console, Sources};
 use crate::store::{
     DeadLetterFilter, MessageFilter, MessageState, SEARCH_WINDOW, Store, WorkerRow, thousands,
 };
@@ -41,15 +41,15 @@ impl IntoResponse for Refusal {
 }
 
 /// The selected source, or a 404 naming the known ones.
-fn pick<'a>(console: &'a Console, params: &Params) -> Result<(&'a str, &'a Store), Refusal> {
-    console.source(params.get("source")).ok_or_else(|| {
+fn pick<'a>(sources: &'a Sources, params: &Params) -> Result<(&'a str, &'a Store), Refusal> {
+    sources.source(params.get("source")).ok_or_else(|| {
         Refusal(
             StatusCode::NOT_FOUND,
             format!(
                 "<!doctype html><html lang=\"en\"><link rel=\"icon\" href=\"data:,\"><title>unknown source</title><p>No source is named {}; the \
                  sources are: {}</p>",
                 esc(params.get("source").unwrap_or("")),
-                esc(&console.names.join(", "))
+                esc(&sources.names.join(", "))
             ),
         )
     })
@@ -68,6 +68,7 @@ fn bad_request(problem: &str) -> Refusal {
 
 fn frame<'a>(
     console: &'a Console,
+    sources: &'a Sources,
     title: &'a str,
     current: &'a str,
     source: &'a str,
@@ -78,7 +79,7 @@ fn frame<'a>(
         base: &s.base_path,
         title,
         current,
-        sources: &console.names,
+        sources: &sources.names,
         source,
         refresh_ms: if live { s.refresh.as_millis() } else { 0 },
         writable: s.writable(),
@@ -93,17 +94,18 @@ fn timeout(console: &Console) -> Duration {
 /// over the last hour, workers and their leases, destinations' circuits.
 pub async fn overview(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (selected, _) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (selected, _) = pick(&sources, &params)?;
     let sections = join_all(
-        console
-            .sources
+        sources
+            .stores
             .iter()
             .map(|(name, store)| overview_reused(&console, name, store)),
     )
     .await;
     let body = sections.iter().map(|s| s.as_str()).collect::<String>();
     Ok(Html(html::page(
-        &frame(&console, "Overview", "/", selected, true),
+        &frame(&console, &sources, "Overview", "/", selected, true),
         &body,
     )))
 }
@@ -350,7 +352,8 @@ fn circuit_table(circuits: &[crate::store::ReportedCircuit]) -> String {
 /// and age, newest first, keyset-paginated (`before=`).
 pub async fn messages(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let s = &console.settings;
     let uuid = |field: &str| -> Result<Option<Uuid>, Refusal> {
         params
@@ -497,7 +500,7 @@ pub async fn messages(State(console): Shared, RawQuery(q): RawQuery) -> Page {
         Err(e) => body += &query_failed("Messages", &e, s.statement_timeout),
     }
     Ok(Html(html::page(
-        &frame(&console, "Messages", "/messages", name, true),
+        &frame(&console, &sources, "Messages", "/messages", name, true),
         &body,
     )))
 }
@@ -517,7 +520,8 @@ fn short(text: &str, max: usize) -> String {
 /// letters alike; redirects to the message's page in the source that has it.
 pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Response, Refusal> {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (selected, _) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (selected, _) = pick(&sources, &params)?;
     let Some(text) = params.get("id") else {
         return Err(bad_request("id: give a message id to find"));
     };
@@ -525,7 +529,7 @@ pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Respo
         .map_err(|_| bad_request(&format!("id: {text:?} is not a message id (a UUID)")))?;
     let t = timeout(&console);
     let order = std::iter::once(selected).chain(
-        console
+        sources
             .names
             .iter()
             .map(String::as_str)
@@ -534,7 +538,7 @@ pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Respo
     let base = &console.settings.base_path;
     let mut failures = String::new();
     for name in order {
-        let store = &console.sources[name];
+        let store = &sources.stores[name];
         let found = match store.console_message(t, id, false).await {
             Ok(Some(_)) => true,
             Ok(None) => match store
@@ -574,7 +578,14 @@ pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Respo
     Ok((
         StatusCode::NOT_FOUND,
         Html(html::page(
-            &frame(&console, "Message not found", "/messages", selected, false),
+            &frame(
+                &console,
+                &sources,
+                "Message not found",
+                "/messages",
+                selected,
+                false,
+            ),
             &body,
         )),
     )
@@ -590,7 +601,8 @@ pub async fn message(
     RawQuery(q): RawQuery,
 ) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let id = Uuid::parse_str(&id)
         .map_err(|_| bad_request(&format!("{id:?} is not a message id (a UUID)")))?;
     let s = &console.settings;
@@ -731,7 +743,7 @@ pub async fn message(
         Err(e) => body += &query_failed("Attempts", &e, t),
     }
     Ok(Html(html::page(
-        &frame(&console, "Message", "/messages", name, true),
+        &frame(&console, &sources, "Message", "/messages", name, true),
         &body,
     )))
 }
@@ -831,7 +843,8 @@ fn dead_letter_filter(params: &Params) -> Result<DeadLetterFilter, Refusal> {
 /// Dead letters: filters, a capped count, multi-select, and the way to the replay preview.
 pub async fn dead_letters(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let filter = dead_letter_filter(&params)?;
     let before = match params.get("before") {
         None => None,
@@ -954,7 +967,14 @@ pub async fn dead_letters(State(console): Shared, RawQuery(q): RawQuery) -> Page
         Err(e) => body += &query_failed("Latest replays", &e, t),
     }
     Ok(Html(html::page(
-        &frame(&console, "Dead letters", "/dead-letters", name, true),
+        &frame(
+            &console,
+            &sources,
+            "Dead letters",
+            "/dead-letters",
+            name,
+            true,
+        ),
         &body,
     )))
 }
@@ -964,7 +984,8 @@ pub async fn dead_letters(State(console): Shared, RawQuery(q): RawQuery) -> Page
 /// and the form that asks for it with the admin token.
 pub async fn replay_preview(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let filter = dead_letter_filter(&params)?;
     if filter.ids.is_none()
         && filter.topic.is_none()
@@ -1002,6 +1023,7 @@ pub async fn replay_preview(State(console): Shared, RawQuery(q): RawQuery) -> Pa
             return Ok(Html(html::page(
                 &frame(
                     &console,
+                    &sources,
                     "Replay dead letters",
                     "/dead-letters",
                     name,
@@ -1067,6 +1089,7 @@ pub async fn replay_preview(State(console): Shared, RawQuery(q): RawQuery) -> Pa
     Ok(Html(html::page(
         &frame(
             &console,
+            &sources,
             "Replay dead letters",
             "/dead-letters",
             name,
@@ -1085,7 +1108,8 @@ pub async fn replay(
     form: String,
 ) -> Result<Response, Refusal> {
     let params = Params::parse(&form);
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let s = &console.settings;
     let refuse = |why: &str| {
         tracing::warn!(source = name, reason = why, "console refused a replay");
@@ -1148,7 +1172,7 @@ pub async fn replay(
                 n = encode(name)
             );
             Ok(Html(html::page(
-                &frame(&console, "Replayed", "/dead-letters", name, false),
+                &frame(&console, &sources, "Replayed", "/dead-letters", name, false),
                 &body,
             ))
             .into_response())
@@ -1159,7 +1183,14 @@ pub async fn replay(
             Err(Refusal(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 html::page(
-                    &frame(&console, "Replay failed", "/dead-letters", name, false),
+                    &frame(
+                        &console,
+                        &sources,
+                        "Replay failed",
+                        "/dead-letters",
+                        name,
+                        false,
+                    ),
                     &body,
                 ),
             ))
@@ -1171,10 +1202,11 @@ pub async fn replay(
 /// holders) and what is wrong. Never a connection string: the address, login and database.
 pub async fn sources(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (selected, _) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (selected, _) = pick(&sources, &params)?;
     let t = timeout(&console);
     let base = &console.settings.base_path;
-    let rows = join_all(console.sources.iter().map(|(name, store)| async move {
+    let rows = join_all(sources.stores.iter().map(|(name, store)| async move {
         let (version, holders) = tokio::join!(store.check_schema(), store.console_holders(t));
         let (health, cause) = match &version {
             Ok(v) => (format!("ok, schema version {v}"), String::new()),
@@ -1206,12 +1238,12 @@ pub async fn sources(State(console): Shared, RawQuery(q): RawQuery) -> Page {
          page needs them and closed after a minute unused.</p>\
          <table><thead><tr><th scope=\"col\">Source</th><th scope=\"col\">Where</th><th scope=\"col\">Health</th>\
          <th scope=\"col\">Served by</th><th scope=\"col\">Cause</th></tr></thead><tbody>{}</tbody></table>",
-        console.sources.len(),
+        sources.stores.len(),
         console.settings.connections_per_source,
         rows.concat()
     );
     Ok(Html(html::page(
-        &frame(&console, "Sources", "/sources", selected, true),
+        &frame(&console, &sources, "Sources", "/sources", selected, true),
         &body,
     )))
 }
@@ -1220,7 +1252,8 @@ pub async fn sources(State(console): Shared, RawQuery(q): RawQuery) -> Page {
 /// worker in the minute before the observation, and the latest errors.
 pub async fn destinations(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let t = timeout(&console);
     let base = &console.settings.base_path;
     let (circuits, observation, failures) = tokio::join!(
@@ -1294,7 +1327,14 @@ pub async fn destinations(State(console): Shared, RawQuery(q): RawQuery) -> Page
         Err(e) => body += &query_failed("Recent errors", &e, t),
     }
     Ok(Html(html::page(
-        &frame(&console, "Destinations", "/destinations", name, true),
+        &frame(
+            &console,
+            &sources,
+            "Destinations",
+            "/destinations",
+            name,
+            true,
+        ),
         &body,
     )))
 }

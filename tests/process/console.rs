@@ -385,6 +385,46 @@ async fn a_message_is_found_by_id_in_whichever_source_holds_it() {
     );
 }
 
+/// The sources of a many-source fleet are found again while the console runs: a database
+/// of the server created after the console started shows on its Sources page.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_created_after_the_start_is_found_again() {
+    let first = TestDb::new().await;
+    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let config = first.scratch_dir().join("server.toml");
+    std::fs::write(
+        &config,
+        format!("sources_server_url = \"{server}\"\nsources_discover_interval_secs = 1\n"),
+    )
+    .unwrap();
+    let console = Console::start(
+        &first,
+        &first.url,
+        None,
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let page = get(console.port, "/sources").await;
+    assert!(page.body.contains(&first.name), "{}", page.body);
+    let later = TestDb::new().await;
+    assert!(
+        !page.body.contains(&later.name),
+        "created after the page: {}",
+        page.body
+    );
+    common::eventually(
+        Duration::from_secs(30),
+        "the console finds the new database",
+        || async {
+            get(console.port, "/sources")
+                .await
+                .body
+                .contains(&later.name)
+        },
+    )
+    .await;
+}
+
 /// The replay form's body for `id`, with `token`.
 fn replay_form(source: &str, id: uuid::Uuid, token: &str) -> String {
     format!("source={source}&id={id}&actor=Ann+Operator&reason=schema+fixed&token={token}")

@@ -340,6 +340,8 @@ async fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Console(args) => {
             let settings = args.settings()?;
+            // The sources of a many-source fleet are found again as the fleet finds them.
+            let mut rediscover = None;
             let sources = match &cli.source {
                 Some(name) => [(
                     name.clone(),
@@ -349,7 +351,9 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 None => {
                     let many = sources_settings(&cli)?;
                     if many.is_many() {
-                        all_sources::all(&many).await?
+                        let found = all_sources::all(&many).await?;
+                        rediscover = Some((many, found.clone()));
+                        found
                     } else {
                         let database = verb_database(&cli).await?;
                         let name = outbox_relay::connection::Target::parse(&database.url)
@@ -373,7 +377,13 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 })?),
                 None => sources_settings(&cli)?.max_connections_per_server,
             };
-            console_verb::run(settings, sources, cap).await
+            let rediscovery =
+                rediscover.map(|(settings, found)| outbox_relay::console::Rediscovery {
+                    settings,
+                    found,
+                    cap,
+                });
+            console_verb::run(settings, sources, cap, rediscovery).await
         }
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;

@@ -128,6 +128,7 @@ async fn run_one(
             addr,
             [(name, settings.database_url.clone())].into(),
             settings.sources.max_connections_per_server,
+            None,
             &shutdown,
         )
         .await?;
@@ -214,13 +215,13 @@ async fn run_sources(
         let sources = outbox_relay::sources::discover(&settings.sources)
             .await
             .map_err(|e| anyhow::anyhow!("finding the sources for the console: {e}"))?;
-        serve_console(
-            addr,
-            sources,
-            settings.sources.max_connections_per_server,
-            &shutdown,
-        )
-        .await?;
+        let cap = settings.sources.max_connections_per_server;
+        let rediscovery = outbox_relay::console::Rediscovery {
+            settings: settings.sources.clone(),
+            found: sources.clone(),
+            cap,
+        };
+        serve_console(addr, sources, cap, Some(rediscovery), &shutdown).await?;
     }
     outbox_relay::sources::run(fleet, shutdown).await;
     if let Some(listener) = listener {
@@ -239,6 +240,7 @@ async fn serve_console(
     addr: std::net::SocketAddr,
     sources: std::collections::BTreeMap<String, String>,
     cap: Option<usize>,
+    rediscovery: Option<outbox_relay::console::Rediscovery>,
     shutdown: &CancellationToken,
 ) -> Result<()> {
     use outbox_relay::console;
@@ -250,7 +252,7 @@ async fn serve_console(
     })?;
     console::check_connection_budget(&sources, settings.connections_per_source, cap)?;
     let stores = console::connect_sources(&sources, &settings)?;
-    console::serve(settings, stores, shutdown.clone()).await?;
+    console::serve_rediscovering(settings, stores, rediscovery, shutdown.clone()).await?;
     Ok(())
 }
 
