@@ -16,6 +16,7 @@
 --   outbox.dead_letters               messages out of attempts or refused for good
 --   outbox.turns                      rows locked to take turns (claim shards, repair, observe)
 --   outbox.observations               the fleet's latest observation snapshot
+--   outbox.attempt_minutes            attempts per minute of the last hour, counted once
 --   outbox.replays                    the audit of dead-letter replays
 --   outbox.circuit_reports            each relayer's circuit state per destination
 --   outbox.coverage_reports           the topics each relayer claims
@@ -730,6 +731,25 @@ COMMENT ON TABLE outbox.observations IS
     'The latest observation snapshot (one row), written by observe under its turn and read through observe; owner only.';
 
 REVOKE ALL ON TABLE outbox.observations FROM PUBLIC;
+
+
+-- outbox.attempt_minutes: the attempts of each whole minute of the last hour, delivered and
+-- not, counted once by the refresh of the observation that first finds the minute over
+-- (observe, under the 'observe' turn) and read by observed_attempt_rates. Rows older than
+-- two hours are deleted by the same refresh. Owner only.
+CREATE TABLE outbox.attempt_minutes (
+    minute        timestamptz NOT NULL,
+    -- attempts DISPATCHED in the minute
+    delivered     bigint      NOT NULL,
+    -- attempts RETRYABLE, FAILED or ZOMBIE_REQUEUE in the minute
+    not_delivered bigint      NOT NULL,
+    CONSTRAINT attempt_minutes_pkey PRIMARY KEY (minute)
+);
+
+COMMENT ON TABLE outbox.attempt_minutes IS
+    'Attempts per whole minute of the last hour (delivered, not delivered), counted once by observe''s refresh; owner only.';
+
+REVOKE ALL ON TABLE outbox.attempt_minutes FROM PUBLIC;
 
 
 -- outbox.replays: the audit of dead-letter replays, one row per replay however many steps

@@ -12,6 +12,15 @@
 --       --observe-interval-secs, and `outbox-relay status`) and outbox_reader.
 --   observation(p_top_topics)
 --       internal: computes that snapshot; called by observe only, granted to no role.
+--   count_attempt_minutes(p_now)
+--       internal: counts the whole minutes of the last hour not counted yet into
+--       outbox.attempt_minutes; called by observe only, granted to no role.
+--   latest_observation()
+--       the stored snapshot as it is, never computed; EXECUTE for outbox_reader and
+--       outbox_relay (the console's pages).
+--   observed_attempt_rates()
+--       delivered and not delivered attempts per whole minute of the last hour, as the
+--       refreshes counted them; EXECUTE for outbox_reader and outbox_relay (the console).
 --   schema_version()
 --       the version of the newest applied migration; EXECUTE for all three roles (every
 --       verb and /readyz of the relayer compare it with the version the build needs).
@@ -227,7 +236,7 @@ GRANT SELECT ON outbox.attempt_rates TO outbox_reader, outbox_relay;
 -- outbox.observation: computes the snapshot that observe stores and returns (its shape is
 -- in observe's contract). Internal: called by observe only, under the 'observe' turn;
 -- granted to no role. It reads outbox.messages once (one sequential pass grouped by
--- topic), outbox.dead_letters grouped by topic, the last minute of attempts_created_at_idx,
+-- topic and by lease holder), outbox.dead_letters grouped by topic, the last minute of attempts_created_at_idx,
 -- pg_stat_activity, pg_replication_slots, pg_prepared_xacts and pg_stat_user_tables; it
 -- locks nothing and raises nothing. Topics beyond the p_top_topics largest backlogs (ties:
 -- more dead letters, then name) are summed under the label 'other', so that metric labels
@@ -244,8 +253,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 WITH clock AS (
     SELECT clock_timestamp() AS now
-), pending AS (
-    SELECT m.topic,
+), scan AS (
+    -- one pass over outbox.messages, grouped twice: by topic, and by lease holder
+    SELECT GROUPING(m.topic) = 1 AS by_holder,
+           m.topic,
+           m.claimed_by,
            count(*) FILTER (WHERE m.lease_token IS NULL AND m.available_at <= c.now) AS ready,
            count(*) FILTER (WHERE m.lease_token IS NULL AND m.available_at > c.now)  AS delayed,
            count(*) FILTER (WHERE m.lease_expires_at > c.now)                        AS in_flight,
@@ -255,9 +267,21 @@ WITH clock AS (
            -- parked messages (available_at 'infinity') are delayed but never due
            min(m.available_at) FILTER (WHERE m.lease_token IS NULL
                                          AND m.available_at > c.now
-                                         AND m.available_at < 'infinity')            AS next_due_at
+                                         AND m.available_at < 'infinity')            AS next_due_at,
+           min(m.lease_expires_at)                                                   AS next_lease_expiry
       FROM outbox.messages AS m, clock AS c
-     GROUP BY m.topic
+     GROUP BY GROUPING SETS ((m.topic), (m.claimed_by))
+), pending AS (
+    SELECT s.topic, s.ready, s.delayed, s.in_flight, s.expired_leases, s.oldest_ready_at,
+           s.next_due_at
+      FROM scan AS s
+     WHERE NOT s.by_holder
+), held AS (
+    SELECT s.claimed_by AS worker_id,
+           s.in_flight + s.expired_leases AS leases_held,
+           s.next_lease_expiry
+      FROM scan AS s
+     WHERE s.by_holder AND s.claimed_by IS NOT NULL
 ), dead AS (
     SELECT d.topic, count(*) AS dead_letters
       FROM outbox.dead_letters AS d
@@ -290,12 +314,33 @@ WITH clock AS (
            min(r.next_due_at)            AS next_due_at
       FROM ranked AS r
      GROUP BY 1
-), attempts AS (
+), worker_attempts AS (
     -- attempts_created_at_idx (a B-tree) reads only the last minute of the attempt log
-    SELECT a.state::text AS state, count(*) AS attempts
+    SELECT a.worker_id, a.state::text AS state, count(*) AS attempts,
+           max(a.created_at) AS last_attempt_at
       FROM outbox.attempts AS a, clock AS c
      WHERE a.created_at > c.now - interval '1 minute'
-     GROUP BY a.state
+     GROUP BY a.worker_id, a.state
+), attempts AS (
+    SELECT w.state, sum(w.attempts)::bigint AS attempts
+      FROM worker_attempts AS w
+     GROUP BY w.state
+), workers AS (
+    -- the lease holders and the workers with attempts in the last minute, the 200 holding
+    -- most leases (then the latest to record an attempt)
+    SELECT coalesce(h.worker_id, r.worker_id) AS worker_id,
+           coalesce(h.leases_held, 0)         AS leases_held,
+           h.next_lease_expiry,
+           coalesce(r.attempts, '{}')         AS attempts_last_minute,
+           r.last_attempt_at
+      FROM held AS h
+      FULL JOIN (SELECT w.worker_id,
+                        jsonb_object_agg(w.state, w.attempts) AS attempts,
+                        max(w.last_attempt_at) AS last_attempt_at
+                   FROM worker_attempts AS w
+                  GROUP BY w.worker_id) AS r ON r.worker_id = h.worker_id
+     ORDER BY 2 DESC, r.last_attempt_at DESC NULLS LAST, 1
+     LIMIT 200
 ), holders AS (
     -- Sessions of this database whose snapshot (backend_xmin) or transaction id holds back
     -- what vacuum may remove from outbox.messages. The query text is the statement's text
@@ -350,6 +395,15 @@ SELECT jsonb_build_object(
           FROM labelled AS l, clock AS c), '[]'),
     'attempts_last_minute', coalesce((
         SELECT jsonb_object_agg(a.state, a.attempts) FROM attempts AS a), '{}'),
+    'workers', coalesce((
+        SELECT jsonb_agg(jsonb_build_object(
+                   'worker_id', w.worker_id,
+                   'leases_held', w.leases_held,
+                   'next_lease_expiry', w.next_lease_expiry,
+                   'attempts_last_minute', w.attempts_last_minute,
+                   'last_attempt_at', w.last_attempt_at)
+                   ORDER BY w.leases_held DESC, w.last_attempt_at DESC NULLS LAST, w.worker_id)
+          FROM workers AS w), '[]'),
     'horizon_holders', coalesce((
         SELECT jsonb_agg(to_jsonb(h) ORDER BY h.xid_age DESC) FROM holders AS h), '[]'),
     'messages_table', (
@@ -363,9 +417,101 @@ SELECT jsonb_build_object(
 $$;
 
 COMMENT ON FUNCTION outbox.observation(integer) IS
-    'Internal (observe, under the ''observe'' turn): computes the observation snapshot (topics, attempts in the last minute, MVCC horizon holders, outbox.messages tuples and vacuum); reads the whole backlog. Not granted.';
+    'Internal (observe, under the ''observe'' turn): computes the observation snapshot (topics, lease holders, attempts in the last minute, MVCC horizon holders, outbox.messages tuples and vacuum); reads the whole backlog. Not granted.';
 
 REVOKE ALL ON FUNCTION outbox.observation(integer) FROM PUBLIC;
+
+-- outbox.count_attempt_minutes: internal; called by observe's refresh, under the 'observe'
+-- turn, granted to no role. Counts the attempts of each whole minute of the hour before
+-- p_now that ended at least 15 seconds before p_now (an attempt's created_at is the moment
+-- of its insert, and a completion's transaction commits within that margin) and has no row
+-- in outbox.attempt_minutes yet, one range of attempts_created_at_idx per minute, and
+-- deletes the rows older than two hours. Locks the rows it writes; raises nothing.
+CREATE OR REPLACE FUNCTION outbox.count_attempt_minutes(p_now timestamptz)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+INSERT INTO outbox.attempt_minutes AS t (minute, delivered, not_delivered)
+SELECT m.minute, c.delivered, c.not_delivered
+  FROM generate_series(date_trunc('minute', p_now) - interval '60 minutes',
+                       date_trunc('minute', p_now - interval '15 seconds') - interval '1 minute',
+                       interval '1 minute') AS m(minute)
+ CROSS JOIN LATERAL (
+       SELECT count(*) FILTER (WHERE a.state = 'DISPATCHED')  AS delivered,
+              count(*) FILTER (WHERE a.state <> 'DISPATCHED') AS not_delivered
+         FROM outbox.attempts AS a
+        WHERE a.created_at >= m.minute
+          AND a.created_at < m.minute + interval '1 minute') AS c
+ WHERE NOT EXISTS (SELECT 1 FROM outbox.attempt_minutes AS x WHERE x.minute = m.minute)
+ON CONFLICT (minute) DO NOTHING;
+
+DELETE FROM outbox.attempt_minutes AS t WHERE t.minute < p_now - interval '2 hours';
+$$;
+
+COMMENT ON FUNCTION outbox.count_attempt_minutes(timestamptz) IS
+    'Internal (observe''s refresh): counts the attempts of each whole minute of the last hour not counted yet into attempt_minutes. Not granted.';
+
+REVOKE ALL ON FUNCTION outbox.count_attempt_minutes(timestamptz) FROM PUBLIC;
+
+-- outbox.latest_observation: the stored observation snapshot as it is, however old.
+--
+-- Inputs:     none.
+-- Returns:    one row (observed_at, took_ms, snapshot) when a snapshot is stored: when its
+--             computation started, how long it took, and the snapshot (its shape is in
+--             observe's contract); no row when none is stored yet.
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: never computes: its cost is one row's read whatever the backlog, for a
+--             reader that must answer at once (the console's pages) and asks observe for a
+--             refresh apart, under a longer timeout, when the snapshot is too old.
+-- Raises:     nothing.
+-- Crash:      nothing: a read.
+-- Shape:      one read of outbox.observations' single row.
+CREATE OR REPLACE FUNCTION outbox.latest_observation()
+RETURNS TABLE (observed_at timestamptz, took_ms double precision, snapshot jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT o.observed_at, o.took_ms, o.snapshot FROM outbox.observations AS o
+$$;
+
+COMMENT ON FUNCTION outbox.latest_observation() IS
+    'The stored observation snapshot (observed_at, took_ms, snapshot) as it is, never computed; no row before the first refresh.';
+
+REVOKE ALL ON FUNCTION outbox.latest_observation() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.latest_observation() TO outbox_reader, outbox_relay;
+
+-- outbox.observed_attempt_rates: attempts per whole minute of the last hour, as the
+-- refreshes of the observation counted them.
+--
+-- Inputs:     none.
+-- Returns:    minute, delivered (DISPATCHED), not_delivered (RETRYABLE, FAILED,
+--             ZOMBIE_REQUEUE), oldest minute first, for the minutes that began in the last
+--             hour and have been counted; a minute no refresh counted (none ran for the
+--             last hour) has no row.
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: the counts of attempt_rates for those minutes as of their counting (up to
+--             attempts later pruned), at the cost of at most 60 rows, not of an hour of
+--             attempts.
+-- Raises:     nothing.
+-- Crash:      nothing: a read.
+-- Shape:      one range of attempt_minutes_pkey.
+CREATE OR REPLACE FUNCTION outbox.observed_attempt_rates()
+RETURNS TABLE (minute timestamptz, delivered bigint, not_delivered bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT t.minute, t.delivered, t.not_delivered
+  FROM outbox.attempt_minutes AS t
+ WHERE t.minute >= now() - interval '1 hour'
+ ORDER BY t.minute
+$$;
+
+COMMENT ON FUNCTION outbox.observed_attempt_rates() IS
+    'Delivered and not delivered attempts per whole minute of the last hour, as observe''s refreshes counted them, oldest first.';
+
+REVOKE ALL ON FUNCTION outbox.observed_attempt_rates() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.observed_attempt_rates() TO outbox_reader, outbox_relay;
 
 -- outbox.observe: the latest observation snapshot, computed first when it is older than
 -- p_max_age, by one caller of the fleet at a time.
@@ -387,6 +533,13 @@ REVOKE ALL ON FUNCTION outbox.observation(integer) FROM PUBLIC;
 --                                      'infinity')}], largest backlog first; at most
 --                                     p_top_topics plus 'other'
 --               attempts_last_minute  {state: attempts recorded in the last minute}
+--               workers               [{worker_id, leases_held (leases it holds, expired
+--                                      or not), next_lease_expiry, attempts_last_minute
+--                                      ({state: its attempts in the last minute}),
+--                                      last_attempt_at (its latest attempt within the last
+--                                      minute)}]: every lease holder and every worker with
+--                                     an attempt in the last minute, most leases first, at
+--                                     most 200
 --               horizon_holders       [{kind (session, replication slot, prepared
 --                                      transaction), pid, name (application name, slot name
 --                                      or gid), state, age_seconds, xid_age, query (the
@@ -397,9 +550,14 @@ REVOKE ALL ON FUNCTION outbox.observation(integer) FROM PUBLIC;
 --                                      last_vacuum}
 -- Locks:      only when the stored snapshot is stale: the 'observe' row of outbox.turns,
 --             FOR UPDATE SKIP LOCKED (never waits), held until the caller's transaction
---             ends, then the single row of outbox.observations, written by the turn holder
---             alone. No lock on the outbox's other tables.
--- Guarantees: at most one computation runs at a time across the fleet, and callers within
+--             ends, then the single row of outbox.observations and the rows of
+--             outbox.attempt_minutes, written by the turn holder alone. No lock on the
+--             outbox's other tables.
+-- Guarantees: a refresh also counts, in outbox.attempt_minutes, each whole minute of the
+--             last hour that ended 15 seconds or more before it and has no row yet (so each
+--             minute is counted once by the fleet: the whole hour after a pause), and
+--             deletes the minutes older than two hours (observed_attempt_rates reads them).
+--             At most one computation runs at a time across the fleet, and callers within
 --             p_max_age all get the same stored snapshot, so every relayer exports the same
 --             figures (aggregate them with max, never sum). Under the turn the stored
 --             snapshot is read again, so one just refreshed by the previous holder is not
@@ -412,7 +570,8 @@ REVOKE ALL ON FUNCTION outbox.observation(integer) FROM PUBLIC;
 --             snapshot, and the turn is free again.
 -- Shape:      the computation reads the whole backlog (see observation: about 0.37 s at
 --             1,000,000 pending messages), so it is shared: paid once per interval by the
---             fleet instead of once per relayer and per `status` call.
+--             fleet instead of once per relayer and per `status` call. The minutes read one
+--             minute's range of attempts_created_at_idx each, once per minute.
 CREATE OR REPLACE FUNCTION outbox.observe(
     p_top_topics integer DEFAULT 10,
     p_max_age interval DEFAULT interval '15 seconds'
@@ -451,6 +610,7 @@ BEGIN
     END IF;
 
     v_snapshot := outbox.observation(p_top_topics);
+    PERFORM outbox.count_attempt_minutes(v_started);
     INSERT INTO outbox.observations AS o (singleton, observed_at, took_ms, snapshot)
     VALUES (true, v_started,
             extract(epoch FROM clock_timestamp() - v_started) * 1000, v_snapshot)

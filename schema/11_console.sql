@@ -4,7 +4,12 @@
 --
 -- Objects:
 --   console_messages(p_id, p_topic, p_key, p_state, p_older_than, p_before, p_limit)
---       a keyset page of pending messages with the Messages screen's filters
+--       a keyset page of pending messages with the Messages screen's filters, a filter no
+--       id or key bounds searched in a window of 100,000 messages
+--   console_search_window()
+--       that window's size
+--   console_window_end(p_before)
+--       where the window below p_before ends: the next window's cursor
 --   console_message(p_id, p_with_payload)
 --       one pending message in full, with its key's position
 --   console_attempts(p_id, p_limit)
@@ -89,17 +94,21 @@ REVOKE ALL ON FUNCTION outbox.console_dead_letter_condition(uuid[], text, timest
 --             outbox_id descending. No payload, headers or lease token.
 -- Locks:      nothing (a read; STABLE).
 -- Guarantees: the next page is the call with p_before = the last outbox_id returned; pages
---             neither repeat nor skip a message that stays pending between them.
+--             neither repeat nor skip a message that stays pending between them. Without
+--             p_id and p_key, a filter (topic, state, age) is looked for among the
+--             console_search_window() (100,000) messages below p_before only: fewer than
+--             p_limit rows means no more match in that window, and the search goes on with
+--             p_before = console_window_end(p_before).
 -- Raises:     P7001 (p_limit) when NULL or outside 1 to 1001; P7001 (p_state) when not one
 --             of the four states; P7001 (p_older_than) when negative.
 -- Crash:      nothing: a read.
 -- Shape:      the statement is written with the filters given and planned for their values
 --             at each call (EXECUTE ... USING), so that no optional filter leaves a generic
 --             plan that reads outbox.messages whole: by primary key for p_id, through
---             messages_key_seq_idx for p_key, otherwise walking messages_pkey backwards from
---             p_before and stopping at p_limit rows. A filter that few messages match (a rare
---             topic or state with no key) walks the primary key further, up to the caller's
---             statement_timeout, which the console sets.
+--             messages_key_seq_idx for p_key (the key's own messages), otherwise walking
+--             messages_pkey backwards from p_before and stopping at p_limit rows, or at the
+--             end of the search window for a filter that few messages match (a rare topic or
+--             state): at most 100,000 index entries and rows at any backlog.
 CREATE OR REPLACE FUNCTION outbox.console_messages(
     p_id uuid,
     p_topic text,
@@ -125,6 +134,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_where text := '';
+    v_from text := 'outbox.messages AS m';
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1001 THEN
         PERFORM outbox.invalid_argument('p_limit',
@@ -139,6 +149,14 @@ BEGIN
     END IF;
     IF p_id IS NOT NULL THEN
         v_where := v_where || ' AND m.outbox_id = $1';
+    END IF;
+    -- the messages searched: the search window below the cursor, unless an id or a key
+    -- bounds them already
+    IF p_id IS NULL AND p_key IS NULL
+       AND (p_topic IS NOT NULL OR p_state IS NOT NULL OR p_older_than IS NOT NULL) THEN
+        v_from := '(SELECT * FROM outbox.messages AS w'
+                  || CASE WHEN p_before IS NOT NULL THEN ' WHERE w.outbox_id < $5' ELSE '' END
+                  || ' ORDER BY w.outbox_id DESC LIMIT outbox.console_search_window()) AS m';
     END IF;
     IF p_topic IS NOT NULL THEN
         v_where := v_where || ' AND m.topic = $2';
@@ -169,7 +187,7 @@ BEGIN
                      ELSE ''ready'' END,
                 m.created_at, m.available_at, m.attempt_count, m.claimed_by,
                 m.lease_expires_at, m.last_error
-           FROM outbox.messages AS m
+           FROM ' || v_from || '
           WHERE true' || v_where || '
           ORDER BY m.outbox_id DESC
           LIMIT $6'
@@ -182,6 +200,61 @@ COMMENT ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uu
 
 REVOKE ALL ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uuid, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.console_messages(uuid, text, text, text, interval, uuid, integer) TO outbox_reader, outbox_relay;
+
+-- outbox.console_search_window: how many pending messages console_messages searches for a
+-- filter that no id or key bounds, from its cursor: 100,000.
+--
+-- Inputs:     none.
+-- Returns:    100000.
+-- Locks:      nothing. Raises: nothing. Crash: nothing.
+-- Shape:      a constant, written once for console_messages and console_window_end.
+CREATE OR REPLACE FUNCTION outbox.console_search_window() RETURNS integer
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 100000 $$;
+
+COMMENT ON FUNCTION outbox.console_search_window() IS
+    'How many pending messages console_messages searches below its cursor for a filter no id or key bounds (100,000).';
+
+REVOKE ALL ON FUNCTION outbox.console_search_window() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_search_window() TO outbox_reader, outbox_relay;
+
+-- outbox.console_window_end: where the search window of console_messages below p_before
+-- ends: the cursor of the next window.
+--
+-- Inputs:     p_before  the cursor of the window (NULL: from the newest message)
+-- Returns:    the outbox_id of the last of the console_search_window() pending messages
+--             below p_before, newest first; NULL when fewer remain (the window reached the
+--             oldest pending message).
+-- Locks:      nothing (a read; STABLE).
+-- Guarantees: console_messages with p_before = the result searches the messages just
+--             older than the window it searched with p_before.
+-- Raises:     nothing.
+-- Crash:      nothing: a read.
+-- Shape:      messages_pkey walked backwards from p_before, 100,000 entries (an index-only
+--             scan where the visibility map allows), at any backlog.
+CREATE OR REPLACE FUNCTION outbox.console_window_end(p_before uuid) RETURNS uuid
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_end uuid;
+BEGIN
+    EXECUTE
+        'SELECT w.outbox_id FROM outbox.messages AS w'
+        || CASE WHEN p_before IS NOT NULL THEN ' WHERE w.outbox_id < $1' ELSE '' END
+        || ' ORDER BY w.outbox_id DESC OFFSET outbox.console_search_window() - 1 LIMIT 1'
+        INTO v_end
+        USING p_before;
+    RETURN v_end;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.console_window_end(uuid) IS
+    'The last outbox_id of console_messages''s search window below p_before (the next window''s cursor); NULL when the window reaches the oldest pending message.';
+
+REVOKE ALL ON FUNCTION outbox.console_window_end(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.console_window_end(uuid) TO outbox_reader, outbox_relay;
 
 -- outbox.console_message: one pending message in full, with its key's position.
 --

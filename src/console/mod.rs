@@ -123,31 +123,103 @@ impl ConsoleSettings {
     }
 }
 
-/// What the handlers share: the settings and each source's store, by name.
+/// The sources served, as last discovered: each one's store, by name.
+pub(crate) struct Sources {
+    stores: BTreeMap<String, Store>,
+    names: Vec<String>,
+}
+
+impl Sources {
+    fn new(stores: BTreeMap<String, Store>) -> Self {
+        let names = stores.keys().cloned().collect();
+        Self { stores, names }
+    }
+
+    /// The source `name` asks for, or the first one; `None` when `name` is unknown.
+    fn source(&self, name: Option<&str>) -> Option<(&str, &Store)> {
+        match name {
+            Some(name) => self
+                .stores
+                .get_key_value(name)
+                .map(|(n, s)| (n.as_str(), s)),
+            None => self.stores.iter().next().map(|(n, s)| (n.as_str(), s)),
+        }
+    }
+}
+
+/// What the handlers share: the settings and the sources.
 pub(crate) struct Console {
     settings: ConsoleSettings,
-    sources: BTreeMap<String, Store>,
-    names: Vec<String>,
+    /// Replaced whole by each rediscovery ([`Rediscovery`]); a request works on the
+    /// sources as they were when it started.
+    sources: std::sync::RwLock<Arc<Sources>>,
     /// Each source's overview section as last rendered, and when: reused for
     /// [`OVERVIEW_REUSE`], so that many operators (and their live updates) cost one pass
     /// over the views that read a whole table.
     overviews: std::sync::Mutex<BTreeMap<String, (std::time::Instant, Arc<String>)>>,
+    /// The sources whose observation the console is refreshing now, in the background
+    /// (one refresh at a time per source).
+    refreshing: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// How long a source's rendered overview is served again before it is computed anew.
 pub(crate) const OVERVIEW_REUSE: Duration = Duration::from_secs(10);
 
+/// A stored observation older than this is refreshed, in the background: the fleet's
+/// relayers refresh it every `observe_interval_secs` (15 by default) when they run.
+pub(crate) const OBSERVATION_MAX_AGE: Duration = Duration::from_secs(15);
+
+/// The statement timeout of a background refresh of the observation, which reads the whole
+/// backlog (about 0.37 s a million pending messages): no page waits for it.
+pub(crate) const OBSERVATION_REFRESH_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl Console {
-    /// The source `name` asks for, or the first one; `None` when `name` is unknown.
-    fn source(&self, name: Option<&str>) -> Option<(&str, &Store)> {
-        match name {
-            Some(name) => self
-                .sources
-                .get_key_value(name)
-                .map(|(n, s)| (n.as_str(), s)),
-            None => self.sources.iter().next().map(|(n, s)| (n.as_str(), s)),
-        }
+    /// The sources as last discovered.
+    fn sources(&self) -> Arc<Sources> {
+        self.sources.read().expect("not poisoned").clone()
     }
+}
+
+/// Refuses a console whose pools could hold more connections to one Postgres server (host
+/// and port) than the fleet's `max_connections_per_server` (`cap`; `None`: no cap): each
+/// source's pool holds up to `connections_per_source`, so the sources of one server hold
+/// together up to that many times their number. The error names the server and the
+/// largest `--connections-per-source` that fits, or says that the cap cannot hold one
+/// connection a source.
+pub fn check_connection_budget(
+    sources: &BTreeMap<String, String>,
+    connections_per_source: usize,
+    cap: Option<usize>,
+) -> Result<(), ConfigError> {
+    let Some(cap) = cap else { return Ok(()) };
+    let mut per_server: BTreeMap<String, usize> = BTreeMap::new();
+    for url in sources.values() {
+        let server =
+            crate::connection::Target::parse(url).map_or_else(|_| url.clone(), |t| t.address());
+        *per_server.entry(server).or_default() += 1;
+    }
+    for (server, n) in per_server {
+        let most = n * connections_per_source;
+        if most <= cap {
+            continue;
+        }
+        let fix = if n <= cap {
+            format!("give --connections-per-source {} or less", cap / n)
+        } else {
+            "the cap cannot hold one connection a source: serve the console over fewer \
+             sources (--source NAME)"
+                .to_owned()
+        };
+        return Err(ConfigError::new(
+            "--connections-per-source",
+            format!(
+                "{n} source(s) on {server} with {connections_per_source} connection(s) each \
+                 could hold {most} connections there, more than the fleet's \
+                 max_connections_per_server of {cap}: {fix}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The stores of `sources` (name → connection string), each a pool of
@@ -166,17 +238,88 @@ pub fn connect_sources(
         .collect()
 }
 
+/// How the console finds its sources again while it runs: as the fleet finds them
+/// (`settings`), every `settings.discover_interval`, its pools within `cap` (the fleet's
+/// `max_connections_per_server`) as at its start.
+#[derive(Clone, Debug)]
+pub struct Rediscovery {
+    pub settings: crate::sources::SourcesSettings,
+    /// The connection string each source was found with (name → connection string).
+    pub found: BTreeMap<String, String>,
+    pub cap: Option<usize>,
+}
+
+/// Every `r.settings.discover_interval` until `shutdown`: finds the sources again and,
+/// when they changed, serves the new set: a source that stays keeps its pool, a new one
+/// gets one, a gone one's pool is dropped (its connections close when the requests that
+/// hold them end). A discovery that fails, or a set whose pools would exceed the cap, is
+/// logged and the sources stay as they were.
+async fn rediscover(console: Arc<Console>, mut r: Rediscovery, shutdown: CancellationToken) {
+    let every = r.settings.discover_interval.max(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let found = match crate::sources::discover(&r.settings).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, "the console could not find its sources again; it keeps the ones it has");
+                continue;
+            }
+        };
+        if found == r.found {
+            continue;
+        }
+        let per_source = console.settings.connections_per_source;
+        if let Err(e) = check_connection_budget(&found, per_source, r.cap) {
+            tracing::warn!(error = %e, "the sources found again exceed the connection cap; the console keeps the ones it has");
+            continue;
+        }
+        let old = console.sources();
+        let mut stores = BTreeMap::new();
+        for (name, url) in &found {
+            let kept = (r.found.get(name) == Some(url))
+                .then(|| old.stores.get(name).cloned())
+                .flatten();
+            let store = match kept {
+                Some(store) => store,
+                None => match Store::connect_as(url, per_source, "outbox-relay console") {
+                    Ok(store) => store,
+                    Err(e) => {
+                        tracing::warn!(source = %name, error = %e, "the console cannot open a source found again");
+                        continue;
+                    }
+                },
+            };
+            stores.insert(name.clone(), store);
+        }
+        tracing::info!(
+            sources = stores.len(),
+            "the console serves the sources found again"
+        );
+        *console.sources.write().expect("not poisoned") = Arc::new(Sources::new(stores));
+        r.found = found;
+    }
+}
+
+fn state(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Arc<Console> {
+    Arc::new(Console {
+        settings,
+        sources: std::sync::RwLock::new(Arc::new(Sources::new(sources))),
+        overviews: std::sync::Mutex::default(),
+        refreshing: Arc::default(),
+    })
+}
+
 /// The console's routes under `settings.base_path`.
 pub fn router(settings: ConsoleSettings, sources: BTreeMap<String, Store>) -> Router {
-    let base = settings.base_path.clone();
-    let loopback = settings.listen.ip().is_loopback();
-    let names = sources.keys().cloned().collect();
-    let state = Arc::new(Console {
-        settings,
-        sources,
-        names,
-        overviews: std::sync::Mutex::default(),
-    });
+    routes(state(settings, sources))
+}
+
+fn routes(state: Arc<Console>) -> Router {
+    let base = state.settings.base_path.clone();
+    let loopback = state.settings.listen.ip().is_loopback();
     let at = |path: &str| format!("{base}{path}");
     let mut router = Router::new()
         .route(&at("/"), get(pages::overview))
@@ -213,6 +356,17 @@ pub async fn serve(
     sources: BTreeMap<String, Store>,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_rediscovering(settings, sources, None, shutdown).await
+}
+
+/// [`serve`], finding the sources again as `rediscovery` says while it runs (`None`: the
+/// sources given, for good).
+pub async fn serve_rediscovering(
+    settings: ConsoleSettings,
+    sources: BTreeMap<String, Store>,
+    rediscovery: Option<Rediscovery>,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(settings.listen).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -220,21 +374,24 @@ pub async fn serve(
         )
     })?;
     let bound = listener.local_addr()?;
-    let stores: Vec<Store> = sources.values().cloned().collect();
-    let idle = shutdown.clone();
+    let writable = settings.writable();
+    let state = state(settings, sources);
+    let idle = (shutdown.clone(), state.clone());
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                () = idle.cancelled() => return,
+                () = idle.0.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_secs(30)) => {}
             }
-            for store in &stores {
+            for store in idle.1.sources().stores.values() {
                 store.close_idle(Duration::from_secs(60));
             }
         }
     });
-    let writable = settings.writable();
-    let app = router(settings, sources);
+    if let Some(r) = rediscovery {
+        tokio::spawn(rediscover(state.clone(), r, shutdown.clone()));
+    }
+    let app = routes(state);
     tracing::info!(addr = %bound, writable, "console listening");
     Ok((
         bound,
@@ -247,4 +404,43 @@ pub async fn serve(
             }
         }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(urls: &[&str]) -> BTreeMap<String, String> {
+        urls.iter()
+            .enumerate()
+            .map(|(i, u)| (format!("s{i}"), (*u).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_pools_of_one_server_stay_within_the_fleets_cap() {
+        let three = sources(&[
+            "postgres://a@db1:5432/one",
+            "postgres://a@db1:5432/two",
+            "postgres://a@db1:5432/three",
+            "postgres://a@db2:5432/four",
+        ]);
+        // No cap: anything goes.
+        assert!(check_connection_budget(&three, 16, None).is_ok());
+        // Three sources of db1 at 2 each hold 6: within 6, not within 5.
+        assert!(check_connection_budget(&three, 2, Some(6)).is_ok());
+        let e = check_connection_budget(&three, 2, Some(5))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("db1:5432")
+                && e.contains("could hold 6 connections")
+                && e.contains("--connections-per-source 1 or less"),
+            "{e}"
+        );
+        let e = check_connection_budget(&three, 1, Some(2))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot hold one connection a source"), "{e}");
+    }
 }

@@ -16,10 +16,12 @@ use chrono::Utc;
 use futures_util::future::join_all;
 use uuid::Uuid;
 
-use super::Console;
 use super::html::{self, Frame, esc, opt, query_failed, time_ago};
 use super::params::{Params, encode, query};
-use crate::store::{DeadLetterFilter, MessageFilter, MessageState, Store, thousands};
+use super::{Console, Sources};
+use crate::store::{
+    DeadLetterFilter, MessageFilter, MessageState, SEARCH_WINDOW, Store, WorkerRow, thousands,
+};
 
 type Shared = State<Arc<Console>>;
 
@@ -39,15 +41,15 @@ impl IntoResponse for Refusal {
 }
 
 /// The selected source, or a 404 naming the known ones.
-fn pick<'a>(console: &'a Console, params: &Params) -> Result<(&'a str, &'a Store), Refusal> {
-    console.source(params.get("source")).ok_or_else(|| {
+fn pick<'a>(sources: &'a Sources, params: &Params) -> Result<(&'a str, &'a Store), Refusal> {
+    sources.source(params.get("source")).ok_or_else(|| {
         Refusal(
             StatusCode::NOT_FOUND,
             format!(
                 "<!doctype html><html lang=\"en\"><link rel=\"icon\" href=\"data:,\"><title>unknown source</title><p>No source is named {}; the \
                  sources are: {}</p>",
                 esc(params.get("source").unwrap_or("")),
-                esc(&console.names.join(", "))
+                esc(&sources.names.join(", "))
             ),
         )
     })
@@ -66,6 +68,7 @@ fn bad_request(problem: &str) -> Refusal {
 
 fn frame<'a>(
     console: &'a Console,
+    sources: &'a Sources,
     title: &'a str,
     current: &'a str,
     source: &'a str,
@@ -76,7 +79,7 @@ fn frame<'a>(
         base: &s.base_path,
         title,
         current,
-        sources: &console.names,
+        sources: &sources.names,
         source,
         refresh_ms: if live { s.refresh.as_millis() } else { 0 },
         writable: s.writable(),
@@ -91,17 +94,18 @@ fn timeout(console: &Console) -> Duration {
 /// over the last hour, workers and their leases, destinations' circuits.
 pub async fn overview(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (selected, _) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (selected, _) = pick(&sources, &params)?;
     let sections = join_all(
-        console
-            .sources
+        sources
+            .stores
             .iter()
             .map(|(name, store)| overview_reused(&console, name, store)),
     )
     .await;
     let body = sections.iter().map(|s| s.as_str()).collect::<String>();
     Ok(Html(html::page(
-        &frame(&console, "Overview", "/", selected, true),
+        &frame(&console, &sources, "Overview", "/", selected, true),
         &body,
     )))
 }
@@ -130,14 +134,64 @@ async fn overview_reused(console: &Console, name: &str, store: &Store) -> Arc<St
     section
 }
 
+/// The observation of `store`: the stored one (one row's read), and when it is missing or
+/// older than [`super::OBSERVATION_MAX_AGE`] a refresh in the background (one at a time per
+/// source, under [`super::OBSERVATION_REFRESH_TIMEOUT`]). The page shows the stored
+/// snapshot at once; only when none is stored yet does it wait for the refresh, no longer
+/// than the statement timeout: no page is held for the computation of a large backlog.
+async fn observation(
+    console: &Console,
+    name: &str,
+    store: &Store,
+) -> crate::store::Result<Option<crate::store::ObservationRow>> {
+    let t = timeout(console);
+    let latest = store.console_latest_observation(t).await;
+    let stale = match &latest {
+        Ok(Some(o)) => {
+            (Utc::now() - o.observed_at).to_std().unwrap_or_default() > super::OBSERVATION_MAX_AGE
+        }
+        Ok(None) => true,
+        Err(_) => false,
+    };
+    if !stale
+        || !console
+            .refreshing
+            .lock()
+            .expect("not poisoned")
+            .insert(name.to_owned())
+    {
+        return latest;
+    }
+    let (store, source, refreshing) = (store.clone(), name.to_owned(), console.refreshing.clone());
+    let refresh = tokio::spawn(async move {
+        let refreshed = store
+            .console_observe(
+                super::OBSERVATION_REFRESH_TIMEOUT,
+                super::OBSERVATION_MAX_AGE,
+            )
+            .await;
+        if let Err(e) = &refreshed {
+            tracing::warn!(source = %source, error = %e, "the console could not refresh the observation");
+        }
+        refreshing.lock().expect("not poisoned").remove(&source);
+        refreshed
+    });
+    if !matches!(latest, Ok(None)) {
+        return latest;
+    }
+    match tokio::time::timeout(t, refresh).await {
+        Ok(Ok(Ok(Some(fresh)))) => Ok(Some(fresh)),
+        _ => latest,
+    }
+}
+
 async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
     let t = timeout(console);
     let base = &console.settings.base_path;
     let n = encode(name);
-    let (observation, rates, workers, circuits) = tokio::join!(
-        store.console_observe(t, Duration::from_secs(15)),
+    let (observation, rates, circuits) = tokio::join!(
+        observation(console, name, store),
         store.console_rates(t),
-        store.console_workers(t),
         store.console_circuits(t),
     );
     let mut out = format!(
@@ -149,13 +203,19 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
         id = esc(&n),
         name = esc(name)
     );
+    let workers = observation
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .map(|o| WorkerRow::from_snapshot(&o.snapshot));
     match observation {
         Ok(Some(o)) => {
             let _ = write!(
                 out,
-                "<p class=\"muted\">Backlog as observed {} (the fleet's shared observation, \
-                 refreshed at most every 15 s).</p>",
-                time_ago(o.observed_at)
+                "<p class=\"muted\">Backlog and workers as observed {} (the fleet's shared \
+                 observation, refreshed every {} s while it is read).</p>",
+                time_ago(o.observed_at),
+                super::OBSERVATION_MAX_AGE.as_secs()
             );
             out += "<table><caption>Per topic</caption><thead><tr><th scope=\"col\">Topic</th>\
                     <th scope=\"col\" class=\"num\">Ready</th><th scope=\"col\" class=\"num\">Scheduled</th>\
@@ -189,7 +249,10 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
             }
             out += "</tbody></table>";
         }
-        Ok(None) => out += "<p>No observation yet: no relayer has observed this source.</p>",
+        Ok(None) => {
+            out += "<p>No observation yet: the console asked for one; it shows on the next \
+                    refresh.</p>";
+        }
         Err(e) => out += &query_failed("Backlog", &e, t),
     }
     match rates {
@@ -197,7 +260,7 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
             let now = Utc::now();
             let mut minutes: Vec<(String, i64)> = Vec::with_capacity(60);
             let mut total = 0;
-            for back in (0..60).rev() {
+            for back in (1..=60).rev() {
                 let minute = now - chrono::Duration::minutes(back);
                 let key = minute.format("%H:%M").to_string();
                 let v = rates
@@ -211,7 +274,8 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
             let _ = write!(
                 out,
                 "<h3>Delivered per minute, last hour</h3>{}<p class=\"muted\">{} delivered, \
-                 {} attempts that did not deliver, in the last hour.</p>",
+                 {} attempts that did not deliver, in the last hour's whole minutes (each \
+                 counted once by the observation's refresh).</p>",
                 html::bars(
                     &minutes,
                     &format!("Delivered per minute over the last hour of {name}")
@@ -222,33 +286,30 @@ async fn overview_of(console: &Console, name: &str, store: &Store) -> String {
         }
         Err(e) => out += &query_failed("Delivered per minute", &e, t),
     }
-    match workers {
-        Ok(workers) => {
-            out += "<h3>Workers</h3>";
-            if workers.is_empty() {
-                out +=
-                    "<p>No worker holds a lease or recorded an attempt in the last 5 minutes.</p>";
-            } else {
-                out += "<table><thead><tr><th scope=\"col\">Worker</th><th scope=\"col\" class=\"num\">Leases held</th>\
-                        <th scope=\"col\">Next lease expiry</th><th scope=\"col\" class=\"num\">Delivered (5 min)</th>\
-                        <th scope=\"col\" class=\"num\">Failed (5 min)</th><th scope=\"col\">Last attempt (heartbeat)</th></tr></thead><tbody>";
-                for w in workers {
-                    let _ = write!(
-                        out,
-                        "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td>{}</td>\
+    if let Some(workers) = workers {
+        out += "<h3>Workers</h3>";
+        if workers.is_empty() {
+            out += "<p>No worker held a lease or recorded an attempt in the minute before \
+                        the observation.</p>";
+        } else {
+            out += "<table><thead><tr><th scope=\"col\">Worker</th><th scope=\"col\" class=\"num\">Leases held</th>\
+                        <th scope=\"col\">Next lease expiry</th><th scope=\"col\" class=\"num\">Delivered (1 min)</th>\
+                        <th scope=\"col\" class=\"num\">Not delivered (1 min)</th><th scope=\"col\">Last attempt (heartbeat)</th></tr></thead><tbody>";
+            for w in workers {
+                let _ = write!(
+                    out,
+                    "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td>{}</td>\
                          <td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
-                        esc(&w.worker_id),
-                        thousands(w.leases_held),
-                        w.next_lease_expiry.map_or_else(|| "—".into(), time_ago),
-                        thousands(w.dispatched_5m),
-                        thousands(w.failed_5m),
-                        w.last_attempt_at.map_or_else(|| "—".into(), time_ago),
-                    );
-                }
-                out += "</tbody></table>";
+                    esc(&w.worker_id),
+                    thousands(w.leases_held),
+                    w.next_lease_expiry.map_or_else(|| "—".into(), time_ago),
+                    thousands(w.delivered_1m),
+                    thousands(w.not_delivered_1m),
+                    w.last_attempt_at.map_or_else(|| "—".into(), time_ago),
+                );
             }
+            out += "</tbody></table>";
         }
-        Err(e) => out += &query_failed("Workers", &e, t),
     }
     match circuits {
         Ok(circuits) => out += &circuit_table(&circuits),
@@ -291,7 +352,8 @@ fn circuit_table(circuits: &[crate::store::ReportedCircuit]) -> String {
 /// and age, newest first, keyset-paginated (`before=`).
 pub async fn messages(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let s = &console.settings;
     let uuid = |field: &str| -> Result<Option<Uuid>, Refusal> {
         params
@@ -407,12 +469,38 @@ pub async fn messages(State(console): Shared, RawQuery(q): RawQuery) -> Page {
                     "<p><a rel=\"next\" href=\"{base}/messages?{}\">Older messages →</a></p>",
                     esc(&query(&pairs))
                 );
+            } else if filter.windowed() {
+                // Fewer than a page matched among the window searched: say so, and offer
+                // the next window.
+                match store
+                    .console_window_end(s.statement_timeout, filter.before)
+                    .await
+                {
+                    Ok(Some(end)) => {
+                        let mut pairs = keep.to_vec();
+                        let cursor = end.to_string();
+                        pairs.push(("before", &cursor));
+                        let _ = write!(
+                            body,
+                            "<p>No more match among the {} pending messages searched. \
+                             <a rel=\"next\" href=\"{base}/messages?{}\">Search the next {} \
+                             older messages →</a></p>",
+                            thousands(SEARCH_WINDOW),
+                            esc(&query(&pairs)),
+                            thousands(SEARCH_WINDOW)
+                        );
+                    }
+                    Ok(None) => {
+                        body += "<p>The search reached the oldest pending message.</p>";
+                    }
+                    Err(e) => body += &query_failed("Next search window", &e, s.statement_timeout),
+                }
             }
         }
         Err(e) => body += &query_failed("Messages", &e, s.statement_timeout),
     }
     Ok(Html(html::page(
-        &frame(&console, "Messages", "/messages", name, true),
+        &frame(&console, &sources, "Messages", "/messages", name, true),
         &body,
     )))
 }
@@ -432,7 +520,8 @@ fn short(text: &str, max: usize) -> String {
 /// letters alike; redirects to the message's page in the source that has it.
 pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Response, Refusal> {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (selected, _) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (selected, _) = pick(&sources, &params)?;
     let Some(text) = params.get("id") else {
         return Err(bad_request("id: give a message id to find"));
     };
@@ -440,7 +529,7 @@ pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Respo
         .map_err(|_| bad_request(&format!("id: {text:?} is not a message id (a UUID)")))?;
     let t = timeout(&console);
     let order = std::iter::once(selected).chain(
-        console
+        sources
             .names
             .iter()
             .map(String::as_str)
@@ -449,7 +538,7 @@ pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Respo
     let base = &console.settings.base_path;
     let mut failures = String::new();
     for name in order {
-        let store = &console.sources[name];
+        let store = &sources.stores[name];
         let found = match store.console_message(t, id, false).await {
             Ok(Some(_)) => true,
             Ok(None) => match store
@@ -489,7 +578,14 @@ pub async fn find(State(console): Shared, RawQuery(q): RawQuery) -> Result<Respo
     Ok((
         StatusCode::NOT_FOUND,
         Html(html::page(
-            &frame(&console, "Message not found", "/messages", selected, false),
+            &frame(
+                &console,
+                &sources,
+                "Message not found",
+                "/messages",
+                selected,
+                false,
+            ),
             &body,
         )),
     )
@@ -505,7 +601,8 @@ pub async fn message(
     RawQuery(q): RawQuery,
 ) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let id = Uuid::parse_str(&id)
         .map_err(|_| bad_request(&format!("{id:?} is not a message id (a UUID)")))?;
     let s = &console.settings;
@@ -646,7 +743,7 @@ pub async fn message(
         Err(e) => body += &query_failed("Attempts", &e, t),
     }
     Ok(Html(html::page(
-        &frame(&console, "Message", "/messages", name, true),
+        &frame(&console, &sources, "Message", "/messages", name, true),
         &body,
     )))
 }
@@ -746,7 +843,8 @@ fn dead_letter_filter(params: &Params) -> Result<DeadLetterFilter, Refusal> {
 /// Dead letters: filters, a capped count, multi-select, and the way to the replay preview.
 pub async fn dead_letters(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let filter = dead_letter_filter(&params)?;
     let before = match params.get("before") {
         None => None,
@@ -869,7 +967,14 @@ pub async fn dead_letters(State(console): Shared, RawQuery(q): RawQuery) -> Page
         Err(e) => body += &query_failed("Latest replays", &e, t),
     }
     Ok(Html(html::page(
-        &frame(&console, "Dead letters", "/dead-letters", name, true),
+        &frame(
+            &console,
+            &sources,
+            "Dead letters",
+            "/dead-letters",
+            name,
+            true,
+        ),
         &body,
     )))
 }
@@ -879,7 +984,8 @@ pub async fn dead_letters(State(console): Shared, RawQuery(q): RawQuery) -> Page
 /// and the form that asks for it with the admin token.
 pub async fn replay_preview(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let filter = dead_letter_filter(&params)?;
     if filter.ids.is_none()
         && filter.topic.is_none()
@@ -917,6 +1023,7 @@ pub async fn replay_preview(State(console): Shared, RawQuery(q): RawQuery) -> Pa
             return Ok(Html(html::page(
                 &frame(
                     &console,
+                    &sources,
                     "Replay dead letters",
                     "/dead-letters",
                     name,
@@ -982,6 +1089,7 @@ pub async fn replay_preview(State(console): Shared, RawQuery(q): RawQuery) -> Pa
     Ok(Html(html::page(
         &frame(
             &console,
+            &sources,
             "Replay dead letters",
             "/dead-letters",
             name,
@@ -1000,7 +1108,8 @@ pub async fn replay(
     form: String,
 ) -> Result<Response, Refusal> {
     let params = Params::parse(&form);
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let s = &console.settings;
     let refuse = |why: &str| {
         tracing::warn!(source = name, reason = why, "console refused a replay");
@@ -1063,7 +1172,7 @@ pub async fn replay(
                 n = encode(name)
             );
             Ok(Html(html::page(
-                &frame(&console, "Replayed", "/dead-letters", name, false),
+                &frame(&console, &sources, "Replayed", "/dead-letters", name, false),
                 &body,
             ))
             .into_response())
@@ -1074,7 +1183,14 @@ pub async fn replay(
             Err(Refusal(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 html::page(
-                    &frame(&console, "Replay failed", "/dead-letters", name, false),
+                    &frame(
+                        &console,
+                        &sources,
+                        "Replay failed",
+                        "/dead-letters",
+                        name,
+                        false,
+                    ),
                     &body,
                 ),
             ))
@@ -1086,10 +1202,11 @@ pub async fn replay(
 /// holders) and what is wrong. Never a connection string: the address, login and database.
 pub async fn sources(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (selected, _) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (selected, _) = pick(&sources, &params)?;
     let t = timeout(&console);
     let base = &console.settings.base_path;
-    let rows = join_all(console.sources.iter().map(|(name, store)| async move {
+    let rows = join_all(sources.stores.iter().map(|(name, store)| async move {
         let (version, holders) = tokio::join!(store.check_schema(), store.console_holders(t));
         let (health, cause) = match &version {
             Ok(v) => (format!("ok, schema version {v}"), String::new()),
@@ -1121,53 +1238,63 @@ pub async fn sources(State(console): Shared, RawQuery(q): RawQuery) -> Page {
          page needs them and closed after a minute unused.</p>\
          <table><thead><tr><th scope=\"col\">Source</th><th scope=\"col\">Where</th><th scope=\"col\">Health</th>\
          <th scope=\"col\">Served by</th><th scope=\"col\">Cause</th></tr></thead><tbody>{}</tbody></table>",
-        console.sources.len(),
+        sources.stores.len(),
         console.settings.connections_per_source,
         rows.concat()
     );
     Ok(Html(html::page(
-        &frame(&console, "Sources", "/sources", selected, true),
+        &frame(&console, &sources, "Sources", "/sources", selected, true),
         &body,
     )))
 }
 
-/// Destinations: each destination's circuit as each relayer reports it, the error rate of
-/// the last five minutes per worker, and the latest errors.
+/// Destinations: each destination's circuit as each relayer reports it, the error rate per
+/// worker in the minute before the observation, and the latest errors.
 pub async fn destinations(State(console): Shared, RawQuery(q): RawQuery) -> Page {
     let params = Params::parse(q.as_deref().unwrap_or(""));
-    let (name, store) = pick(&console, &params)?;
+    let sources = console.sources();
+    let (name, store) = pick(&sources, &params)?;
     let t = timeout(&console);
     let base = &console.settings.base_path;
-    let (circuits, workers, failures) = tokio::join!(
+    let (circuits, observation, failures) = tokio::join!(
         store.console_circuits(t),
-        store.console_workers(t),
+        observation(&console, name, store),
         store.console_failures(t)
     );
     let mut body = match circuits {
         Ok(c) => circuit_table(&c),
         Err(e) => query_failed("Circuits", &e, t),
     };
-    match workers {
-        Ok(w) => {
-            body += "<h3>Error rate, last 5 minutes</h3><table><thead><tr><th scope=\"col\">Worker</th>\
-                     <th scope=\"col\" class=\"num\">Delivered</th><th scope=\"col\" class=\"num\">Failed</th>\
-                     <th scope=\"col\" class=\"num\">Error rate</th></tr></thead><tbody>";
-            for w in w {
-                let total = w.dispatched_5m + w.failed_5m;
+    match observation {
+        Ok(Some(o)) => {
+            let _ = write!(
+                body,
+                "<h3>Error rate, the minute before the observation</h3><p class=\"muted\">As \
+                 observed {}.</p><table><thead><tr><th scope=\"col\">Worker</th>\
+                 <th scope=\"col\" class=\"num\">Delivered</th><th scope=\"col\" class=\"num\">Not delivered</th>\
+                 <th scope=\"col\" class=\"num\">Error rate</th></tr></thead><tbody>",
+                time_ago(o.observed_at)
+            );
+            for w in WorkerRow::from_snapshot(&o.snapshot) {
+                let total = w.delivered_1m + w.not_delivered_1m;
                 let rate = if total == 0 {
                     "—".to_owned()
                 } else {
-                    format!("{:.1} %", w.failed_5m as f64 * 100.0 / total as f64)
+                    format!("{:.1} %", w.not_delivered_1m as f64 * 100.0 / total as f64)
                 };
                 let _ = write!(
                     body,
                     "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{rate}</td></tr>",
                     esc(&w.worker_id),
-                    thousands(w.dispatched_5m),
-                    thousands(w.failed_5m)
+                    thousands(w.delivered_1m),
+                    thousands(w.not_delivered_1m)
                 );
             }
             body += "</tbody></table>";
+        }
+        Ok(None) => {
+            body += "<h3>Error rate</h3><p>No observation yet: the console asked for one; it \
+                     shows on the next refresh.</p>";
         }
         Err(e) => body += &query_failed("Error rate", &e, t),
     }
@@ -1200,7 +1327,14 @@ pub async fn destinations(State(console): Shared, RawQuery(q): RawQuery) -> Page
         Err(e) => body += &query_failed("Recent errors", &e, t),
     }
     Ok(Html(html::page(
-        &frame(&console, "Destinations", "/destinations", name, true),
+        &frame(
+            &console,
+            &sources,
+            "Destinations",
+            "/destinations",
+            name,
+            true,
+        ),
         &body,
     )))
 }

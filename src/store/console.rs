@@ -116,6 +116,21 @@ pub struct MessageFilter {
     pub before: Option<Uuid>,
 }
 
+/// How many pending messages `outbox.console_messages` searches below its cursor for a
+/// filter that no id or key bounds (`outbox.console_search_window()`).
+pub const SEARCH_WINDOW: i64 = 100_000;
+
+impl MessageFilter {
+    /// Whether `outbox.console_messages` searches this filter in a window of
+    /// [`SEARCH_WINDOW`] messages (a topic, state or age without an id or key): a short page
+    /// then means no more match in that window, not none at all.
+    pub fn windowed(&self) -> bool {
+        self.id.is_none()
+            && self.key.is_none()
+            && (self.topic.is_some() || self.state.is_some() || self.older_than.is_some())
+    }
+}
+
 /// A pending message as the Messages page lists it.
 #[derive(Clone, Debug)]
 pub struct MessageRow {
@@ -185,15 +200,58 @@ pub struct MinuteRate {
     pub failed: i64,
 }
 
-/// A row of `outbox.worker_activity`.
+/// A worker as the observation snapshot saw it (its `workers` list, `outbox.observe`): the
+/// leases it held and its attempts of the minute before.
 #[derive(Clone, Debug)]
 pub struct WorkerRow {
     pub worker_id: String,
     pub leases_held: i64,
     pub next_lease_expiry: Option<DateTime<Utc>>,
-    pub dispatched_5m: i64,
-    pub failed_5m: i64,
+    /// Its attempts that delivered in the last minute.
+    pub delivered_1m: i64,
+    /// Its attempts that did not deliver (retryable, failed, zombie requeue) in the last
+    /// minute.
+    pub not_delivered_1m: i64,
     pub last_attempt_at: Option<DateTime<Utc>>,
+}
+
+impl WorkerRow {
+    /// The `workers` list of an observation snapshot; empty when the snapshot has none
+    /// (one stored by a relayer of a schema before V40).
+    pub fn from_snapshot(snapshot: &serde_json::Value) -> Vec<WorkerRow> {
+        let time = |v: &serde_json::Value| {
+            v.as_str()
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.with_timezone(&Utc))
+        };
+        snapshot["workers"]
+            .as_array()
+            .map(|workers| {
+                workers
+                    .iter()
+                    .map(|w| {
+                        let attempts = w["attempts_last_minute"].as_object();
+                        let count = |delivered: bool| {
+                            attempts.map_or(0, |a| {
+                                a.iter()
+                                    .filter(|(state, _)| (*state == "DISPATCHED") == delivered)
+                                    .map(|(_, n)| n.as_i64().unwrap_or(0))
+                                    .sum()
+                            })
+                        };
+                        WorkerRow {
+                            worker_id: w["worker_id"].as_str().unwrap_or("").to_owned(),
+                            leases_held: w["leases_held"].as_i64().unwrap_or(0),
+                            next_lease_expiry: time(&w["next_lease_expiry"]),
+                            delivered_1m: count(true),
+                            not_delivered_1m: count(false),
+                            last_attempt_at: time(&w["last_attempt_at"]),
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// A row of `outbox.source_holders`.
@@ -300,17 +358,36 @@ impl Store {
         }))
     }
 
-    /// Delivered and not-delivered attempts per minute over the last hour
-    /// (`outbox.attempt_rates`), oldest minute first; minutes without attempts left out.
+    /// The stored observation snapshot as it is (`outbox.latest_observation`), never
+    /// computed: one row's read at any backlog. `None` before the first refresh.
+    pub async fn console_latest_observation(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<ObservationRow>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT observed_at, snapshot FROM outbox.latest_observation()",
+                &vec![],
+            )
+            .await?;
+        Ok(rows.first().map(|row| ObservationRow {
+            observed_at: row.get(0),
+            refreshed: false,
+            snapshot: row.get(1),
+        }))
+    }
+
+    /// Delivered and not-delivered attempts per whole minute of the last hour, as the
+    /// observation's refreshes counted them (`outbox.observed_attempt_rates`), oldest
+    /// minute first; minutes not counted left out.
     pub async fn console_rates(&self, timeout: Duration) -> Result<Vec<MinuteRate>> {
         let rows = self
             .console_query(
                 timeout,
                 true,
-                "SELECT minute, \
-                        coalesce(sum(attempts) FILTER (WHERE state = 'DISPATCHED'), 0)::bigint, \
-                        coalesce(sum(attempts) FILTER (WHERE state <> 'DISPATCHED'), 0)::bigint \
-                   FROM outbox.attempt_rates GROUP BY minute ORDER BY minute",
+                "SELECT minute, delivered, not_delivered FROM outbox.observed_attempt_rates()",
                 &vec![],
             )
             .await?;
@@ -320,31 +397,6 @@ impl Store {
                 minute: r.get(0),
                 delivered: r.get(1),
                 failed: r.get(2),
-            })
-            .collect())
-    }
-
-    /// `outbox.worker_activity`, the workers holding most leases first.
-    pub async fn console_workers(&self, timeout: Duration) -> Result<Vec<WorkerRow>> {
-        let rows = self
-            .console_query(
-                timeout,
-                true,
-                "SELECT worker_id, leases_held, next_lease_expiry, dispatched_5m, failed_5m, \
-                        last_attempt_at \
-                   FROM outbox.worker_activity ORDER BY leases_held DESC, worker_id LIMIT 200",
-                &vec![],
-            )
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| WorkerRow {
-                worker_id: r.get(0),
-                leases_held: r.get(1),
-                next_lease_expiry: r.get(2),
-                dispatched_5m: r.get(3),
-                failed_5m: r.get(4),
-                last_attempt_at: r.get(5),
             })
             .collect())
     }
@@ -480,6 +532,25 @@ impl Store {
             )
             .await?;
         Ok(rows.iter().map(message_row).collect())
+    }
+
+    /// Where the search window of `console_messages` below `before` ends: the cursor of
+    /// the next window (`outbox.console_window_end`); `None` when the window reached the
+    /// oldest pending message.
+    pub async fn console_window_end(
+        &self,
+        timeout: Duration,
+        before: Option<Uuid>,
+    ) -> Result<Option<Uuid>> {
+        let rows = self
+            .console_query(
+                timeout,
+                true,
+                "SELECT outbox.console_window_end($1)",
+                &vec![(&before, Type::UUID)],
+            )
+            .await?;
+        Ok(rows.first().and_then(|r| r.get(0)))
     }
 
     /// One pending message in full with its key's position, or `None` when it is not

@@ -58,7 +58,7 @@ mod turns;
 pub use adopt::AdoptedTable;
 pub use console::{
     COUNT_CAP, CappedCount, DeadLetterRow, FailureRow, HolderRow, MessageDetail, MessageFilter,
-    MessageRow, MessageState, MinuteRate, ReplayRow, WorkerRow, thousands,
+    MessageRow, MessageState, MinuteRate, ReplayRow, SEARCH_WINDOW, WorkerRow, thousands,
 };
 pub use dead_letters::{AttemptRecord, DeadLetter, DeadLetterFilter};
 pub use enqueue::{enqueue, enqueue_in};

@@ -407,7 +407,8 @@ fn seq_scanned(plan: &str, table: &str) -> u64 {
 /// keyed), their 200,000 attempts and 50,000 dead letters, analyzed: each call's statement,
 /// planned for the filters it was given, reads outbox.messages and outbox.attempts through
 /// an index only (the primary key walked from the cursor, or messages_key_seq_idx for a
-/// key) and stops at its limit; the unfiltered dead-letter count reads at most 10,001 rows.
+/// key) and stops at its limit, or at the end of its search window for a filter few match;
+/// the unfiltered dead-letter count reads at most 10,001 rows.
 #[tokio::test(flavor = "multi_thread")]
 async fn console_reads_are_index_driven_and_stop_at_their_limit() {
     let db = TestDb::new().await;
@@ -463,7 +464,21 @@ async fn console_reads_are_index_driven_and_stop_at_their_limit() {
         (
             "console_messages(NULL, 'plans', NULL, 'ready', '0 seconds', NULL, 1001)".to_owned(),
             "Index Scan Backward using messages_",
-            1001,
+            // the window's scan hands on every message it reads, the ready ones and the
+            // tenth that waits behind its key, until 1001 are ready
+            1_250,
+        ),
+        // A topic no message has: searched in the window of 100,000 below the cursor, not
+        // through the whole primary key.
+        (
+            "console_messages(NULL, 'none', NULL, 'leased', NULL, NULL, 51)".to_owned(),
+            "Index Scan Backward using messages_",
+            100_000,
+        ),
+        (
+            format!("console_window_end('{middle}')"),
+            "messages_0_pkey",
+            100_000,
         ),
         (
             "console_messages(NULL, NULL, 'k7', NULL, NULL, NULL, 51)".to_owned(),
@@ -537,5 +552,192 @@ async fn console_reads_are_index_driven_and_stop_at_their_limit() {
             );
         }
     }
+    db.finish().await;
+}
+
+/// What the console's overview and destinations pages read instead of tables
+/// (`schema/08_observation.sql`), over 200,000 pending messages (a tenth leased) and
+/// 200,000 attempts of the last hour: `latest_observation` and `observed_attempt_rates`
+/// read no row of outbox.messages or outbox.attempts, whatever the backlog; the
+/// observation's refresh counts each minute of attempts once, by ranges of
+/// attempts_created_at_idx, and a second refresh within the same minute counts none again;
+/// and the snapshot names each lease holder with its leases.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_reads_the_observation_not_the_tables() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, 200_000).await;
+    c.batch_execute(
+        "UPDATE outbox.messages
+            SET claimed_by = 'w' || (seq % 3), lease_token = gen_random_uuid(),
+                lease_expires_at = now() + interval '1 minute'
+          WHERE seq % 10 = 0;
+         INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token,
+                                      created_at)
+         SELECT outbox_id, 1, 'DISPATCHED', 'w', gen_random_uuid(),
+                now() - interval '1 hour' + seq * interval '17 milliseconds'
+           FROM outbox.messages;
+         ANALYZE outbox.messages; ANALYZE outbox.attempts;",
+    )
+    .await
+    .unwrap();
+    let (e, plans) = explaining(&db.url).await;
+    let run = |sql: &'static str| {
+        let (e, plans) = (&e, plans.clone());
+        async move {
+            plans.lock().unwrap().clear();
+            e.batch_execute(sql).await.unwrap();
+            short(&plans.lock().unwrap().join("\n"))
+        }
+    };
+    let refresh = run("SELECT * FROM outbox.observe(10, interval '0')").await;
+    let counted = refresh
+        .lines()
+        .filter(|l| l.contains("Index Only Scan") || l.contains("Index Scan"))
+        .filter(|l| l.contains("created_at_idx on attempts_"))
+        .count();
+    assert!(
+        counted > 0,
+        "the refresh read no range of attempts_created_at_idx:\n{refresh}"
+    );
+    assert_eq!(
+        seq_scanned(&refresh, "attempts_"),
+        0,
+        "the refresh read attempts sequentially:\n{refresh}"
+    );
+    let minutes: i64 = c
+        .query_one("SELECT count(*) FROM outbox.attempt_minutes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!((59..=60).contains(&minutes), "{minutes} minutes counted");
+    let again = run("SELECT * FROM outbox.observe(10, interval '0')").await;
+    let lines_of_attempts = |plan: &str| {
+        plan.lines()
+            .filter(|l| l.contains("created_at_idx on attempts_") && l.contains("actual rows="))
+            .filter_map(|l| {
+                l.split_once("actual rows=")?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>()
+    };
+    assert!(
+        lines_of_attempts(&again) < lines_of_attempts(&refresh),
+        "a second refresh counted the hour again:\n{again}"
+    );
+    for read in [
+        "SELECT * FROM outbox.latest_observation()",
+        "SELECT * FROM outbox.observed_attempt_rates()",
+    ] {
+        let plan = run(read).await;
+        for table in ["messages_", "attempts_"] {
+            assert_eq!(
+                rows_scanned(&plan, table) + seq_scanned(&plan, table),
+                0,
+                "{read} read {table}:\n{plan}"
+            );
+        }
+    }
+    let rates: i64 = c
+        .query_one(
+            "SELECT sum(delivered)::bigint FROM outbox.observed_attempt_rates()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(rates > 150_000, "{rates} delivered in the counted minutes");
+    let workers: serde_json::Value = c
+        .query_one(
+            "SELECT snapshot -> 'workers' FROM outbox.latest_observation()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let held: i64 = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| {
+            w["worker_id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("w") && id.len() == 2)
+        })
+        .map(|w| w["leases_held"].as_i64().unwrap())
+        .sum();
+    assert_eq!(held, 20_000, "{workers}");
+    db.finish().await;
+}
+
+/// A filter no id or key bounds is searched window by window: over 150,000 pending messages
+/// whose only leased one is the oldest, `console_messages` for leased messages returns none
+/// from the newest window of 100,000, `console_window_end` names the next window's cursor,
+/// the next window has it, and the window after that reaches the oldest message.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rare_filter_is_searched_one_window_at_a_time() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fill(&c, 150_000).await;
+    let oldest: Uuid = c
+        .query_one(
+            "UPDATE outbox.messages
+                SET claimed_by = 'w', lease_token = gen_random_uuid(),
+                    lease_expires_at = now() + interval '1 minute'
+              WHERE outbox_id = (SELECT outbox_id FROM outbox.messages ORDER BY outbox_id LIMIT 1)
+             RETURNING outbox_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let leased = |before: Option<Uuid>| {
+        let c = &c;
+        async move {
+            c.query(
+                "SELECT outbox_id FROM outbox.console_messages(NULL, NULL, NULL, 'leased', \
+                                                               NULL, $1, 51)",
+                &[&before],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, Uuid>(0))
+            .collect::<Vec<_>>()
+        }
+    };
+    let end = |before: Option<Uuid>| {
+        let c = &c;
+        async move {
+            c.query_one("SELECT outbox.console_window_end($1)", &[&before])
+                .await
+                .unwrap()
+                .get::<_, Option<Uuid>>(0)
+        }
+    };
+    assert_eq!(leased(None).await, Vec::<Uuid>::new());
+    let next = end(None).await.expect("a second window");
+    let newer: i64 = c
+        .query_one(
+            "SELECT count(*) FROM outbox.messages WHERE outbox_id >= $1",
+            &[&next],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        newer, 100_000,
+        "the first window ends at its 100,000th message"
+    );
+    assert_eq!(leased(Some(next)).await, vec![oldest]);
+    assert_eq!(
+        end(Some(next)).await,
+        None,
+        "the second window reaches the oldest"
+    );
     db.finish().await;
 }

@@ -488,22 +488,24 @@ fn kept(before: &str, after: &str) -> bool {
     after == "ok" || before.get(..14) == after.get(..14)
 }
 
-/// `statement` executed with sample arguments as the schema owner and as each role, each in
-/// a transaction rolled back.
+/// The sample argument of parameter `n` (from 1) of `sql`, of type `ty`: [`sample`], but an
+/// interval's text ('1 second') for a text parameter the statement casts to an interval
+/// (`$5::text::interval`, the console's age filter), which 'previous-release' is not.
+fn sample_of(sql: &str, n: usize, ty: &Type) -> Box<dyn ToSql + Sync + Send> {
+    if *ty == Type::TEXT && sql.contains(&format!("${n}::text::interval")) {
+        return Box::new("1 second".to_owned());
+    }
+    sample(ty)
+}
+
+/// `statement` (the text `sql`) executed with sample arguments as the schema owner and as
+/// each role, each in a transaction rolled back.
 async fn run_as_each(c: &Client, sql: &str, statement: &Statement) -> Vec<(&'static str, String)> {
-    // A text argument the statement casts to an interval (`$5::text::interval`, the
-    // console's ages) gets an interval's text, as its caller passes.
     let args: Vec<Box<dyn ToSql + Sync + Send>> = statement
         .params()
         .iter()
         .enumerate()
-        .map(|(i, ty)| -> Box<dyn ToSql + Sync + Send> {
-            if *ty == Type::TEXT && sql.contains(&format!("${}::text::interval", i + 1)) {
-                Box::new("60 seconds".to_owned())
-            } else {
-                sample(ty)
-            }
-        })
+        .map(|(i, ty)| sample_of(sql, i + 1, ty))
         .collect();
     let refs: Vec<&(dyn ToSql + Sync)> = args
         .iter()

@@ -385,6 +385,46 @@ async fn a_message_is_found_by_id_in_whichever_source_holds_it() {
     );
 }
 
+/// The sources of a many-source fleet are found again while the console runs: a database
+/// of the server created after the console started shows on its Sources page.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_created_after_the_start_is_found_again() {
+    let first = TestDb::new().await;
+    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let config = first.scratch_dir().join("server.toml");
+    std::fs::write(
+        &config,
+        format!("sources_server_url = \"{server}\"\nsources_discover_interval_secs = 1\n"),
+    )
+    .unwrap();
+    let console = Console::start(
+        &first,
+        &first.url,
+        None,
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let page = get(console.port, "/sources").await;
+    assert!(page.body.contains(&first.name), "{}", page.body);
+    let later = TestDb::new().await;
+    assert!(
+        !page.body.contains(&later.name),
+        "created after the page: {}",
+        page.body
+    );
+    common::eventually(
+        Duration::from_secs(30),
+        "the console finds the new database",
+        || async {
+            get(console.port, "/sources")
+                .await
+                .body
+                .contains(&later.name)
+        },
+    )
+    .await;
+}
+
 /// The replay form's body for `id`, with `token`.
 fn replay_form(source: &str, id: uuid::Uuid, token: &str) -> String {
     format!("source={source}&id={id}&actor=Ann+Operator&reason=schema+fixed&token={token}")
@@ -616,6 +656,61 @@ async fn a_non_loopback_address_without_a_token_is_refused_unless_read_only() {
     let a = get(port, "/").await;
     assert_eq!(a.status, 200);
     assert!(a.body.contains("read-only"));
+    assert!(child.try_wait().unwrap().is_none());
+}
+
+/// The console's pools stay within the fleet's `max_connections_per_server`: a console
+/// whose pools could hold more connections to the server than the cap is refused, naming
+/// what fits; within it, it serves.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_consoles_pools_stay_within_the_fleets_connection_cap() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let out = common::verb_env(
+        &[
+            "console",
+            "--connections-per-source",
+            "4",
+            "--listen",
+            &listen,
+        ],
+        &db.url,
+        &[("OUTBOX_MAX_CONNECTIONS_PER_SERVER", "3")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("max_connections_per_server of 3")
+            && err.contains("--connections-per-source 3 or less"),
+        "{err}"
+    );
+    let mut child = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args([
+                "console",
+                "--connections-per-source",
+                "3",
+                "--listen",
+                &listen,
+            ])
+            .env("DATABASE_URL", &db.url)
+            .env("OUTBOX_MAX_CONNECTIONS_PER_SERVER", "3")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    common::eventually(
+        Duration::from_secs(60),
+        "the console within the cap answers",
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    assert_eq!(get(port, "/").await.status, 200);
     assert!(child.try_wait().unwrap().is_none());
 }
 
@@ -980,10 +1075,11 @@ async fn the_overview_is_rendered_at_most_once_per_ten_seconds() {
         "{}",
         again.body
     );
-    // After them, a new rendering shows the new lease holder.
+    // After them, a new rendering shows the new lease holder, once the observation it
+    // reads is refreshed (older than 15 s: in the background, shown by the next render).
     let started = std::time::Instant::now();
     common::eventually(
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         "the overview renders anew",
         || async { get(console.port, &path).await.body.contains("w-late") },
     )

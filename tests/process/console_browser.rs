@@ -4,8 +4,9 @@
 //! accessibility rules). `scripts/test-services.sh` installs Chromium (apt) and
 //! playwright-core and axe-core (npm, into the target directory); without them this test
 //! fails naming that script, never passes untried. The screenshots it saves are the ones
-//! docs/console.md shows, saved in `target/console-screenshots/` (copied into docs/console/
-//! by hand when the pages change).
+//! docs/console.md shows, saved in `target/console-screenshots/`; with
+//! `UPDATE_CONSOLE_SCREENSHOTS=1` a passing run also writes them into `docs/console/` (as
+//! `UPDATE_SQL_API_DOC=1` regenerates docs/sql-api.md).
 
 use crate::common;
 use crate::console::{Console, TOKEN, seed};
@@ -79,6 +80,18 @@ async fn the_console_works_in_chromium_without_errors_or_serious_accessibility_v
             shots.join(format!("{shot}.png")).is_file(),
             "{shot}.png: {report}"
         );
+    }
+    if std::env::var("UPDATE_CONSOLE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console");
+        for shot in std::fs::read_dir(&shots).expect("read the screenshots") {
+            let shot = shot.expect("a screenshot").path();
+            if shot.extension().is_some_and(|e| e == "png") {
+                let to = docs.join(shot.file_name().expect("a file name"));
+                std::fs::copy(&shot, &to)
+                    .unwrap_or_else(|e| panic!("copy {} to {}: {e}", shot.display(), to.display()));
+                println!("wrote {}", to.display());
+            }
+        }
     }
     println!("{report}\nscreenshots in {}", shots.display());
 }

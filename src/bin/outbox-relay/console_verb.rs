@@ -99,13 +99,26 @@ impl Args {
     }
 }
 
-/// Serves the console over `sources` (name → connection string) until SIGINT/SIGTERM.
-pub async fn run(settings: ConsoleSettings, sources: BTreeMap<String, String>) -> Result<()> {
+/// Serves the console over `sources` (name → connection string) until SIGINT/SIGTERM,
+/// its pools within the fleet's `max_connections_per_server` (`cap`) on each server, the
+/// sources found again as `rediscovery` says (a many-source fleet's).
+pub async fn run(
+    settings: ConsoleSettings,
+    sources: BTreeMap<String, String>,
+    cap: Option<usize>,
+    rediscovery: Option<outbox_relay::console::Rediscovery>,
+) -> Result<()> {
     outbox_relay::logging::init(outbox_relay::logging::LogFormat::Human);
+    outbox_relay::console::check_connection_budget(&sources, settings.connections_per_source, cap)?;
     let stores = outbox_relay::console::connect_sources(&sources, &settings)?;
     let shutdown = CancellationToken::new();
-    let (bound, server) =
-        outbox_relay::console::serve(settings.clone(), stores, shutdown.clone()).await?;
+    let (bound, server) = outbox_relay::console::serve_rediscovering(
+        settings.clone(),
+        stores,
+        rediscovery,
+        shutdown.clone(),
+    )
+    .await?;
     eprintln!(
         "console: http://{bound}{}/ ({} source(s), {})",
         settings.base_path,

@@ -340,6 +340,8 @@ async fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Console(args) => {
             let settings = args.settings()?;
+            // The sources of a many-source fleet are found again as the fleet finds them.
+            let mut rediscover = None;
             let sources = match &cli.source {
                 Some(name) => [(
                     name.clone(),
@@ -349,7 +351,9 @@ async fn dispatch(cli: Cli) -> Result<()> {
                 None => {
                     let many = sources_settings(&cli)?;
                     if many.is_many() {
-                        all_sources::all(&many).await?
+                        let found = all_sources::all(&many).await?;
+                        rediscover = Some((many, found.clone()));
+                        found
                     } else {
                         let database = verb_database(&cli).await?;
                         let name = outbox_relay::connection::Target::parse(&database.url)
@@ -360,7 +364,26 @@ async fn dispatch(cli: Cli) -> Result<()> {
                     }
                 }
             };
-            console_verb::run(settings, sources).await
+            // The fleet's cap, as `run` reads it: its variable, or the config file.
+            let cap = match std::env::var("OUTBOX_MAX_CONNECTIONS_PER_SERVER")
+                .ok()
+                .filter(|v| !v.is_empty())
+            {
+                Some(v) => Some(v.parse::<usize>().map_err(|_| {
+                    anyhow::anyhow!(
+                        "invalid setting OUTBOX_MAX_CONNECTIONS_PER_SERVER: {v:?} is not a \
+                         number of connections"
+                    )
+                })?),
+                None => sources_settings(&cli)?.max_connections_per_server,
+            };
+            let rediscovery =
+                rediscover.map(|(settings, found)| outbox_relay::console::Rediscovery {
+                    settings,
+                    found,
+                    cap,
+                });
+            console_verb::run(settings, sources, cap, rediscovery).await
         }
         Command::Bench(options) => {
             let s = settings(&cli, RawConfig::default())?;

@@ -127,6 +127,8 @@ async fn run_one(
         serve_console(
             addr,
             [(name, settings.database_url.clone())].into(),
+            settings.sources.max_connections_per_server,
+            None,
             &shutdown,
         )
         .await?;
@@ -213,7 +215,13 @@ async fn run_sources(
         let sources = outbox_relay::sources::discover(&settings.sources)
             .await
             .map_err(|e| anyhow::anyhow!("finding the sources for the console: {e}"))?;
-        serve_console(addr, sources, &shutdown).await?;
+        let cap = settings.sources.max_connections_per_server;
+        let rediscovery = outbox_relay::console::Rediscovery {
+            settings: settings.sources.clone(),
+            found: sources.clone(),
+            cap,
+        };
+        serve_console(addr, sources, cap, Some(rediscovery), &shutdown).await?;
     }
     outbox_relay::sources::run(fleet, shutdown).await;
     if let Some(listener) = listener {
@@ -226,10 +234,13 @@ async fn run_sources(
 /// `shutdown`, with the console verb's defaults; read-only unless OUTBOX_CONSOLE_TOKEN is
 /// set (a non-loopback address without it is refused, naming `outbox-relay console
 /// --read-only` for a read-only console there). Its pools are its own: two connections a
-/// source at most, opened when a page needs them.
+/// source at most, opened when a page needs them, within `max_connections_per_server` on
+/// each server (`cap`; refused otherwise).
 async fn serve_console(
     addr: std::net::SocketAddr,
     sources: std::collections::BTreeMap<String, String>,
+    cap: Option<usize>,
+    rediscovery: Option<outbox_relay::console::Rediscovery>,
     shutdown: &CancellationToken,
 ) -> Result<()> {
     use outbox_relay::console;
@@ -239,8 +250,9 @@ async fn serve_console(
              `outbox-relay console --read-only` beside the relayer)"
         )
     })?;
+    console::check_connection_budget(&sources, settings.connections_per_source, cap)?;
     let stores = console::connect_sources(&sources, &settings)?;
-    console::serve(settings, stores, shutdown.clone()).await?;
+    console::serve_rediscovering(settings, stores, rediscovery, shutdown.clone()).await?;
     Ok(())
 }
 

@@ -1,41 +1,72 @@
 //! `bench --console-pages N`: how long each page of the console takes to serve with N
 //! pending messages (10 % keyed over 1,000 keys), `--console-attempts` attempts spread
-//! over the last hour and 1,000 dead letters. The console runs in this process on a
-//! loopback port; each page is asked for 50 times after two warm-up requests, and the
-//! table gives the median, the 99th percentile and the maximum of the time to the whole
-//! answer, with how many answers carried a cancelled query (the statement timeout, 5 s
-//! here). No relay drains during the measurement.
+//! over the last hour and 1,000 dead letters, while `--workers` relays drain the backlog.
+//! The messages and attempts are written straight into the slot tables by
+//! `generate_series` in statements of a million rows (not through enqueue, so that ten
+//! million messages and fifty million attempts take minutes), then the fleet's
+//! observation is refreshed once, as the relayers would have kept it. The console runs in
+//! this process on a loopback port; each page is asked for 50 times after two warm-up
+//! requests, and the table gives the median, the 99th percentile and the maximum of the
+//! time to the whole answer, with how many answers carried a cancelled query (the
+//! statement timeout, 5 s here), and the load average before and after.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use outbox_relay::console::{self, ConsoleSettings};
-use outbox_relay::store::fill_messages;
+use outbox_relay::store::fill_messages_numbered;
 use tokio_util::sync::CancellationToken;
 
-use super::Options;
+use super::recorder::{Recorder, progress};
+use super::{Options, shutdown_relays, start_relays};
 
 const REQUESTS: usize = 50;
+
+/// Rows written by one statement of the fill.
+const CHUNK: i64 = 1_000_000;
+
+/// The three load averages of /proc/loadavg, as they read ("" where there is none).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
 
 pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) -> Result<()> {
     let n = i64::try_from(o.console_pages)?;
     let attempts = i64::try_from(o.console_attempts.unwrap_or(o.console_pages * 5))?;
     let started = Instant::now();
-    fill_messages(sql, "orders", n, Some(10), 1000, 256).await?;
-    // The bench's own database, as its owner: attempts written directly, as the relayers'
-    // completions would have, spread over the last hour.
-    sql.batch_execute(&format!(
-        "INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, \
-                                      created_at) \
-         SELECT outbox.uuid_v7(), 1, \
-                (CASE WHEN g % 20 = 0 THEN 'RETRYABLE' ELSE 'DISPATCHED' END)::outbox.attempt_state, \
-                'bench-' || (g % 4), gen_random_uuid(), \
-                now() - (g % 3600) * interval '1 second' \
-           FROM generate_series(1, {attempts}) AS g"
-    ))
-    .await
-    .context("fill the attempt log")?;
-    fill_messages(sql, "refused", 1000, None, 1, 256).await?;
+    let mut first = 1;
+    while first <= n {
+        progress(&format!("filling messages: {} of {n}", first - 1));
+        let rows = CHUNK.min(n - first + 1);
+        fill_messages_numbered(sql, "orders", first, rows, Some(10), 1000, 256).await?;
+        first += rows;
+    }
+    // The bench's own database, as its owner: attempts written directly into the attempt
+    // ring (the current slot, as the relayers' completions would have), in time order over
+    // the last hour, one every 3,600 s / attempts.
+    let mut done = 0;
+    while done < attempts {
+        progress(&format!("filling attempts: {done} of {attempts}"));
+        let rows = CHUNK.min(attempts - done);
+        sql.execute(
+            "INSERT INTO outbox.attempts (outbox_id, attempt_no, state, worker_id, lease_token, \
+                                          created_at) \
+             SELECT outbox.uuid_v7(), 1, \
+                    (CASE WHEN g % 20 = 0 THEN 'RETRYABLE' ELSE 'DISPATCHED' END)::outbox.attempt_state, \
+                    'bench-' || (g % 4), '00000000-0000-7000-8000-000000000001', \
+                    now() - interval '1 hour' + g * (interval '1 hour' / $2::bigint) \
+               FROM generate_series($1::bigint, $1::bigint + $3::bigint - 1) AS g",
+            &[&done, &attempts, &rows],
+        )
+        .await
+        .context("fill the attempt log")?;
+        done += rows;
+    }
+    progress("");
+    fill_messages_numbered(sql, "refused", 1, 1000, None, 1, 256).await?;
     sql.batch_execute(
         "SELECT outbox.complete_outbox_attempt(c.outbox_id, c.lease_token, 'bench-dl', 'FAILED', \
                                                'HTTP 400: refused') \
@@ -44,11 +75,12 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     )
     .await
     .context("make dead letters")?;
+    // The newest message: the drain delivers the oldest first, so it stays pending.
     let pending: uuid::Uuid = sql
         .query_one(
             "SELECT outbox_id FROM outbox.messages WHERE topic = 'orders' \
-              ORDER BY outbox_id LIMIT 1 OFFSET $1",
-            &[&(n / 2)],
+              ORDER BY outbox_id DESC LIMIT 1",
+            &[],
         )
         .await?
         .get(0);
@@ -56,11 +88,43 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         .query_one("SELECT outbox_id FROM outbox.dead_letters LIMIT 1", &[])
         .await?
         .get(0);
+    let filled = started.elapsed();
+    // What the fleet's relayers keep up to date: the observation, and the attempts of each
+    // minute of the last hour (counted here once, all of them).
+    let t = Instant::now();
+    sql.batch_execute("SELECT outbox.observe(10, interval '0')")
+        .await
+        .context("refresh the observation")?;
+    let observed = t.elapsed();
+    let server_settings: String = sql
+        .query_one(
+            "SELECT string_agg(name || ' ' || current_setting(name), ', ' ORDER BY name) \
+               FROM pg_settings \
+              WHERE name IN ('shared_buffers', 'work_mem', 'fsync', 'synchronous_commit', \
+                             'max_wal_size', 'effective_cache_size')",
+            &[],
+        )
+        .await?
+        .get(0);
     outln!(
         "console pages: {n} pending messages, {attempts} attempts, 1000 dead letters \
-         (filled in {:.0} s); {REQUESTS} requests a page, no drain running",
-        started.elapsed().as_secs_f64()
+         (filled in {:.0} s; the first observation with the hour of attempt minutes took \
+         {:.1} s); {REQUESTS} requests a page while {} relays (batch {}) drain; Postgres: {}",
+        filled.as_secs_f64(),
+        observed.as_secs_f64(),
+        o.workers,
+        o.batch_size,
+        server_settings,
     );
+    let recorder = Recorder::new(None);
+    let drain_stop = CancellationToken::new();
+    let relays = start_relays(url, o, &recorder, &drain_stop)?;
+    // Measured once the drain delivers.
+    let target = recorder.target(1);
+    recorder.reached(target, "starting the drain").await?;
+    let drained_before = recorder.delivered.load(Ordering::SeqCst);
+    let measuring = Instant::now();
+    outln!("load average before: {}", load_average());
 
     let settings = ConsoleSettings {
         listen: "127.0.0.1:0".parse()?,
@@ -133,7 +197,15 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
             times[times.len() - 1]
         );
     }
+    let drained = recorder.delivered.load(Ordering::SeqCst) - drained_before;
+    outln!(
+        "load average after: {}; the drain delivered {drained} messages during the \
+         measurement ({:.0} msg/s)",
+        load_average(),
+        drained as f64 / measuring.elapsed().as_secs_f64()
+    );
     shutdown.cancel();
     let _ = server.await;
+    shutdown_relays(&drain_stop, relays).await;
     Ok(())
 }
