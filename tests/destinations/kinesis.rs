@@ -214,6 +214,6 @@ async fn mixed_keyed_traffic_goes_out_with_a_keys_run_in_one_call() {
             )
         })
         .collect();
-    crate::mixed::assert_runs_share_requests("kinesis", &requests);
+    crate::mixed::assert_runs_share_requests("kinesis", &requests, 500);
     db.finish().await;
 }

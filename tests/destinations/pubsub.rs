@@ -408,6 +408,6 @@ async fn mixed_keyed_traffic_goes_out_with_a_keys_run_in_one_request() {
                 .collect()
         })
         .collect();
-    crate::mixed::assert_runs_share_requests("pubsub", &requests);
+    crate::mixed::assert_runs_share_requests("pubsub", &requests, 1000);
     db.finish().await;
 }
