@@ -5,6 +5,9 @@
 //! - the relays drain `--messages` unkeyed messages;
 //! - they drain as many with 10 % keyed (every tenth message, ten keys, so that each key
 //!   has a run of `--messages` / 100);
+//! - they drain those again with the destination taken as one that does not keep a key's
+//!   order within a call (one message of a key per call, in waves: the control, and the
+//!   rule every destination followed before);
 //! - a one-process client sends as many payloads of the same size with the service's batch
 //!   API, one request at a time, in requests of `--batch-size` messages (at most the
 //!   service's maximum): Pub/Sub `topics.publish` over REST (reqwest, as the destination),
@@ -16,11 +19,15 @@
 //! It prints each rate with the load average, keyed / unkeyed and relayer / client, and the
 //! medians of the rounds. It judges nothing.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use tokio_util::sync::CancellationToken;
 
+use futures_util::future::BoxFuture;
+use outbox_relay::destination::{Destination, Window};
+use outbox_relay::message::{ClaimedMessage, Outcome};
 use outbox_relay::store::fill_messages;
 
 use super::brokers::{BENCH_TARGET, destination};
@@ -47,35 +54,47 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     );
     let mut rows = Vec::new();
     for round in 1..=o.rounds {
-        let unkeyed = relay_drain(url, o, sql, None).await?;
+        let unkeyed = relay_drain(url, o, sql, None, false).await?;
         line(round, "relayer, unkeyed", o.messages, unkeyed);
-        let keyed = relay_drain(url, o, sql, Some(KEYED_EVERY)).await?;
+        let keyed = relay_drain(url, o, sql, Some(KEYED_EVERY), false).await?;
         line(round, "relayer, 10 % keyed", o.messages, keyed);
+        let waves = relay_drain(url, o, sql, Some(KEYED_EVERY), true).await?;
+        line(
+            round,
+            "relayer, 10 % keyed, one message of a key per call",
+            o.messages,
+            waves,
+        );
         let client = client_drain(kind, o.messages, per_request).await?;
         line(round, "one-process batch client", o.messages, client);
-        let (u, k, c) = (
+        let (u, k, c, w) = (
             per_sec(o.messages, unkeyed),
             per_sec(o.messages, keyed),
             per_sec(o.messages, client),
+            per_sec(o.messages, waves),
         );
         outln!(
-            "  round {round}: keyed / unkeyed = {:.2}; relayer keyed / client = {:.2}; relayer unkeyed / client = {:.2}",
+            "  round {round}: keyed / unkeyed = {:.2} (one message of a key per call: {:.2}); relayer keyed / client = {:.2}; relayer unkeyed / client = {:.2}",
             k / u,
+            w / u,
             k / c,
             u / c
         );
-        rows.push((u, k, c));
+        rows.push((u, k, c, w));
     }
-    let med = |f: fn(&(f64, f64, f64)) -> f64| median(rows.iter().map(|r| Some(f(r))));
+    let med = |f: fn(&(f64, f64, f64, f64)) -> f64| median(rows.iter().map(|r| Some(f(r))));
     let show = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
     outln!(
-        "{kind}, medians of {} rounds: unkeyed {} msg/s, 10 % keyed {} msg/s, client {} msg/s; \
-         keyed / unkeyed {}, relayer keyed / client {}, relayer unkeyed / client {} (load average {})",
+        "{kind}, medians of {} rounds: unkeyed {} msg/s, 10 % keyed {} msg/s (one message of a \
+         key per call {}), client {} msg/s; keyed / unkeyed {} (one per call {}), relayer keyed \
+         / client {}, relayer unkeyed / client {} (load average {})",
         rows.len(),
         show(med(|r| r.0)),
         show(med(|r| r.1)),
+        show(med(|r| r.3)),
         show(med(|r| r.2)),
         show(med(|r| r.1 / r.0)),
+        show(med(|r| r.3 / r.0)),
         show(med(|r| r.1 / r.2)),
         show(med(|r| r.0 / r.2)),
         load_average()
@@ -100,14 +119,21 @@ fn load_average() -> String {
 }
 
 /// Drains `--messages` (keyed every `keyed_every`-th) into a fresh target; the time from
-/// the relays' start to the last acknowledgement.
+/// the relays' start to the last acknowledgement. With `waves`, the destination is taken
+/// as one that does not keep a key's order within a call.
 async fn relay_drain(
     url: &str,
     o: &Options,
     sql: &tokio_postgres::Client,
     keyed_every: Option<i64>,
+    waves: bool,
 ) -> Result<Duration> {
     let (destination, cleanup) = destination(&o.destination).await?;
+    let destination: Arc<dyn Destination> = if waves {
+        Arc::new(Waves(destination))
+    } else {
+        destination
+    };
     let n = i64::try_from(o.messages)?;
     fill_messages(sql, "bench", n, keyed_every, KEY_MODULUS, PAYLOAD_BYTES).await?;
     sql.batch_execute("VACUUM ANALYZE outbox.messages").await?;
@@ -123,6 +149,23 @@ async fn relay_drain(
     cleanup.run().await;
     reached?;
     Ok(t)
+}
+
+/// A destination taken as one that does not keep a key's order within a call.
+struct Waves(Arc<dyn Destination>);
+
+impl Destination for Waves {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [ClaimedMessage],
+        window: &'a Window,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
+        self.0.publish(batch, window)
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        self.0.ready()
+    }
 }
 
 /// Messages per request of the service's batch API.
