@@ -8,6 +8,8 @@
 //! - they drain those again with the destination taken as one that does not keep a key's
 //!   order within a call (one message of a key per call, in waves: the control, and the
 //!   rule every destination followed before);
+//! - the relays drain as many unkeyed into the null destination (the relayer's own ceiling
+//!   here: claiming and completing in Postgres, nothing sent);
 //! - a one-process client sends as many payloads of the same size with the service's batch
 //!   API, one request at a time, in requests of `--batch-size` messages (at most the
 //!   service's maximum): Pub/Sub `topics.publish` over REST (reqwest, as the destination),
@@ -54,40 +56,49 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     );
     let mut rows = Vec::new();
     for round in 1..=o.rounds {
-        let unkeyed = relay_drain(url, o, sql, None, false).await?;
+        let unkeyed = relay_drain(url, o, sql, None, false, false).await?;
         line(round, "relayer, unkeyed", o.messages, unkeyed);
-        let keyed = relay_drain(url, o, sql, Some(KEYED_EVERY), false).await?;
+        let keyed = relay_drain(url, o, sql, Some(KEYED_EVERY), false, false).await?;
         line(round, "relayer, 10 % keyed", o.messages, keyed);
-        let waves = relay_drain(url, o, sql, Some(KEYED_EVERY), true).await?;
+        let waves = relay_drain(url, o, sql, Some(KEYED_EVERY), true, false).await?;
         line(
             round,
             "relayer, 10 % keyed, one message of a key per call",
             o.messages,
             waves,
         );
+        let null = relay_drain(url, o, sql, None, false, true).await?;
+        line(
+            round,
+            "relayer, unkeyed, null destination",
+            o.messages,
+            null,
+        );
         let client = client_drain(kind, o.messages, per_request).await?;
         line(round, "one-process batch client", o.messages, client);
-        let (u, k, c, w) = (
+        let (u, k, c, w, n) = (
             per_sec(o.messages, unkeyed),
             per_sec(o.messages, keyed),
             per_sec(o.messages, client),
             per_sec(o.messages, waves),
+            per_sec(o.messages, null),
         );
         outln!(
-            "  round {round}: keyed / unkeyed = {:.2} (one message of a key per call: {:.2}); relayer keyed / client = {:.2}; relayer unkeyed / client = {:.2}",
+            "  round {round}: keyed / unkeyed = {:.2} (one message of a key per call: {:.2}); relayer keyed / client = {:.2}; relayer unkeyed / client = {:.2}; relayer null / client = {:.2}",
             k / u,
             w / u,
             k / c,
-            u / c
+            u / c,
+            n / c
         );
-        rows.push((u, k, c, w));
+        rows.push((u, k, c, w, n));
     }
-    let med = |f: fn(&(f64, f64, f64, f64)) -> f64| median(rows.iter().map(|r| Some(f(r))));
+    let med = |f: fn(&(f64, f64, f64, f64, f64)) -> f64| median(rows.iter().map(|r| Some(f(r))));
     let show = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
     outln!(
         "{kind}, medians of {} rounds: unkeyed {} msg/s, 10 % keyed {} msg/s (one message of a \
          key per call {}), client {} msg/s; keyed / unkeyed {} (one per call {}), relayer keyed \
-         / client {}, relayer unkeyed / client {} (load average {})",
+         / client {}, relayer unkeyed / client {}; null destination {} msg/s (load average {})",
         rows.len(),
         show(med(|r| r.0)),
         show(med(|r| r.1)),
@@ -97,6 +108,7 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
         show(med(|r| r.3 / r.0)),
         show(med(|r| r.1 / r.2)),
         show(med(|r| r.0 / r.2)),
+        show(med(|r| r.4)),
         load_average()
     );
     Ok(())
@@ -127,18 +139,19 @@ async fn relay_drain(
     sql: &tokio_postgres::Client,
     keyed_every: Option<i64>,
     waves: bool,
+    null: bool,
 ) -> Result<Duration> {
-    let (destination, cleanup) = destination(&o.destination).await?;
-    let destination: Arc<dyn Destination> = if waves {
-        Arc::new(Waves(destination))
-    } else {
-        destination
+    let (destination, cleanup) = destination(if null { "null" } else { &o.destination }).await?;
+    let destination: Option<Arc<dyn Destination>> = match (null, waves) {
+        (true, _) => None,
+        (false, true) => Some(Arc::new(Waves(destination))),
+        (false, false) => Some(destination),
     };
     let n = i64::try_from(o.messages)?;
     fill_messages(sql, "bench", n, keyed_every, KEY_MODULUS, PAYLOAD_BYTES).await?;
     sql.batch_execute("VACUUM ANALYZE outbox.messages").await?;
     settle(sql).await;
-    let recorder = Recorder::new(Some(destination));
+    let recorder = Recorder::new(destination);
     let target = recorder.target(o.messages);
     let shutdown = CancellationToken::new();
     let started = Instant::now();
