@@ -11,7 +11,8 @@
 //!   **rounds**: a round's calls are sent together, and the next round only once they were
 //!   all answered;
 //! - before a round, a message whose key had a message not delivered in an earlier round
-//!   is not sent: it is given back ([`Outcome::NotAttempted`]) to wait for it.
+//!   is not sent: it is given back ([`Outcome::NotAttempted`]) to wait for it; so is one
+//!   behind a message of its key refused before anything was sent ([`behind_refused`]).
 //!
 //! A batch without runs (no key twice) is one round: its calls are what a plain cut by
 //! target, count and size gives, in batch order.
@@ -21,7 +22,7 @@ use std::future::Future;
 
 use futures_util::StreamExt;
 
-use crate::message::Outcome;
+use crate::message::{ClaimedMessage, Outcome};
 
 /// One message ready for a call: its place in the batch, its target, its key, its size as
 /// the service counts it, and what the service's request carries for it.
@@ -197,6 +198,42 @@ where
     answered
 }
 
+/// Leaves out of `entries` the messages of `batch` behind an earlier message of their key
+/// whose outcome is already known (refused before anything was sent: a message the service
+/// would refuse, a target that cannot be found), and gives them back in `outcomes`.
+pub(super) fn behind_refused<T>(
+    batch: &[ClaimedMessage],
+    outcomes: &mut [Option<Outcome>],
+    entries: Vec<Entry<T>>,
+) -> Vec<Entry<T>> {
+    let mut first_refused: HashMap<&str, usize> = HashMap::new();
+    for (at, m) in batch.iter().enumerate() {
+        if let (Some(key), Some(_)) = (m.key.as_deref(), &outcomes[at]) {
+            first_refused.entry(key).or_insert(at);
+        }
+    }
+    if first_refused.is_empty() {
+        return entries;
+    }
+    entries
+        .into_iter()
+        .filter(|e| {
+            let behind = e
+                .key
+                .as_deref()
+                .and_then(|k| first_refused.get(k).map(|&first| (k, first)))
+                .filter(|&(_, first)| first < e.at);
+            match behind {
+                Some((k, _)) => {
+                    outcomes[e.at] = Some(not_delivered_before(k));
+                    false
+                }
+                None => true,
+            }
+        })
+        .collect()
+}
+
 /// The outcome of a message held back because an earlier message of its key `key` was not
 /// delivered.
 pub(crate) fn not_delivered_before(key: &str) -> Outcome {
@@ -289,6 +326,43 @@ mod tests {
                 (2, "a".into(), vec![3]),
             ]
         );
+    }
+
+    #[test]
+    fn a_message_behind_one_refused_before_sending_is_given_back() {
+        let message = |key: Option<&str>| {
+            let mut m = ClaimedMessage::example(serde_json::json!({}));
+            m.key = key.map(str::to_owned);
+            m
+        };
+        let batch = vec![
+            message(Some("k")),
+            message(Some("k")),
+            message(Some("k")),
+            message(None),
+            message(Some("j")),
+        ];
+        let refused = Outcome::Permanent {
+            reason: "too big".into(),
+        };
+        let mut outcomes = vec![None, Some(refused.clone()), None, None, None];
+        let entries = vec![
+            entry(0, "t", Some("k"), 1),
+            entry(2, "t", Some("k"), 1),
+            entry(3, "t", None, 1),
+            entry(4, "t", Some("j"), 1),
+        ];
+        let left: Vec<usize> = behind_refused(&batch, &mut outcomes, entries)
+            .iter()
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(
+            left,
+            [0, 3, 4],
+            "the key's message before the refused one still goes"
+        );
+        assert_eq!(outcomes[1], Some(refused));
+        assert_eq!(outcomes[2], Some(not_delivered_before("k")));
     }
 
     #[tokio::test]

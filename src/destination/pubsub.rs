@@ -490,6 +490,7 @@ impl Destination for PubSub {
                     Err(outcome) => outcomes[at] = Some(outcome),
                 }
             }
+            let prepared = calls::behind_refused(batch, &mut outcomes, prepared);
             let requests = calls::plan(prepared, MAX_REQUEST_MESSAGES, MAX_REQUEST_BYTES);
             let answered = calls::in_rounds(requests, CONCURRENCY, |request| {
                 self.publish_request(request, window)

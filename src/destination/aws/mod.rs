@@ -468,6 +468,7 @@ async fn send_in_calls<T, F, Fut>(
             item: p.entry,
         })
         .collect();
+    let entries = calls::behind_refused(batch, outcomes, entries);
     let planned = calls::plan(entries, max_count, max_bytes);
     let started = tokio::time::Instant::now();
     let last_start = started + deadline.mul_f64(0.7);
