@@ -19,10 +19,25 @@
 //! checks too, before each call of `publish`. Apart from that outcome, a destination never
 //! answers [`Outcome::NotAttempted`]: it is the dispatch layer's (circuits, deadlines,
 //! budgets).
-//! A batch given to `publish` never holds two messages with the same key, so a destination
-//! may deliver a batch's messages in any order or in parallel. A claim may hold ordered runs
-//! of one key (a key's head and the messages after it); the dispatch layer splits them into
-//! successive calls, a key's next message only after its predecessor was delivered.
+//! Keys: a claim may hold ordered runs of one key (a key's head and the messages after it,
+//! in enqueue order). A destination declares with [`Destination::keeps_key_order`] whether
+//! it can take a run in one call:
+//!
+//! - one that does not (the default) is never given two messages with the same key in one
+//!   batch, so it may deliver a batch's messages in any order or in parallel; the dispatch
+//!   layer splits runs into successive calls, a key's next message only after its
+//!   predecessor was delivered;
+//! - one that does (Pub/Sub with ordering keys, Kinesis with partition keys, SQS FIFO queues
+//!   with message groups) is given the whole part, runs included, and sends a key's
+//!   messages in enqueue order: in one request where the service keeps the order within a
+//!   request, else in requests one after the other ([`calls`] cuts them), a key's later
+//!   request only once the earlier one delivered all of the key's messages in it. What
+//!   follows a message of its key that was not delivered is not sent
+//!   ([`Outcome::NotAttempted`]); where a service takes a request's entries one by one and
+//!   may refuse one and take those after it, the dispatch layer counts those after it not
+//!   delivered (see `dispatch`), so that the outbox never records a key's message delivered
+//!   after its predecessor failed.
+//!
 //! A problem with one message (a header the protocol cannot carry, a payload refused) makes
 //! that message permanent, never the batch.
 
@@ -30,6 +45,8 @@
 mod amqp;
 #[cfg(feature = "aws")]
 mod aws;
+#[cfg(any(feature = "aws", feature = "pubsub"))]
+mod calls;
 #[cfg_attr(
     not(any(
         feature = "http",
@@ -82,6 +99,14 @@ pub trait Destination: Send + Sync + 'static {
 
     /// Whether the destination can take messages now (for /readyz); the error says why not.
     fn ready(&self) -> BoxFuture<'_, Result<(), String>>;
+
+    /// Whether one call of `publish` may be given several messages of one key (a run, in
+    /// enqueue order) because the destination delivers them in that order: in one request
+    /// the service keeps in order, or in requests sent one after the other. `false` (the
+    /// default): a batch never holds two messages with the same key.
+    fn keeps_key_order(&self) -> bool {
+        false
+    }
 }
 
 /// The one list of destinations: each line names a destination's variant of

@@ -6,7 +6,13 @@
 //! A batch is grouped by Pub/Sub topic (the message topic put into a topic-name template)
 //! and each group goes out as `topics.publish` requests of at most 1,000 messages and
 //! 10 MB; the answer lists one message id per message, in order, so each message is
-//! delivered only once Pub/Sub answered its id. The payload is the message's `data`; the
+//! delivered only once Pub/Sub answered its id. A request is taken or refused whole.
+//!
+//! Keys: the message key is the `orderingKey`, and Pub/Sub keeps the order of one ordering
+//! key's messages within a publish request and across requests in the order they were
+//! published, so the destination takes a key's run in one call
+//! ([`Destination::keeps_key_order`]): a run goes in one request where it fits, else in
+//! requests one after the other (see `calls`). The payload is the message's `data`; the
 //! outbox metadata (`outbox-id` and the others) and the message's own headers are its
 //! attributes, with `content-type`; the message key is its `orderingKey`. A message with a
 //! creation trace context also carries its traceparent as `googclient_traceparent`, where
@@ -29,10 +35,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine;
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use google_cloud_auth::credentials::{CacheableResource, Credentials};
 
+use super::calls::{self, Call, Entry};
 use super::{Destination, Setting, Window, install_tls_provider, metadata, user_headers};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
@@ -202,21 +208,18 @@ pub struct PubSub {
     credentials: Option<Credentials>,
 }
 
-/// One message as `topics.publish` takes it, with its size as Pub/Sub counts it.
-struct Prepared {
-    /// Its place in the batch.
-    at: usize,
-    topic: String,
-    json: serde_json::Value,
-    bytes: usize,
-}
-
 /// The attribute in which Google's Pub/Sub client libraries carry the publisher's W3C
 /// traceparent (the one name under `goog` a publisher sets).
 const GOOGLE_TRACEPARENT: &str = "googclient_traceparent";
 
 /// A message of the batch ready to send, or its outcome already known.
-fn prepare(template: &str, at: usize, m: &ClaimedMessage) -> Result<Prepared, Outcome> {
+/// The entry is the message as `topics.publish` takes it, with its size as Pub/Sub counts
+/// it; its target is the Pub/Sub topic.
+fn prepare(
+    template: &str,
+    at: usize,
+    m: &ClaimedMessage,
+) -> Result<Entry<serde_json::Value>, Outcome> {
     let permanent = |reason: String| Outcome::Permanent { reason };
     let topic = topic_name(template, &m.topic).map_err(permanent)?;
     if let Some(key) = m.key.as_ref().filter(|k| k.len() > MAX_ORDERING_KEY_BYTES) {
@@ -273,35 +276,13 @@ fn prepare(template: &str, at: usize, m: &ClaimedMessage) -> Result<Prepared, Ou
             "the message is {bytes} bytes (payload, attributes and key); Pub/Sub takes at most {MAX_MESSAGE_BYTES}"
         )));
     }
-    Ok(Prepared {
+    Ok(Entry {
         at,
-        topic,
-        json,
+        target: topic,
+        key: m.key.clone(),
         bytes,
+        item: json,
     })
-}
-
-/// Splits the prepared messages into requests: one topic each, at most 1,000 messages and
-/// 10 MB.
-fn requests(mut prepared: Vec<Prepared>) -> Vec<Vec<Prepared>> {
-    prepared.sort_by(|a, b| a.topic.cmp(&b.topic));
-    let mut out: Vec<Vec<Prepared>> = Vec::new();
-    let mut bytes = 0;
-    for p in prepared {
-        let fits = out.last().is_some_and(|r| {
-            r[0].topic == p.topic
-                && r.len() < MAX_REQUEST_MESSAGES
-                && bytes + p.bytes <= MAX_REQUEST_BYTES
-        });
-        if fits {
-            bytes += p.bytes;
-            out.last_mut().expect("a request to add to").push(p);
-        } else {
-            bytes = p.bytes;
-            out.push(vec![p]);
-        }
-    }
-    out
 }
 
 /// An error and its causes, `: `-separated (reqwest's own text leaves out why).
@@ -385,7 +366,7 @@ impl PubSub {
     }
 
     /// Sends one `topics.publish` request.
-    async fn send(&self, topic: &str, messages: &[&Prepared]) -> Answered {
+    async fn send(&self, topic: &str, messages: &[&Entry<serde_json::Value>]) -> Answered {
         let retry = |reason: String| {
             Answered::Failed(Outcome::Retryable {
                 reason,
@@ -397,7 +378,7 @@ impl PubSub {
             Err(reason) => return retry(reason),
         };
         let body = serde_json::json!({
-            "messages": messages.iter().map(|p| &p.json).collect::<Vec<_>>(),
+            "messages": messages.iter().map(|p| &p.item).collect::<Vec<_>>(),
         });
         let url = format!("{}{topic}:publish", self.base);
         let what = format!("Pub/Sub publish to {topic}");
@@ -447,33 +428,42 @@ impl PubSub {
 
     /// Publishes the messages of one request, and answers each `(place, outcome)`. A request
     /// refused as invalid is sent again one message at a time, so that only the messages
-    /// at fault are permanent; the window is checked before every request.
+    /// at fault are permanent (a key's messages after one that was not delivered are not
+    /// sent again); the window is checked before every request.
     async fn publish_request(
         &self,
-        request: Vec<Prepared>,
+        request: Call<serde_json::Value>,
         window: &Window,
     ) -> Vec<(usize, Outcome)> {
-        let topic = request[0].topic.clone();
+        let topic = request.target.clone();
+        let request = request.entries;
         let all = |outcome: Outcome| request.iter().map(|p| (p.at, outcome.clone())).collect();
         if let Err(not_sent) = window.check() {
             return all(not_sent);
         }
-        let messages: Vec<&Prepared> = request.iter().collect();
+        let messages: Vec<&Entry<serde_json::Value>> = request.iter().collect();
         match self.send(&topic, &messages).await {
             Answered::Published => all(Outcome::Delivered),
             Answered::Failed(outcome) => all(outcome),
             Answered::Invalid(reason) if request.len() == 1 => all(Outcome::Permanent { reason }),
             Answered::Invalid(_) => {
                 let mut out = Vec::with_capacity(request.len());
+                let mut stopped = std::collections::HashSet::new();
                 for p in &request {
-                    let outcome = match window.check() {
-                        Err(not_sent) => not_sent,
-                        Ok(()) => match self.send(&topic, &[p]).await {
+                    let outcome = match (&p.key, window.check()) {
+                        (Some(k), _) if stopped.contains(k) => calls::not_delivered_before(k),
+                        (_, Err(not_sent)) => not_sent,
+                        (_, Ok(())) => match self.send(&topic, &[p]).await {
                             Answered::Published => Outcome::Delivered,
                             Answered::Invalid(reason) => Outcome::Permanent { reason },
                             Answered::Failed(outcome) => outcome,
                         },
                     };
+                    if let Some(k) = &p.key
+                        && outcome != Outcome::Delivered
+                    {
+                        stopped.insert(k.clone());
+                    }
                     out.push((p.at, outcome));
                 }
                 out
@@ -484,7 +474,8 @@ impl PubSub {
 
 impl Destination for PubSub {
     /// One `topics.publish` request per topic of the batch (more when it exceeds 1,000
-    /// messages or 10 MB), up to 16 at once; the window is checked before each.
+    /// messages or 10 MB, or a key's run does not fit in one), up to 16 at once; the window
+    /// is checked before each.
     fn publish<'a>(
         &'a self,
         batch: &'a [ClaimedMessage],
@@ -499,13 +490,13 @@ impl Destination for PubSub {
                     Err(outcome) => outcomes[at] = Some(outcome),
                 }
             }
-            let answered: Vec<Vec<(usize, Outcome)>> =
-                futures_util::stream::iter(requests(prepared))
-                    .map(|request| self.publish_request(request, window))
-                    .buffer_unordered(CONCURRENCY)
-                    .collect()
-                    .await;
-            for (at, outcome) in answered.into_iter().flatten() {
+            let prepared = calls::behind_refused(batch, &mut outcomes, prepared);
+            let requests = calls::plan(prepared, MAX_REQUEST_MESSAGES, MAX_REQUEST_BYTES);
+            let answered = calls::in_rounds(requests, CONCURRENCY, |request| {
+                self.publish_request(request, window)
+            })
+            .await;
+            for (at, outcome) in answered {
                 outcomes[at] = Some(outcome);
             }
             outcomes
@@ -518,6 +509,10 @@ impl Destination for PubSub {
     /// Ready when an access token can be had (always, against the emulator).
     fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move { self.auth().await.map(|_| ()) })
+    }
+
+    fn keeps_key_order(&self) -> bool {
+        true
     }
 }
 
@@ -604,19 +599,22 @@ mod tests {
 
     #[test]
     fn requests_hold_one_topic_and_at_most_a_thousand_messages_or_ten_megabytes() {
-        let p = |at, topic: &str, bytes| Prepared {
+        let p = |at, topic: &str, bytes| Entry {
             at,
-            topic: topic.into(),
-            json: serde_json::Value::Null,
+            target: topic.into(),
+            key: None,
             bytes,
+            item: serde_json::Value::Null,
         };
-        let mut prepared: Vec<Prepared> = (0..1500).map(|i| p(i, "a", 10)).collect();
+        let mut prepared: Vec<Entry<serde_json::Value>> =
+            (0..1500).map(|i| p(i, "a", 10)).collect();
         prepared.push(p(1500, "b", 10));
         prepared.extend((0..3).map(|i| p(1501 + i, "c", 4_000_000)));
-        let sizes: Vec<(String, usize)> = requests(prepared)
-            .iter()
-            .map(|r| (r[0].topic.clone(), r.len()))
-            .collect();
+        let sizes: Vec<(String, usize)> =
+            calls::plan(prepared, MAX_REQUEST_MESSAGES, MAX_REQUEST_BYTES)
+                .iter()
+                .map(|r| (r.target.clone(), r.entries.len()))
+                .collect();
         assert_eq!(
             sizes,
             [

@@ -14,9 +14,15 @@
 //!   answer"): an attempt for each of its messages (what was sent may have arrived), and
 //!   a failure towards the circuit like any other;
 //! - **runs**: a part may hold several messages of one key, in enqueue order (the claim's
-//!   runs). They are delivered one call after the other, a key's next message only once its
-//!   predecessor was delivered; what follows an undelivered message is given back
-//!   unattempted, so a key is never delivered out of order;
+//!   runs). A destination that keeps a key's order within a call
+//!   ([`Destination::keeps_key_order`]: Pub/Sub, Kinesis, SQS FIFO) is given the whole part
+//!   in one call and sends each run in order; in its answer, a message of a key after one
+//!   that was not delivered is not counted delivered even if the service took it (it is an
+//!   attempt, sent again after its predecessor), so the outbox never records a key out of
+//!   order. To any other destination runs are delivered in waves, one call after the other:
+//!   the first holds every unkeyed message and each key's first, the next each key's next
+//!   message whose predecessor was delivered, and so on; what follows an undelivered message
+//!   is given back unattempted, so a key is never delivered out of order;
 //! - **publish window** ([`Window`]): a part travels with the window of the leases it is
 //!   published under; it is checked before each call of the destination (each wave of
 //!   runs, the probe), and the destination checks it before each call to its server. What
@@ -341,6 +347,11 @@ impl Dispatcher {
         } else {
             let mut outcomes = match runs(messages) {
                 None => lane.attempt(messages, deadline, window).await,
+                Some(_) if lane.destination.keeps_key_order() => {
+                    let mut outcomes = lane.attempt(messages, deadline, window).await;
+                    hold_key_order(messages, &mut outcomes);
+                    outcomes
+                }
                 Some(previous) => {
                     lane.attempt_in_runs(messages, &previous, deadline, window)
                         .await
@@ -412,6 +423,30 @@ fn runs(messages: &[ClaimedMessage]) -> Option<Vec<Option<usize>>> {
         previous.push(before);
     }
     any.then_some(previous)
+}
+
+/// After a message of a key that was not delivered, a later message of the key that the
+/// destination answered delivered (a service that takes a request's entries one by one
+/// took it) is counted retryable: it was sent, so it is an attempt, and it is sent again
+/// after its predecessor. Other outcomes stand.
+fn hold_key_order(messages: &[ClaimedMessage], outcomes: &mut [Outcome]) {
+    let mut failed: HashSet<&str> = HashSet::new();
+    for (m, outcome) in messages.iter().zip(outcomes.iter_mut()) {
+        let Some(key) = m.key.as_deref() else {
+            continue;
+        };
+        if *outcome != Outcome::Delivered {
+            failed.insert(key);
+        } else if failed.contains(key) {
+            *outcome = Outcome::Retryable {
+                reason: format!(
+                    "sent after an earlier message of key {key:?} that was not delivered: \
+                     sent again after it"
+                ),
+                retry_after: None,
+            };
+        }
+    }
 }
 
 impl Lane {
@@ -610,6 +645,8 @@ mod tests {
     struct Scripted {
         calls: Mutex<Vec<Vec<String>>>,
         answers_late: bool,
+        /// Declares that it keeps a key's order within a call.
+        ordered: bool,
     }
 
     impl Destination for Scripted {
@@ -641,6 +678,10 @@ mod tests {
 
         fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
             Box::pin(async { Ok(()) })
+        }
+
+        fn keeps_key_order(&self) -> bool {
+            self.ordered
         }
     }
 
@@ -709,6 +750,55 @@ mod tests {
             matches!(&outcomes[2], Outcome::NotAttempted { reason } if reason.contains("key \"a\"")),
             "{:?}",
             outcomes[2]
+        );
+    }
+
+    /// A destination that keeps a key's order within a call gets the whole part, runs
+    /// included, in one call; a message of a key it answered delivered after one of the key
+    /// that failed is counted retryable (it was sent, and is sent again after it), and
+    /// unkeyed messages and other keys stand.
+    #[tokio::test]
+    async fn a_destination_keeping_key_order_gets_runs_in_one_call() {
+        let scripted = Arc::new(Scripted {
+            ordered: true,
+            ..Scripted::default()
+        });
+        let dispatcher = Dispatcher::single(
+            "d",
+            scripted.clone(),
+            CircuitSettings {
+                failures: 5,
+                cooldown: Duration::from_secs(1),
+            },
+            Duration::from_secs(5),
+            1,
+        );
+        let (mut parts, _) = dispatcher.split(vec![
+            message(Some("a"), "a1"),
+            message(Some("a"), "fail"),
+            message(Some("a"), "a3"),
+            message(Some("b"), "b1"),
+            message(None, "u"),
+            message(Some("b"), "b2"),
+        ]);
+        let outcomes = dispatcher
+            .publish(&parts.remove(0), &Window::unbounded())
+            .await;
+        assert_eq!(
+            *scripted.calls.lock().unwrap(),
+            [vec!["a1", "fail", "a3", "b1", "u", "b2"]],
+            "one call with every run"
+        );
+        assert_eq!(outcomes[0], Outcome::Delivered);
+        assert!(matches!(outcomes[1], Outcome::Retryable { .. }));
+        assert!(
+            matches!(&outcomes[2], Outcome::Retryable { reason, .. } if reason.contains("key \"a\"")),
+            "{:?}",
+            outcomes[2]
+        );
+        assert_eq!(
+            outcomes[3..],
+            [Outcome::Delivered, Outcome::Delivered, Outcome::Delivered]
         );
     }
 

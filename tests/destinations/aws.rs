@@ -89,7 +89,7 @@ impl Moto {
         .await;
         Moto {
             port,
-            proxy: Proxy::start(&format!("127.0.0.1:{port}")).await,
+            proxy: Proxy::recording(&format!("127.0.0.1:{port}")).await,
             _server: server,
         }
     }

@@ -54,6 +54,7 @@ mod http;
 mod jsonl;
 mod kafka;
 mod kinesis;
+mod mixed;
 mod mqtt;
 mod nats;
 mod proxy;

@@ -1,6 +1,8 @@
 //! A TCP proxy in front of a shared server, so that a test can break the connection to it,
 //! take it away, or freeze it (connections accepted, nothing answered) without touching the
-//! server other tests use.
+//! server other tests use. A recording proxy ([`Proxy::recording`]) also keeps the body of
+//! each HTTP/1.1 request that goes through it, so that a test can see what each request
+//! the relayer made carried.
 
 use std::sync::{Arc, Mutex};
 
@@ -9,9 +11,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// The bodies of the HTTP requests a recording proxy forwarded, in the order they came.
+pub type Bodies = Arc<Mutex<Vec<Vec<u8>>>>;
+
 pub struct Proxy {
     pub port: u16,
     upstream: String,
+    /// With [`Proxy::recording`], the bodies of the requests forwarded so far.
+    recorded: Option<Bodies>,
     frozen: watch::Sender<bool>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     listener: Option<JoinHandle<()>>,
@@ -26,9 +33,33 @@ impl Proxy {
             frozen: watch::channel(false).0,
             connections: Arc::default(),
             listener: None,
+            recorded: None,
         };
         proxy.listen().await;
         proxy
+    }
+
+    /// A proxy to an HTTP/1.1 server (requests with a `Content-Length`) that also keeps
+    /// each request's body ([`Proxy::bodies`]).
+    pub async fn recording(upstream: &str) -> Proxy {
+        let mut proxy = Proxy {
+            port: crate::common::free_port(),
+            upstream: upstream.to_owned(),
+            frozen: watch::channel(false).0,
+            connections: Arc::default(),
+            listener: None,
+            recorded: Some(Bodies::default()),
+        };
+        proxy.listen().await;
+        proxy
+    }
+
+    /// The bodies of the requests forwarded so far (a recording proxy's; none otherwise).
+    pub fn bodies(&self) -> Vec<Vec<u8>> {
+        self.recorded
+            .as_ref()
+            .map(|r| r.lock().unwrap().clone())
+            .unwrap_or_default()
     }
 
     /// Accepts again on the same port.
@@ -36,14 +67,20 @@ impl Proxy {
         let listener = TcpListener::bind(("127.0.0.1", self.port))
             .await
             .expect("bind the proxy port");
-        let (upstream, frozen, connections) = (
+        let (upstream, frozen, connections, recorded) = (
             self.upstream.clone(),
             self.frozen.clone(),
             self.connections.clone(),
+            self.recorded.clone(),
         );
         self.listener = Some(tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let task = tokio::spawn(forward(client, upstream.clone(), frozen.subscribe()));
+                let task = tokio::spawn(forward(
+                    client,
+                    upstream.clone(),
+                    frozen.subscribe(),
+                    recorded.clone(),
+                ));
                 connections.lock().unwrap().push(task);
             }
         }));
@@ -86,7 +123,12 @@ impl Drop for Proxy {
     }
 }
 
-async fn forward(client: TcpStream, upstream: String, mut frozen: watch::Receiver<bool>) {
+async fn forward(
+    client: TcpStream,
+    upstream: String,
+    mut frozen: watch::Receiver<bool>,
+    recorded: Option<Bodies>,
+) {
     if thawed(&mut frozen).await.is_err() {
         return;
     }
@@ -96,8 +138,8 @@ async fn forward(client: TcpStream, upstream: String, mut frozen: watch::Receive
     let (client_in, client_out) = client.into_split();
     let (server_in, server_out) = server.into_split();
     tokio::join!(
-        pump(client_in, server_out, frozen.clone()),
-        pump(server_in, client_out, frozen)
+        pump(client_in, server_out, frozen.clone(), recorded),
+        pump(server_in, client_out, frozen, None)
     );
 }
 
@@ -112,8 +154,10 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut frozen: watch::Receiver<bool>,
+    recorded: Option<Bodies>,
 ) {
     let mut buf = vec![0; 16 * 1024];
+    let mut requests = Vec::new();
     loop {
         if thawed(&mut frozen).await.is_err() {
             return;
@@ -122,9 +166,32 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if let Some(recorded) = &recorded {
+            requests.extend_from_slice(&buf[..n]);
+            while let Some(body) = next_body(&mut requests) {
+                recorded.lock().unwrap().push(body);
+            }
+        }
         // Frozen while this was read: hold it, as a server that stopped answering would.
         if thawed(&mut frozen).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }
+}
+
+/// The body of the first complete request in `stream` (an HTTP/1.1 request line, headers
+/// with a `Content-Length`, the body), taken out of it; `None` until one is complete.
+fn next_body(stream: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let end = stream.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&stream[..end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap_or(0));
+    if stream.len() < end + length {
+        return None;
+    }
+    let body = stream[end..end + length].to_vec();
+    stream.drain(..end + length);
+    Some(body)
 }

@@ -1,6 +1,7 @@
 //! Harness of the `pubsub` destination: a Google Cloud Pub/Sub emulator of the test's own
 //! (the Google Cloud CLI's `cloud-pubsub-emulator`, Java 17) behind a proxy of the test's
-//! own, so that the test can cut, stop or freeze the relayer's connections to it. The
+//! own, so that the test can cut, stop or freeze the relayer's connections to it (and see
+//! what each publish request carried). The
 //! emulator is the program `gcloud beta emulators pubsub start` runs; the harness runs it
 //! directly, so that the process it stops is the emulator itself (not gcloud's Python
 //! wrapper) and it answers within about two seconds. The topic and a pull subscription
@@ -112,7 +113,7 @@ impl Harness for Emulator {
 
     async fn start(_db: &TestDb) -> Self {
         let port = common::free_port();
-        let proxy = Proxy::start(&format!("127.0.0.1:{port}")).await;
+        let proxy = Proxy::recording(&format!("127.0.0.1:{port}")).await;
         let args = ["--host=127.0.0.1".to_owned(), format!("--port={port}")]
             .map(OsString::from)
             .into();
@@ -363,5 +364,50 @@ async fn pubsub_emulator_host_points_the_relayer_at_the_emulator() {
     );
     let got: std::collections::HashSet<Uuid> = h.received().await.iter().map(|a| a.id).collect();
     assert_eq!(got, ids);
+    db.finish().await;
+}
+
+/// 10 % keyed traffic (ten keys among 2,000 messages) goes out in publish requests that carry
+/// a key's run: each key's messages arrive in enqueue order at the ordering-enabled
+/// subscription, every message is there, and the proxy sees requests of many messages,
+/// some with several messages of one key.
+#[tokio::test(flavor = "multi_thread")]
+async fn mixed_keyed_traffic_goes_out_with_a_keys_run_in_one_request() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = Emulator::start(&db).await;
+    crate::mixed::enqueue(&c, TOPIC).await;
+    let w = start_relayer(&db, &h, "mixed", 10_000);
+    crate::drained(&c).await;
+    stop_relayer(w).await;
+
+    let arrived: Vec<(Option<String>, i64)> = h
+        .pull()
+        .into_iter()
+        .map(|m| {
+            let key = m.attributes.get("outbox-key").cloned();
+            assert_eq!(key.clone().unwrap_or_default(), m.ordering_key);
+            let seq = serde_json::from_str::<serde_json::Value>(&m.data).unwrap()["seq"]
+                .as_i64()
+                .unwrap();
+            (key, seq)
+        })
+        .collect();
+    crate::mixed::assert_arrived_in_key_order(&arrived);
+    let requests: Vec<Vec<Option<String>>> = h
+        .proxy
+        .bodies()
+        .iter()
+        .map(|body| {
+            let body: serde_json::Value = serde_json::from_slice(body).unwrap();
+            body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["orderingKey"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .collect();
+    crate::mixed::assert_runs_share_requests("pubsub", &requests, 1000);
     db.finish().await;
 }

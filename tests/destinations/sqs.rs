@@ -219,3 +219,66 @@ async fn a_queue_that_does_not_exist_dead_letters_its_messages_with_the_reason()
     assert_eq!(got.len(), ids.len());
     db.finish().await;
 }
+
+/// On a FIFO queue, 10 % keyed traffic (ten keys among 2,000 messages) goes out in
+/// `SendMessageBatch` calls that carry a key's run (several entries of one message group
+/// in one call, up to SQS's 10): each group is received in enqueue order and every message
+/// is there.
+#[tokio::test(flavor = "multi_thread")]
+async fn mixed_keyed_traffic_on_a_fifo_queue_goes_out_with_a_keys_run_in_one_call() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let moto = Moto::start().await;
+    moto.run(&["sqs-create", "orders.fifo"]);
+    let h = Queue {
+        moto,
+        queue: "{topic}.fifo",
+    };
+    crate::mixed::enqueue(&c, "orders").await;
+    let w = start_relayer(&db, &h, "mixed", 10_000);
+    crate::drained(&c).await;
+    stop_relayer(w).await;
+
+    let arrived: Vec<(Option<String>, i64)> = h
+        .messages("orders.fifo")
+        .iter()
+        .map(|m| {
+            let key = m.headers().get("outbox-key").cloned();
+            if let Some(key) = &key {
+                assert_eq!(
+                    m.group.as_deref(),
+                    Some(key.as_str()),
+                    "the group is the key"
+                );
+            }
+            let seq = serde_json::from_str::<serde_json::Value>(&m.body).unwrap()["seq"]
+                .as_i64()
+                .unwrap();
+            (key, seq)
+        })
+        .collect();
+    crate::mixed::assert_arrived_in_key_order(&arrived);
+    let requests: Vec<Vec<Option<String>>> = h
+        .moto
+        .proxy
+        .bodies()
+        .iter()
+        .filter_map(|body| {
+            let body: serde_json::Value = serde_json::from_slice(body).ok()?;
+            let entries = body["Entries"].as_array()?;
+            Some(
+                entries
+                    .iter()
+                    .map(|e| {
+                        e["MessageGroupId"]
+                            .as_str()
+                            .filter(|g| g.starts_with("key-"))
+                            .map(str::to_owned)
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    crate::mixed::assert_runs_share_requests("sqs fifo", &requests, 10);
+    db.finish().await;
+}

@@ -152,6 +152,7 @@ impl Destination for EventBridge {
             }
             send_in_calls(
                 &mut outcomes,
+                batch,
                 prepared,
                 MAX_ENTRIES,
                 MAX_CALL_BYTES,

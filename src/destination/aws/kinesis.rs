@@ -5,12 +5,20 @@
 //! same as a line of the `file` destination (outbox_id, topic, key, attempt, content type,
 //! headers, payload), since a Kinesis record has no headers.
 //!
-//! Order: Kinesis orders records by sequence number within a shard, and a partition key
-//! always maps to one shard while the stream is not resharded. The relayer sends a key's
-//! next message only after the previous one was acknowledged, so a key's records are in
-//! enqueue order within its shard; a message retried after a lost acknowledgement may
-//! appear twice, never after its successor. Across a reshard a key moves to a child shard,
-//! and a consumer keeps the order only by finishing the parent shard first (the KCL does).
+//! Order: Kinesis orders records by sequence number within a shard, a partition key always
+//! maps to one shard while the stream is not resharded, and `PutRecords` writes the records
+//! of one request in request order. So a key's run goes in one `PutRecords` call, in enqueue
+//! order ([`Destination::keeps_key_order`]), or in calls one after the other when it does
+//! not fit in one. `PutRecords` answers per record and does not stop at a refused one
+//! (`ProvisionedThroughputExceededException`, `InternalFailure`): the records of the key
+//! after a refused one may have been written. The relayer counts those not delivered (an
+//! attempt, sent again after the refused one), so that in the stream a key's messages can
+//! appear early, once, before the refused one's retry, and then again in order: a consumer
+//! that keeps, per key, the highest `seq` it has processed, processes each message once and
+//! in order only if it waits for the missing `seq` instead of skipping it. A message retried
+//! after a lost acknowledgement may appear twice, never only after its successor. Across a
+//! reshard a key moves to a child shard, and a consumer keeps the order only by finishing the
+//! parent shard first (the KCL does).
 
 use std::time::Duration;
 
@@ -132,6 +140,7 @@ impl Destination for Kinesis {
             }
             send_in_calls(
                 &mut outcomes,
+                batch,
                 prepared,
                 MAX_RECORDS,
                 MAX_CALL_BYTES,
@@ -170,5 +179,9 @@ impl Destination for Kinesis {
 
     fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move { self.client.get(Client::new).await.map(|_| ()) })
+    }
+
+    fn keeps_key_order(&self) -> bool {
+        true
     }
 }

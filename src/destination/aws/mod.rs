@@ -26,6 +26,7 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_http_client::tls;
 
+use super::calls::{self, Entry};
 use super::{Setting, Window, metadata, user_headers};
 use crate::error::ConfigError;
 use crate::message::{ClaimedMessage, Outcome};
@@ -431,17 +432,20 @@ struct Prepared<T> {
 }
 
 /// Sends `prepared` (each bound for one target: a queue, topic, bus or stream) in calls of
-/// at most `max_count` entries and `max_bytes` bytes, up to `concurrency` calls at once,
-/// each call checked against `window` before it is sent. Within the dispatch deadline
-/// (`deadline`): no call starts after 70 % of it (its messages are given back unattempted),
-/// and a call unanswered at 90 % is given up (an attempt of each of its messages: they
-/// may have arrived), so that the calls that were
-/// answered settle their messages instead of the whole batch timing out and being sent
-/// again. `call` sends one call's entries
-/// and answers each entry's outcome by its batch index, or the call's [`Failure`]; a
-/// failure that may concern one entry sends each entry again alone. Fills `outcomes`.
+/// at most `max_count` entries and `max_bytes` bytes, cut and sent in rounds as
+/// [`calls`](super::calls) says (a key's run of `batch` in one call where it fits), up to
+/// `concurrency` calls at once, each call checked against `window` before it is sent.
+/// Within the dispatch deadline (`deadline`): no call starts after 70 % of it (its messages
+/// are given back unattempted), and a call unanswered at 90 % is given up (an attempt of
+/// each of its messages: they may have arrived), so that the calls that were answered
+/// settle their messages instead of the whole batch timing out and being sent again.
+/// `call` sends one call's entries and answers each entry's outcome by its batch index, or
+/// the call's [`Failure`]; a failure that may concern one entry sends each entry again
+/// alone (a key's entries after one not delivered are then not sent). Fills `outcomes`.
+#[allow(clippy::too_many_arguments)]
 async fn send_in_calls<T, F, Fut>(
     outcomes: &mut [Option<Outcome>],
+    batch: &[ClaimedMessage],
     prepared: Vec<(String, Prepared<T>)>,
     max_count: usize,
     max_bytes: usize,
@@ -454,21 +458,18 @@ async fn send_in_calls<T, F, Fut>(
     F: Fn(String, Vec<(usize, T)>) -> Fut,
     Fut: Future<Output = Result<Vec<(usize, Outcome)>, Failure>>,
 {
-    // Calls per target, in batch order.
-    let mut calls: Vec<(String, Vec<Prepared<T>>)> = Vec::new();
-    for (target, p) in prepared {
-        let open = calls.iter().rposition(|(t, _)| *t == target);
-        let fits = open.is_some_and(|i| {
-            let entries = &calls[i].1;
-            entries.len() < max_count
-                && entries.iter().map(|e| e.bytes).sum::<usize>() + p.bytes <= max_bytes
-        });
-        match open {
-            Some(i) if fits => calls[i].1.push(p),
-            _ => calls.push((target, vec![p])),
-        }
-    }
-    let limit = tokio::sync::Semaphore::new(concurrency.max(1));
+    let entries = prepared
+        .into_iter()
+        .map(|(target, p)| Entry {
+            at: p.index,
+            target,
+            key: batch[p.index].key.clone(),
+            bytes: p.bytes,
+            item: p.entry,
+        })
+        .collect();
+    let entries = calls::behind_refused(batch, outcomes, entries);
+    let planned = calls::plan(entries, max_count, max_bytes);
     let started = tokio::time::Instant::now();
     let last_start = started + deadline.mul_f64(0.7);
     let give_up = started + deadline.mul_f64(0.9);
@@ -499,43 +500,51 @@ async fn send_in_calls<T, F, Fut>(
             .unwrap_or_else(|_| Err(unanswered()))
     };
     let call = &call;
-    let limit = &limit;
-    let results =
-        futures_util::future::join_all(calls.into_iter().map(|(target, entries)| async move {
-            let _permit = limit
-                .acquire()
-                .await
-                .expect("the semaphore is never closed");
-            let indexed = |e: &Prepared<T>| (e.index, e.entry.clone());
-            if let Err(not_sent) = window.check() {
-                return entries
-                    .iter()
-                    .map(|e| (e.index, not_sent.clone()))
-                    .collect();
+    let results = calls::in_rounds(planned, concurrency, |planned| async move {
+        let target = planned.target;
+        let entries = planned.entries;
+        let indexed = |e: &Entry<T>| (e.at, e.item.clone());
+        if let Err(not_sent) = window.check() {
+            return entries.iter().map(|e| (e.at, not_sent.clone())).collect();
+        }
+        match call(target.clone(), entries.iter().map(indexed).collect()).await {
+            Ok(answered) => answered,
+            Err(Failure { outcome, split }) if !split || entries.len() == 1 => {
+                entries.iter().map(|e| (e.at, outcome.clone())).collect()
             }
-            match call(target.clone(), entries.iter().map(indexed).collect()).await {
-                Ok(answered) => answered,
-                Err(Failure { outcome, split }) if !split || entries.len() == 1 => {
-                    entries.iter().map(|e| (e.index, outcome.clone())).collect()
-                }
-                Err(_) => {
-                    let mut answered = Vec::with_capacity(entries.len());
-                    for e in &entries {
-                        if let Err(not_sent) = window.check() {
-                            answered.push((e.index, not_sent));
-                            continue;
-                        }
-                        match call(target.clone(), vec![indexed(e)]).await {
-                            Ok(one) => answered.extend(one),
-                            Err(f) => answered.push((e.index, f.outcome)),
-                        }
+            Err(_) => {
+                let mut answered: Vec<(usize, Outcome)> = Vec::with_capacity(entries.len());
+                let mut stopped = std::collections::HashSet::new();
+                for e in &entries {
+                    let outcome = match (&e.key, window.check()) {
+                        (Some(k), _) if stopped.contains(k) => calls::not_delivered_before(k),
+                        (_, Err(not_sent)) => not_sent,
+                        (_, Ok(())) => match call(target.clone(), vec![indexed(e)]).await {
+                            Ok(mut one) => one.pop().map_or_else(
+                                || Outcome::Retryable {
+                                    reason: format!(
+                                        "{target}: the answer did not mention this message"
+                                    ),
+                                    retry_after: None,
+                                },
+                                |(_, o)| o,
+                            ),
+                            Err(f) => f.outcome,
+                        },
+                    };
+                    if let Some(k) = &e.key
+                        && outcome != Outcome::Delivered
+                    {
+                        stopped.insert(k.clone());
                     }
-                    answered
+                    answered.push((e.at, outcome));
                 }
+                answered
             }
-        }))
-        .await;
-    for (index, outcome) in results.into_iter().flatten() {
+        }
+    })
+    .await;
+    for (index, outcome) in results {
         outcomes[index] = Some(outcome);
     }
 }

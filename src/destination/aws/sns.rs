@@ -160,6 +160,7 @@ impl Destination for Sns {
             }
             send_in_calls(
                 &mut outcomes,
+                batch,
                 prepared,
                 MAX_ENTRIES,
                 MAX_BATCH_BYTES,

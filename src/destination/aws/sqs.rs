@@ -5,7 +5,9 @@
 //! `.fifo`) the `MessageDeduplicationId` is the outbox_id, so SQS drops a redelivery within
 //! its 5-minute deduplication interval, and the `MessageGroupId` is the message key (or
 //! `unkeyed_group_id`, or else the outbox_id, for a message without one), so a key's
-//! messages are received in order.
+//! messages are received in order. SQS writes a FIFO batch's entries in the order of the
+//! batch, so on a queue named `….fifo` in the `queue` setting a key's run goes in one
+//! `SendMessageBatch` (up to 10 entries, later calls one after the other).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -189,6 +191,7 @@ impl Destination for Sqs {
             }
             send_in_calls(
                 &mut outcomes,
+                batch,
                 prepared,
                 MAX_ENTRIES,
                 MAX_BATCH_BYTES,
@@ -240,5 +243,14 @@ impl Destination for Sqs {
             // The region and credentials resolve; the queue itself is checked by sending.
             self.client().await.map(|_| ())
         })
+    }
+
+    /// A FIFO queue keeps the order of a message group's messages within a
+    /// `SendMessageBatch` (in the order of its entries) and across calls: true when the
+    /// `queue` setting names one (ends with `.fifo`). A standard queue keeps no order, and
+    /// a template whose name ends only after `{topic}` is expanded may name either, so those
+    /// take a key's messages one call after the other.
+    fn keeps_key_order(&self) -> bool {
+        self.queue.trim_end_matches('/').ends_with(".fifo")
     }
 }

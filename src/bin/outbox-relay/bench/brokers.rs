@@ -114,7 +114,7 @@ impl Cleanup {
 }
 
 /// Stream, queue and subject prefix the destination benchmarks use.
-const BENCH_TARGET: &str = "outbox-bench";
+pub(super) const BENCH_TARGET: &str = "outbox-bench";
 
 /// A destination built from its `[destinations.NAME]` settings, as the relayer builds it.
 fn build(toml: &str) -> Result<Arc<dyn Destination>> {

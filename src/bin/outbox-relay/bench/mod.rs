@@ -14,7 +14,9 @@
 //! - `many_sources.rs` (`--sources`): one fleet draining many outbox databases, and its
 //!   fairness.
 //! - `quiet.rs` (`--quiet-sources`): the latency of quiet sources beside a deep backlog;
-//! - `stall.rs` (`--stall-secs`): the duplicates a stall of the destination leaves.
+//! - `stall.rs` (`--stall-secs`): the duplicates a stall of the destination leaves;
+//! - `keyed.rs` (`--keyed-drain`): 10 % keyed traffic against unkeyed into a destination
+//!   server, and both against a one-process client of the service's batch API.
 //!
 //! This file holds the options and what the shapes share: relays started and stopped,
 //! messages filled and drained into the [`Recorder`] (`recorder.rs`), figures reported.
@@ -36,6 +38,7 @@ mod console_pages;
 mod drain;
 mod fleet;
 mod hot_key;
+mod keyed;
 mod many_sources;
 mod memory;
 mod peers;
@@ -186,6 +189,13 @@ pub struct Options {
     /// Attempts in the log for `--console-pages` [default: 5 × --console-pages].
     #[arg(long)]
     pub console_attempts: Option<u64>,
+    /// Instead of the other measurements, with `--destination` pubsub, kinesis, sqs, sns or
+    /// eventbridge: `--rounds` times, `--messages` unkeyed and then as many with 10 % keyed
+    /// (ten keys) drained into a fresh target, the keyed ones again with one message of a
+    /// key per call (the control), and a one-process client sending as many payloads with
+    /// the service's batch API, one request at a time; prints each rate and the ratios.
+    #[arg(long)]
+    pub keyed_drain: bool,
 }
 
 /// The span maker of the relays when the `OTEL_*` variables turn export on (to measure
@@ -282,6 +292,9 @@ async fn measure(url: &str, o: &Options) -> Result<()> {
     }
     if o.console_pages > 0 {
         return console_pages::run(url, o, &sql).await;
+    }
+    if o.keyed_drain {
+        return keyed::run(url, o, &sql).await;
     }
 
     drain::run(url, o, &sql).await

@@ -143,4 +143,10 @@ impl Destination for Recorder {
     fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async { Ok(()) })
     }
+
+    /// The measured destination's: the dispatch layer gives it a key's run in one call
+    /// only when it keeps the order.
+    fn keeps_key_order(&self) -> bool {
+        self.inner.as_ref().is_some_and(|d| d.keeps_key_order())
+    }
 }
