@@ -379,6 +379,32 @@ mod tests {
         toml::from_str(toml).map_err(|e| e.to_string())
     }
 
+    /// Kinesis and SQS FIFO answer per record and go on after a refused one, so a key's run
+    /// goes in one call only where `runs_in_one_call` says so; by default one message of a
+    /// key per call keeps a key's first deliveries in enqueue order.
+    #[test]
+    #[cfg(feature = "aws")]
+    fn a_keys_run_goes_in_one_call_only_where_runs_in_one_call_is_set() {
+        let keeps = |toml: &str| {
+            let toml =
+                format!("{toml}region = \"us-east-1\"\nendpoint_url = \"http://127.0.0.1:1\"\n");
+            parse(&toml)
+                .unwrap()
+                .build("d", Duration::from_secs(1))
+                .unwrap()
+                .keeps_key_order()
+        };
+        assert!(!keeps("type = \"kinesis\"\n"));
+        assert!(keeps("type = \"kinesis\"\nruns_in_one_call = true\n"));
+        assert!(!keeps("type = \"sqs\"\nqueue = \"orders.fifo\"\n"));
+        assert!(keeps(
+            "type = \"sqs\"\nqueue = \"orders.fifo\"\nruns_in_one_call = true\n"
+        ));
+        assert!(!keeps(
+            "type = \"sqs\"\nqueue = \"orders\"\nruns_in_one_call = true\n"
+        ));
+    }
+
     #[test]
     #[cfg(all(feature = "redis", feature = "kafka"))]
     fn each_type_refuses_keys_it_does_not_know() {

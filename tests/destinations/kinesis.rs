@@ -29,6 +29,8 @@ use crate::{
 /// Not [`crate::UnsendableHeader`]: the headers travel inside the record's JSON.
 pub struct Stream {
     moto: Moto,
+    /// The destination's `runs_in_one_call`.
+    runs_in_one_call: bool,
 }
 
 /// One record as boto3 read it.
@@ -51,13 +53,17 @@ impl Harness for Stream {
     async fn start(_db: &TestDb) -> Self {
         let moto = Moto::start().await;
         moto.run(&["kinesis-create", "orders", "4"]);
-        Stream { moto }
+        Stream {
+            moto,
+            runs_in_one_call: false,
+        }
     }
 
     fn table(&self) -> String {
         format!(
-            "type = \"kinesis\"\nstream = \"{{topic}}\"\nregion = \"{REGION}\"\nendpoint_url = \"{}\"\n",
-            self.moto.endpoint()
+            "type = \"kinesis\"\nstream = \"{{topic}}\"\nregion = \"{REGION}\"\nendpoint_url = \"{}\"\nruns_in_one_call = {}\n",
+            self.moto.endpoint(),
+            self.runs_in_one_call
         )
     }
 
@@ -166,15 +172,18 @@ async fn each_keys_records_are_in_order_in_one_shard() {
     db.finish().await;
 }
 
-/// 10 % keyed traffic (ten keys among 2,000 messages) goes out in `PutRecords` calls that
-/// carry a key's run: read back shard by shard, each key's records are in enqueue order and
-/// every message is there, and the proxy sees calls of many records, some with several
-/// records of one key.
+/// With `runs_in_one_call`, 10 % keyed traffic (ten keys among 2,000 messages) goes out in
+/// `PutRecords` calls that carry a key's run: read back shard by shard, each key's records
+/// are in enqueue order and every message is there, and the proxy sees calls of many
+/// records, some with several records of one key.
 #[tokio::test(flavor = "multi_thread")]
 async fn mixed_keyed_traffic_goes_out_with_a_keys_run_in_one_call() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let h = Stream::start(&db).await;
+    let h = Stream {
+        runs_in_one_call: true,
+        ..Stream::start(&db).await
+    };
     crate::mixed::enqueue(&c, "orders").await;
     let w = start_relayer(&db, &h, "mixed", 10_000);
     crate::drained(&c).await;

@@ -26,6 +26,8 @@ pub struct Queue {
     moto: Moto,
     /// The queue template of the relayer's table.
     queue: &'static str,
+    /// The destination's `runs_in_one_call`.
+    runs_in_one_call: bool,
 }
 
 impl Queue {
@@ -43,14 +45,16 @@ impl Harness for Queue {
         Queue {
             moto,
             queue: "{topic}",
+            runs_in_one_call: false,
         }
     }
 
     fn table(&self) -> String {
         format!(
-            "type = \"sqs\"\nqueue = \"{}\"\nregion = \"{REGION}\"\nendpoint_url = \"{}\"\n",
+            "type = \"sqs\"\nqueue = \"{}\"\nregion = \"{REGION}\"\nendpoint_url = \"{}\"\nruns_in_one_call = {}\n",
             self.queue,
-            self.moto.endpoint()
+            self.moto.endpoint(),
+            self.runs_in_one_call
         )
     }
 
@@ -117,6 +121,7 @@ async fn a_fifo_queue_keeps_each_keys_order_and_drops_a_redelivery() {
     let h = Queue {
         moto,
         queue: "{topic}.fifo",
+        runs_in_one_call: false,
     };
     c.execute(
         "SELECT outbox.enqueue('orders', jsonb_build_object('seq', s), 'key-' || (s % $1::bigint), '{}'::jsonb) \
@@ -220,7 +225,7 @@ async fn a_queue_that_does_not_exist_dead_letters_its_messages_with_the_reason()
     db.finish().await;
 }
 
-/// On a FIFO queue, 10 % keyed traffic (ten keys among 2,000 messages) goes out in
+/// On a FIFO queue with `runs_in_one_call`, 10 % keyed traffic (ten keys among 2,000 messages) goes out in
 /// `SendMessageBatch` calls that carry a key's run (several entries of one message group
 /// in one call, up to SQS's 10): each group is received in enqueue order and every message
 /// is there.
@@ -233,6 +238,7 @@ async fn mixed_keyed_traffic_on_a_fifo_queue_goes_out_with_a_keys_run_in_one_cal
     let h = Queue {
         moto,
         queue: "{topic}.fifo",
+        runs_in_one_call: true,
     };
     crate::mixed::enqueue(&c, "orders").await;
     let w = start_relayer(&db, &h, "mixed", 10_000);

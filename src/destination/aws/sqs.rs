@@ -5,9 +5,13 @@
 //! `.fifo`) the `MessageDeduplicationId` is the outbox_id, so SQS drops a redelivery within
 //! its 5-minute deduplication interval, and the `MessageGroupId` is the message key (or
 //! `unkeyed_group_id`, or else the outbox_id, for a message without one), so a key's
-//! messages are received in order. SQS writes a FIFO batch's entries in the order of the
-//! batch, so on a queue named `….fifo` in the `queue` setting a key's run goes in one
-//! `SendMessageBatch` (up to 10 entries, later calls one after the other).
+//! messages are received in order. By default a key's messages go one call after the
+//! other, each only once its predecessor was accepted. SQS writes a FIFO batch's entries in
+//! the order of the batch, so with `runs_in_one_call` on a queue named `….fifo` in the
+//! `queue` setting a key's run goes in one `SendMessageBatch` (up to 10 entries, later
+//! calls one after the other); SQS answers per entry, and an entry refused while a later
+//! one of its group is accepted lets that later one be received before the refused one's
+//! retry.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -43,6 +47,9 @@ pub struct SqsConfig {
     pub unkeyed_group_id: Option<String>,
     /// SendMessageBatch calls in flight per batch, 1..=64 [default: 8].
     pub concurrency: Option<i64>,
+    /// On a FIFO queue named in `queue`, send a key's run of messages in one
+    /// SendMessageBatch call instead of one call per message of the key [default: false].
+    pub runs_in_one_call: Option<bool>,
 }
 
 impl SqsConfig {
@@ -69,6 +76,7 @@ impl SqsConfig {
             concurrency: concurrency(at, self.concurrency)?,
             deadline,
             urls: tokio::sync::Mutex::new(HashMap::new()),
+            runs_in_one_call: self.runs_in_one_call.unwrap_or(false),
         })
     }
 }
@@ -82,6 +90,8 @@ pub struct Sqs {
     deadline: Duration,
     /// Queue URLs of the queue names seen so far.
     urls: tokio::sync::Mutex<HashMap<String, String>>,
+    /// `runs_in_one_call`: a key's run goes in one call on a FIFO queue.
+    runs_in_one_call: bool,
 }
 
 fn is_url(queue: &str) -> bool {
@@ -246,11 +256,11 @@ impl Destination for Sqs {
     }
 
     /// A FIFO queue keeps the order of a message group's messages within a
-    /// `SendMessageBatch` (in the order of its entries) and across calls: true when the
-    /// `queue` setting names one (ends with `.fifo`). A standard queue keeps no order, and
-    /// a template whose name ends only after `{topic}` is expanded may name either, so those
-    /// take a key's messages one call after the other.
+    /// `SendMessageBatch` (in the order of its entries) and across calls: true when
+    /// `runs_in_one_call` is set and the `queue` setting names one (ends with `.fifo`). A
+    /// standard queue keeps no order, and a template whose name ends only after `{topic}` is
+    /// expanded may name either, so those take a key's messages one call after the other.
     fn keeps_key_order(&self) -> bool {
-        self.queue.trim_end_matches('/').ends_with(".fifo")
+        self.runs_in_one_call && self.queue.trim_end_matches('/').ends_with(".fifo")
     }
 }

@@ -332,7 +332,7 @@ async fn aws(kind: &str) -> Result<(Arc<dyn Destination>, Cleanup)> {
                 .map_err(sdk_error)
                 .with_context(server)?;
             let destination = build(&format!(
-                "type = \"kinesis\"\nstream = \"{BENCH_TARGET}\"\n{settings}"
+                "type = \"kinesis\"\nstream = \"{BENCH_TARGET}\"\nruns_in_one_call = true\n{settings}"
             ))?;
             (destination, Cleanup::KinesisStream(client))
         }
