@@ -150,8 +150,9 @@ GRANT EXECUTE ON FUNCTION outbox.report_coverage(text, text[], text[], interval,
 --             does), grouped by topic before the reports are checked, so the patterns are
 --             matched once per topic, not per message; each returned topic's keyed
 --             messages are read in one more scan, and the messages behind them probed
---             through messages_key_seq_idx. Called once per observe interval by each
---             relayer in place of uncovered_topics, and by `outbox-relay status`.
+--             through messages_key_seq_idx. Called by each relayer's observer in place of
+--             uncovered_topics, once per observe interval while the fleet's observation has
+--             a message ready for longer than the bound, and by `outbox-relay status`.
 CREATE OR REPLACE FUNCTION outbox.stalled_topics(p_older_than interval)
 RETURNS TABLE (
     topic text,

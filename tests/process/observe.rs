@@ -692,6 +692,18 @@ async fn a_key_held_behind_a_topic_whose_destination_is_down_is_named_with_the_b
     })
     .await;
     assert_eq!(lines_in(&live_out), 60);
+    // Each key's live messages arrived in enqueue order (n counts up from 1).
+    let mut last: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for line in std::fs::read_to_string(&live_out).unwrap().lines() {
+        let m: serde_json::Value = serde_json::from_str(line).unwrap();
+        if let Some(key) = m["key"].as_str() {
+            let n = m["payload"]["n"].as_i64().unwrap();
+            let before = last.insert(key.to_owned(), n).unwrap_or(0);
+            assert_eq!(n, before + 1, "{key}: {n} after {before}");
+        }
+    }
+    assert_eq!(last.len(), 5);
+    assert!(last.values().all(|n| *n == 10), "{last:?}");
     eventually(MINUTE, "the held keys' gauge back to 0", || async {
         relayer.metric("outbox_circuit_held_keys").await == Some(0.0)
     })

@@ -234,7 +234,12 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
                     value["uncovered_topics"] = serde_json::to_value(uncovered)?;
                     value["circuit_held_topics"] = serde_json::to_value(held)?;
                 }
-                Err(e) => value["stalled_topics_error"] = e.clone().into(),
+                Err(e) => {
+                    // Unknown, not none: both lists null beside the reason.
+                    value["uncovered_topics"] = serde_json::Value::Null;
+                    value["circuit_held_topics"] = serde_json::Value::Null;
+                    value["stalled_topics_error"] = e.clone().into();
+                }
             }
             value["wake_ups"] = wake_ups.into();
             outln!("{}", serde_json::to_string(&value)?);
