@@ -891,13 +891,10 @@ GRANT EXECUTE ON FUNCTION outbox.report_coverage(text, text[], text[], interval,
 --             not report (a release before it) is not seen: during a rolling upgrade its
 --             topics may be returned.
 -- Raises:     P7001 (p_older_than) when it is NULL or negative.
--- Shape:      reads outbox.messages whole (a sequential scan, as the observation does),
---             grouped by topic before the reports are checked, so the patterns are matched
---             once per topic, not per message; each uncovered topic's keyed messages are
---             read in one more scan, and the messages behind them probed through
---             messages_key_seq_idx.
---             Called once per observe interval by each relayer, and by `outbox-relay
---             status`.
+-- Shape:      the rows of stalled_topics(p_older_than) whose cause is 'uncovered', oldest
+--             first: one sequential scan of outbox.messages, and one more for each returned
+--             topic's keyed messages (stalled_topics has the whole shape). Kept for psql
+--             and dashboards; the relayers and `outbox-relay status` call stalled_topics.
 CREATE OR REPLACE FUNCTION outbox.uncovered_topics(p_older_than interval)
 RETURNS TABLE (
     topic text,
@@ -910,41 +907,12 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF p_older_than IS NULL OR p_older_than < interval '0' THEN
-        PERFORM outbox.invalid_argument('p_older_than', 'must be an interval of 0 or more');
-    END IF;
+    -- stalled_topics checks p_older_than (P7001 naming it)
     RETURN QUERY
-    WITH waiting AS (
-        SELECT m.topic, count(*) AS ready, min(m.available_at) AS oldest
-          FROM outbox.messages AS m
-         WHERE m.lease_token IS NULL
-           AND m.available_at <= now() - p_older_than
-         GROUP BY m.topic
-    ), uncovered AS (
-        SELECT w.topic, w.ready, w.oldest
-          FROM waiting AS w
-         WHERE NOT EXISTS (
-                   SELECT 1
-                     FROM outbox.coverage_reports AS r
-                    WHERE r.expires_at > now()
-                      AND (r.topics IS NULL OR w.topic = ANY (r.topics))
-                      AND (r.include_topics IS NULL OR w.topic LIKE ANY (r.include_topics)))
-    )
-    SELECT u.topic, u.ready, now() - u.oldest,
-           coalesce(h.keys, 0),
-           coalesce(h.topics, '{}')
-      FROM uncovered AS u
-      LEFT JOIN LATERAL (
-               SELECT count(DISTINCT m.message_key) AS keys,
-                      array_agg(DISTINCT b.topic ORDER BY b.topic) AS topics
-                 FROM outbox.messages AS m
-                 JOIN outbox.messages AS b
-                   ON b.message_key = m.message_key
-                  AND b.seq > m.seq
-                  AND b.topic <> m.topic
-                WHERE m.topic = u.topic
-                  AND m.message_key IS NOT NULL) AS h ON true
-     ORDER BY u.oldest, u.topic;
+    SELECT s.topic, s.ready, s.oldest_ready_age, s.held_keys, s.held_topics
+      FROM outbox.stalled_topics(p_older_than) AS s
+     WHERE s.cause = 'uncovered'
+     ORDER BY s.oldest_ready_age DESC, s.topic;
 END;
 $$;
 

@@ -4,7 +4,8 @@
 -- p_route_destinations, default NULL), and the new outbox.stalled_topics names the topics
 -- whose ready messages wait either because no running relayer claims them or because every
 -- relayer claiming them leaves them out while their destination's circuit is open, with the
--- keys held behind them on other topics. A signature that gains arguments is a new
+-- keys held behind them on other topics; uncovered_topics returns its rows of cause
+-- 'uncovered' instead of computing them again. A signature that gains arguments is a new
 -- function, and the old one beside it would make every call that leaves them out ambiguous:
 -- report_coverage is dropped and created again, with its comment and grant; the previous
 -- release's calls of four arguments resolve to it unchanged. Contracts in full:
@@ -233,3 +234,27 @@ COMMENT ON FUNCTION outbox.stalled_topics(interval) IS
 
 REVOKE ALL ON FUNCTION outbox.stalled_topics(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.stalled_topics(interval) TO outbox_reader, outbox_relay;
+
+
+-- outbox.uncovered_topics: the rows of stalled_topics whose cause is 'uncovered' (its
+-- contract unchanged; the whole comment in 08_observation.sql).
+CREATE OR REPLACE FUNCTION outbox.uncovered_topics(p_older_than interval)
+RETURNS TABLE (
+    topic text,
+    ready bigint,
+    oldest_ready_age interval,
+    held_keys bigint,
+    held_topics text[]
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- stalled_topics checks p_older_than (P7001 naming it)
+    RETURN QUERY
+    SELECT s.topic, s.ready, s.oldest_ready_age, s.held_keys, s.held_topics
+      FROM outbox.stalled_topics(p_older_than) AS s
+     WHERE s.cause = 'uncovered'
+     ORDER BY s.oldest_ready_age DESC, s.topic;
+END;
+$$;
