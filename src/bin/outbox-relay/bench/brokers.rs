@@ -249,9 +249,10 @@ pub(super) async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cle
 
 /// Where the AWS benchmarks send: `AWS_ENDPOINT_URL` (a moto server, whose figures measure
 /// moto more than the relayer; see docs/performance.md), region us-east-1 unless
-/// `AWS_REGION` says otherwise, credentials from the SDK's default chain.
+/// `AWS_REGION` says otherwise, credentials from the SDK's default chain. Returns the
+/// endpoint, the region and the SDK's configuration for them.
 #[cfg(feature = "aws")]
-async fn aws(kind: &str) -> Result<(Arc<dyn Destination>, Cleanup)> {
+pub(super) async fn aws_target() -> Result<(String, String, aws_config::SdkConfig)> {
     let endpoint =
         std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned());
     let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".to_owned());
@@ -262,6 +263,13 @@ async fn aws(kind: &str) -> Result<(Arc<dyn Destination>, Cleanup)> {
     )
     .await
     .map_err(anyhow::Error::msg)?;
+    Ok((endpoint, region, config))
+}
+
+/// An AWS destination of the benchmarks and its target, at [`aws_target`].
+#[cfg(feature = "aws")]
+async fn aws(kind: &str) -> Result<(Arc<dyn Destination>, Cleanup)> {
+    let (endpoint, region, config) = aws_target().await?;
     let server = || {
         format!(
             "{kind} on {endpoint} (AWS_ENDPOINT_URL; a moto server: \

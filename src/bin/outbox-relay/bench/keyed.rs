@@ -24,7 +24,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+#[cfg(any(feature = "pubsub", feature = "aws"))]
+use anyhow::Context;
+use anyhow::{Result, bail};
 use tokio_util::sync::CancellationToken;
 
 use futures_util::future::BoxFuture;
@@ -32,7 +34,9 @@ use outbox_relay::destination::{Destination, Window};
 use outbox_relay::message::{ClaimedMessage, Outcome};
 use outbox_relay::store::fill_messages;
 
-use super::brokers::{BENCH_TARGET, destination};
+#[cfg(any(feature = "pubsub", feature = "aws"))]
+use super::brokers::BENCH_TARGET;
+use super::brokers::destination;
 use super::{Options, Recorder, median, per_sec, settle, shutdown_relays, start_relays};
 
 /// Every tenth message is keyed, with `'k' || (i % 100)`: ten keys.
@@ -250,16 +254,7 @@ async fn send(kind: &str, payloads: &[String], per_request: usize) -> Result<Dur
 
 #[cfg(feature = "aws")]
 async fn aws(kind: &str, payloads: &[String], per_request: usize) -> Result<Duration> {
-    let endpoint =
-        std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "http://127.0.0.1:5000".to_owned());
-    let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".to_owned());
-    let config = outbox_relay::destination::aws_sdk_config(
-        Some(&region),
-        Some(&endpoint),
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(anyhow::Error::msg)?;
+    let (_, _, config) = super::brokers::aws_target().await?;
     let failed = |what: &str, e: &dyn std::error::Error| anyhow::anyhow!("{what}: {e:?}");
     match kind {
         "kinesis" => {
