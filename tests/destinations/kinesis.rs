@@ -202,27 +202,7 @@ async fn mixed_keyed_traffic_goes_out_with_a_keys_run_in_one_call() {
         })
         .collect();
     crate::mixed::assert_arrived_in_key_order(&arrived);
-    let requests: Vec<Vec<Option<String>>> = h
-        .moto
-        .proxy
-        .bodies()
-        .iter()
-        .filter_map(|body| {
-            let body: serde_json::Value = serde_json::from_slice(body).ok()?;
-            let records = body["Records"].as_array()?;
-            Some(
-                records
-                    .iter()
-                    .map(|r| {
-                        r["PartitionKey"]
-                            .as_str()
-                            .filter(|k| k.starts_with("key-"))
-                            .map(str::to_owned)
-                    })
-                    .collect(),
-            )
-        })
-        .collect();
+    let requests = crate::mixed::requests_by_key(&h.moto.proxy.bodies(), "Records", "PartitionKey");
     crate::mixed::assert_runs_share_requests("kinesis", &requests, 500);
     db.finish().await;
 }

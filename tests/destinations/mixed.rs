@@ -48,6 +48,31 @@ pub fn assert_arrived_in_key_order(arrived: &[(Option<String>, i64)]) {
     assert_eq!(last.len(), usize::try_from(KEYS).unwrap());
 }
 
+/// The JSON request bodies among `bodies` that hold an array `list`, each as the drain's
+/// keys of its entries: the string field `key` of an entry when it is one of
+/// [`enqueue`]'s `key-…`, `None` otherwise (an unkeyed message, whose partition key or
+/// message group is its own). Other bodies (a call without `list`) are left out.
+pub fn requests_by_key(bodies: &[Vec<u8>], list: &str, key: &str) -> Vec<Vec<Option<String>>> {
+    bodies
+        .iter()
+        .filter_map(|body| {
+            let body: serde_json::Value = serde_json::from_slice(body).ok()?;
+            let entries = body[list].as_array()?;
+            Some(
+                entries
+                    .iter()
+                    .map(|e| {
+                        e[key]
+                            .as_str()
+                            .filter(|k| k.starts_with("key-"))
+                            .map(str::to_owned)
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
 /// The requests the relayer made, each as the keys of its messages (`None`: unkeyed), in
 /// the order they were sent: they carried every message, and a key's run went in one
 /// request (some request carries several messages of one key). Where a request takes

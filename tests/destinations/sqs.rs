@@ -264,27 +264,8 @@ async fn mixed_keyed_traffic_on_a_fifo_queue_goes_out_with_a_keys_run_in_one_cal
         })
         .collect();
     crate::mixed::assert_arrived_in_key_order(&arrived);
-    let requests: Vec<Vec<Option<String>>> = h
-        .moto
-        .proxy
-        .bodies()
-        .iter()
-        .filter_map(|body| {
-            let body: serde_json::Value = serde_json::from_slice(body).ok()?;
-            let entries = body["Entries"].as_array()?;
-            Some(
-                entries
-                    .iter()
-                    .map(|e| {
-                        e["MessageGroupId"]
-                            .as_str()
-                            .filter(|g| g.starts_with("key-"))
-                            .map(str::to_owned)
-                    })
-                    .collect(),
-            )
-        })
-        .collect();
+    let requests =
+        crate::mixed::requests_by_key(&h.moto.proxy.bodies(), "Entries", "MessageGroupId");
     crate::mixed::assert_runs_share_requests("sqs fifo", &requests, 10);
     db.finish().await;
 }
