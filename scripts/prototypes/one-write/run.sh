@@ -17,6 +17,13 @@
 #   l      outbox_l:   proto_l.sql: today's claim without its lock of each head (the
 #                      lease's UPDATE locks); a Heap/LOCK record less per message
 #   al     outbox_al:  a + l
+#   o      outbox_o:   proto_o.sql: a claim of one statement per shard and slot (an UPDATE
+#                      whose ctid list is the shard's heads FOR UPDATE SKIP LOCKED, then
+#                      one for the runs behind its keyed heads): no turn, no probe
+#   oa     outbox_oa:  o + a
+#   o1     outbox_o1:  o + proto_o1.sql: the same with no shard walk, one statement over
+#                      the slot from an index of heads (available_at, seq)
+#   o1a    outbox_o1a: o1 + a
 #   floor  outbox_f:   the bare floor: one DELETE … RETURNING of a batch by id order plus
 #                      its attempts' INSERT, one statement, no lease (bench --peers's)
 #   pgmq   pgmq_like:  pgmq_like.sql: pgmq's read (visibility-time UPDATE) + delete by id
@@ -37,7 +44,7 @@ set -euo pipefail
 messages=${1:-240000}
 batches=${BATCHES:-500 100}
 rounds=${ROUNDS:-2}
-variants=${VARIANTS:-today a ag ac abc l al floor pgmq}
+variants=${VARIANTS:-today a o oa o1 o1a floor pgmq}
 last=${LAST:-38}
 migrations=${MIGRATIONS:-schema/migrations}
 base=${DATABASE_URL%/*}
@@ -56,8 +63,9 @@ schema_of() {
   case $1 in
     today) echo outbox_t ;; a) echo outbox_a ;; ag) echo outbox_ag ;; ac) echo outbox_ac ;;
     abc) echo outbox_abc ;; l) echo outbox_l ;; al) echo outbox_al ;;
+    o) echo outbox_o ;; oa) echo outbox_oa ;; o1) echo outbox_o1 ;; o1a) echo outbox_o1a ;;
     floor) echo outbox_f ;; pgmq) echo pgmq_like ;;
-    *) echo "run.sh: unknown variant $1 (today a ag ac abc l al floor pgmq)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown variant $1 (today a ag ac abc l al o oa o1 o1a floor pgmq)" >&2; exit 2 ;;
   esac
 }
 rename() { # FILE SCHEMA: the file with the outbox schema renamed
@@ -94,6 +102,10 @@ for v in $variants; do
     abc) { rename "$here/proto_ac.sql" "$s"; rename "$here/proto_abc.sql" "$s"; } >>"$out/all.sql" ;;
     l) rename "$here/proto_l.sql" "$s" >>"$out/all.sql" ;;
     al) { rename "$here/proto_a.sql" "$s"; rename "$here/proto_l.sql" "$s"; } >>"$out/all.sql" ;;
+    o) rename "$here/proto_o.sql" "$s" >>"$out/all.sql" ;;
+    oa) { rename "$here/proto_o.sql" "$s"; rename "$here/proto_a.sql" "$s"; } >>"$out/all.sql" ;;
+    o1) { rename "$here/proto_o.sql" "$s"; rename "$here/proto_o1.sql" "$s"; } >>"$out/all.sql" ;;
+    o1a) { rename "$here/proto_o.sql" "$s"; rename "$here/proto_o1.sql" "$s"; rename "$here/proto_a.sql" "$s"; } >>"$out/all.sql" ;;
   esac
   psql -XAtq -v ON_ERROR_STOP=1 "$base/$tpl" -f "$out/all.sql" >/dev/null 2>"$out/err" || { echo "FAILED loading $v"; cat "$out/err"; exit 1; }
   [ "$v" = floor ] || sed "s/outbox\./$s./g; s/public\.complete_all/public.complete_all_$v/g" "$here/../complete_all.sql" |
@@ -206,7 +218,7 @@ PY
     # delivered message's lease reported lost (P7002 from complete_outbox_attempt)
     for v in $variants; do
       s=$(schema_of "$v")
-      case $v in floor|pgmq) continue ;; today|l) log=$s.attempts ;; *) log=$s.attempts_all ;; esac
+      case $v in floor|pgmq) continue ;; today|l|o|o1) log=$s.attempts ;; *) log=$s.attempts_all ;; esac
       psql -XAtq "$base/$db" -c "
         SELECT '  check $v: ' || count(*) || ' attempts of ' || count(DISTINCT outbox_id) || ' messages, '
                || (SELECT count(*) FROM $s.messages m WHERE m.lease_token IS NULL) || ' messages unleased; '
