@@ -359,3 +359,50 @@ async fn bad_key_order_rules_are_refused_with_p7001_naming_the_argument() {
     );
     db.finish().await;
 }
+
+#[tokio::test]
+async fn the_console_finds_a_key_on_every_topic_and_counts_what_each_message_waits_for() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute("SELECT outbox.set_key_order_scope('t.%', 'topic')", &[])
+        .await
+        .unwrap();
+    let u = enqueue(&c, "u", Some("k")).await;
+    let a1 = enqueue(&c, "t.a", Some("k")).await;
+    let a2 = enqueue(&c, "t.a", Some("k")).await;
+    let b1 = enqueue(&c, "t.b", Some("k")).await;
+    // keys that extend k: never k's
+    enqueue(&c, "t.b", Some("k\u{1}")).await;
+    enqueue(&c, "t.b", Some("kk")).await;
+    enqueue(&c, "u", Some("kk")).await;
+
+    let mut found: Vec<Uuid> = c
+        .query(
+            "SELECT outbox_id FROM outbox.console_messages(NULL, NULL, 'k', NULL, NULL, NULL, 50)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    found.sort();
+    let mut expected = vec![u, a1, a2, b1];
+    expected.sort();
+    assert_eq!(found, expected, "k's messages on every topic, and only k's");
+
+    for (id, ahead, head) in [(u, 0, u), (a1, 0, a1), (a2, 1, a1), (b1, 0, b1)] {
+        let row = c
+            .query_one(
+                "SELECT ahead, key_head, state FROM outbox.console_message($1, false)",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(0), ahead, "{id}: messages ahead");
+        assert_eq!(row.get::<_, Uuid>(1), head, "{id}: its key's head");
+        let state: String = row.get(2);
+        assert_eq!(state, if id == a2 { "waiting" } else { "ready" }, "{id}");
+    }
+    db.finish().await;
+}
