@@ -157,9 +157,9 @@ REVOKE ALL ON TABLE outbox.message_slots FROM PUBLIC;
 -- outbox.key_order_rules: the scope of a key's order, chosen per topic pattern. Messages
 -- that share a message_key are delivered in enqueue order within a scope:
 --   outbox  the whole outbox (the default, for a topic no rule matches): a key's messages
---           wait for every earlier message of the key, whatever its topic
+--           wait for every earlier message of the key on any topic ordered so
 --   topic   the message's topic: a key's messages wait only for earlier messages of the key
---           on the same topic
+--           on the same topic, and no message of another topic waits for them
 -- A topic takes the scope of the most specific rule whose pattern it matches (LIKE, with
 -- `\` escaping `%`, `_` and `\`): a pattern without `%` before one with it, then the
 -- longer, then the first in byte order. The scope is decided when a message is inserted

@@ -57,8 +57,9 @@ COMMENT ON COLUMN outbox.messages.order_key IS
 
 
 -- outbox.key_order_scope: the scope of the key order a keyed message of p_topic gets when it
--- is enqueued now: 'outbox' (it waits for every earlier message of its key, whatever the
--- topic) or 'topic' (only for earlier messages of its key on p_topic).
+-- is enqueued now: 'outbox' (it waits for every earlier message of its key on any topic
+-- ordered across the whole outbox) or 'topic' (only for earlier messages of its key on
+-- p_topic; no message of another topic waits for it).
 --
 -- Inputs:     p_topic   a topic (NULL: NULL).
 -- Returns:    the scope of the most specific rule of outbox.key_order_rules whose pattern
