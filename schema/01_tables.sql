@@ -6,8 +6,10 @@
 --   outbox.message_slot               sequence: the slot of outbox.messages producers write to
 --   outbox.message_slot()             that slot (default of messages.slot)
 --   outbox.message_slots              when each slot became the one producers write to
+--   outbox.key_order_rules            the scope of a key's order, per topic pattern
 --   outbox.messages                   pending work, one row per undelivered message, in 4 slots
---   outbox.mark_behind()              trigger function: marks a keyed message behind its key
+--   outbox.mark_behind()              trigger function: gives a keyed message its order key
+--                                     and marks it behind that key
 --   outbox.settle_behind()            trigger function: at commit, keeps a key's head findable
 --   outbox.attempt_slot               sequence: the slot of outbox.attempts attempts go to
 --   outbox.attempt_slot()             that slot (default of attempts.slot)
@@ -152,6 +154,37 @@ COMMENT ON TABLE outbox.message_slots IS
 REVOKE ALL ON TABLE outbox.message_slots FROM PUBLIC;
 
 
+-- outbox.key_order_rules: the scope of a key's order, chosen per topic pattern. Messages
+-- that share a message_key are delivered in enqueue order within a scope:
+--   outbox  the whole outbox (the default, for a topic no rule matches): a key's messages
+--           wait for every earlier message of the key on any topic ordered so
+--   topic   the message's topic: a key's messages wait only for earlier messages of the key
+--           on the same topic, and no message of another topic waits for them
+-- A topic takes the scope of the most specific rule whose pattern it matches (LIKE, with
+-- `\` escaping `%`, `_` and `\`): a pattern without `%` before one with it, then the
+-- longer, then the first in byte order. The scope is decided when a message is inserted
+-- (mark_behind): a change applies to messages enqueued after it, and messages already
+-- pending keep the order they were given.
+-- Written only by set_key_order_scope and unset_key_order_scope, read by key_order_scope
+-- (on every keyed insert) and the view key_order_scopes (03_enqueue.sql). Owner only.
+CREATE TABLE outbox.key_order_rules (
+    -- a LIKE pattern of topics
+    topic_pattern text        NOT NULL,
+    scope         text        NOT NULL,
+    set_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- the login role that set it (session_user: the functions run as their owner)
+    set_by        text        NOT NULL DEFAULT session_user,
+    CONSTRAINT key_order_rules_pkey PRIMARY KEY (topic_pattern),
+    CONSTRAINT key_order_rules_pattern_not_empty CHECK (topic_pattern <> ''),
+    CONSTRAINT key_order_rules_scope CHECK (scope IN ('outbox', 'topic'))
+);
+
+COMMENT ON TABLE outbox.key_order_rules IS
+    'The scope of a key''s order (outbox: the whole outbox; topic: per topic) per LIKE pattern of topics, applied to messages enqueued after it is set; written by set_key_order_scope and unset_key_order_scope; owner only.';
+
+REVOKE ALL ON TABLE outbox.key_order_rules FROM PUBLIC;
+
+
 -- outbox.messages: pending work, one row per undelivered message.
 --
 -- Written only through the SQL API: enqueue and replay insert; a claim leases (UPDATE of
@@ -220,11 +253,12 @@ REVOKE ALL ON TABLE outbox.message_slots FROM PUBLIC;
 --   - claims walk each shard from its floor (04_claim.sql), so the dead entries of
 --     delivered messages that vacuum may not remove yet (the MVCC horizon held) are not
 --     stepped over by every claim.
--- * messages_key_seq_idx (message_key, seq) WHERE message_key IS NOT NULL: a key's messages
---   in enqueue order. One probe answers "is an earlier message of this key pending?" (the
---   claim's head check, mark_behind) and "which message is next in this key?" (the claim's
---   runs, settle_behind, the completion's promotion of a key's next head). Unkeyed messages
---   have no entry.
+-- * messages_order_key_seq_idx (order_key, seq) WHERE order_key IS NOT NULL: an order key's
+--   messages in enqueue order. One probe answers "is an earlier message of this key
+--   pending?" (the claim's head check, mark_behind) and "which message is next in this
+--   key?" (the claim's runs, settle_behind, the completion's promotion of a key's next
+--   head). Unkeyed messages have no entry. order_key is in the C collation, so the
+--   console's search for a message_key is one range of it (11_console.sql).
 --
 -- Triggers (functions below): messages_mark_behind (BEFORE INSERT of a keyed message) and
 -- messages_settle_behind (deferred to commit, for a message inserted behind); in
@@ -261,13 +295,18 @@ CREATE TABLE outbox.messages (
     behind           boolean     NOT NULL DEFAULT false,
     -- the partition: the slot producers wrote to when the message was inserted
     slot             smallint    NOT NULL DEFAULT outbox.message_slot(),
+    -- what the message keeps order with, set by mark_behind at insert: message_key when
+    -- its topic's key order spans the whole outbox, message_key || E'\x1f' || topic when
+    -- it is scoped per topic (key_order_rules); NULL exactly when message_key is
+    order_key        text        COLLATE "C",
     CONSTRAINT messages_pkey PRIMARY KEY (outbox_id, slot),
     CONSTRAINT messages_topic_not_empty CHECK (topic <> ''),
     CONSTRAINT messages_max_attempts_positive CHECK (max_attempts >= 1),
     CONSTRAINT messages_headers_object CHECK (jsonb_typeof(headers) = 'object'),
     CONSTRAINT messages_lease_complete CHECK (
         (claimed_by IS NULL) = (lease_token IS NULL)
-        AND (lease_token IS NULL) = (lease_expires_at IS NULL))
+        AND (lease_token IS NULL) = (lease_expires_at IS NULL)),
+    CONSTRAINT messages_order_key_with_key CHECK ((order_key IS NULL) = (message_key IS NULL))
 ) PARTITION BY LIST (slot);
 
 -- The partitions, one per slot, each with the storage settings above.
@@ -319,13 +358,15 @@ CREATE INDEX messages_shard_heads_idx
     ON outbox.messages ((hashtext(coalesce(message_key, outbox_id::text)) & 15), available_at, seq)
     WHERE NOT behind;
 
-CREATE INDEX messages_key_seq_idx ON outbox.messages (message_key, seq)
-    WHERE message_key IS NOT NULL;
+CREATE INDEX messages_order_key_seq_idx ON outbox.messages (order_key, seq)
+    WHERE order_key IS NOT NULL;
 
 COMMENT ON TABLE outbox.messages IS
     'Pending work, one row per undelivered message, with its lease while in flight; written only by the SQL API, owner only (read it through the views).';
 COMMENT ON COLUMN outbox.messages.behind IS
-    'an earlier message of the same message_key is pending; not a claim candidate';
+    'an earlier message of the same order_key is pending; not a claim candidate';
+COMMENT ON COLUMN outbox.messages.order_key IS
+    'what the message keeps order with, set at insert: message_key (the whole outbox) or message_key, unit separator, topic (per topic; key_order_rules)';
 COMMENT ON COLUMN outbox.messages.slot IS
     'the partition (0 to 3): the slot producers wrote to when the message was inserted';
 
@@ -349,29 +390,38 @@ REVOKE ALL ON TABLE outbox.messages_3 FROM PUBLIC;
 
 
 -- outbox.mark_behind: internal; the function of trigger messages_mark_behind (BEFORE INSERT
--- of a message with a key: enqueue, replay_step, or an INSERT by the owner). Not granted.
+-- of a message with a key: enqueue, replay_step, an adopted table's trigger, or an INSERT
+-- by the owner). Not granted.
 --
--- Sets NEW.behind when any message of the same key is pending, as this statement sees it.
--- Every pending message it sees was enqueued, and numbered, earlier; a VOLATILE trigger
--- function sees the rows inserted earlier by the same statement, so a multi-row INSERT of
--- one key marks all but the first. A message marked as a head while it is not one (an
--- earlier message of its key not yet committed) is harmless: the claim takes a head only
--- when no earlier message of its key is pending. Locks nothing; raises nothing.
--- SECURITY DEFINER: it reads the table with the owner's rights, whoever inserts.
--- It reads the key's entries of messages_key_seq_idx newest first and stops at the first
--- pending one: while the MVCC horizon is held, the key's delivered messages leave dead
--- entries below its pending ones, and a key with a message pending (a busy key) answers at
--- its newest entries instead of stepping over every message it delivered since the hold
--- began. A key with nothing pending still steps over them all.
+-- Sets NEW.order_key, what the message keeps order with: NEW.message_key when its topic's
+-- key order spans the whole outbox, NEW.message_key || E'\x1f' || NEW.topic when it is
+-- scoped per topic (key_order_scope, 03_enqueue.sql, as the rules stand at this insert).
+-- A key holding the unit separator (\x1f) may then share its order key with another key's
+-- on another topic: the two wait for each other, and each keeps its own order.
+-- Sets NEW.behind when any message of the same order key is pending, as this statement
+-- sees it. Every pending message it sees was enqueued, and numbered, earlier; a VOLATILE
+-- trigger function sees the rows inserted earlier by the same statement, so a multi-row
+-- INSERT of one key marks all but the first. A message marked as a head while it is not
+-- one (an earlier message of its key not yet committed) is harmless: the claim takes a
+-- head only when no earlier message of its key is pending. Locks nothing; raises nothing.
+-- SECURITY DEFINER: it reads the tables with the owner's rights, whoever inserts.
+-- It reads the key's entries of messages_order_key_seq_idx newest first and stops at the
+-- first pending one: while the MVCC horizon is held, the key's delivered messages leave
+-- dead entries below its pending ones, and a key with a message pending (a busy key)
+-- answers at its newest entries instead of stepping over every message it delivered since
+-- the hold began. A key with nothing pending still steps over them all.
 CREATE OR REPLACE FUNCTION outbox.mark_behind() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 AS $$
 BEGIN
+    NEW.order_key := CASE outbox.key_order_scope(NEW.topic)
+                          WHEN 'topic' THEN NEW.message_key || E'\x1f' || NEW.topic
+                          ELSE NEW.message_key END;
     NEW.behind := coalesce((SELECT true
                               FROM outbox.messages AS e
-                             WHERE e.message_key = NEW.message_key
+                             WHERE e.order_key = NEW.order_key
                              ORDER BY e.seq DESC
                              LIMIT 1), false);
     RETURN NEW;
@@ -379,7 +429,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION outbox.mark_behind() IS
-    'Internal (trigger messages_mark_behind, before insert of a keyed message): marks the message behind when an earlier message of its key is pending. Not granted.';
+    'Internal (trigger messages_mark_behind, before insert of a keyed message): sets the message''s order_key by its topic''s key order scope and marks it behind when an earlier message of that order key is pending. Not granted.';
 
 REVOKE ALL ON FUNCTION outbox.mark_behind() FROM PUBLIC;
 
@@ -392,9 +442,9 @@ REVOKE ALL ON FUNCTION outbox.mark_behind() FROM PUBLIC;
 --   to clear it. The completion that deletes a key's head clears the mark of the key's next
 --   message, but it cannot see a message whose producer has not committed yet. So, at the
 --   producer's commit, under READ COMMITTED this locks the nearest earlier message of the
---   key FOR KEY SHARE: its deletion then waits for this commit, and the completion's later
---   statement sees the new message. When there is no earlier message left to lock, the new
---   message clears its own mark.
+--   key (its order_key) FOR KEY SHARE: its deletion then waits for this commit, and the
+--   completion's later statement sees the new message. When there is no earlier message
+--   left to lock, the new message clears its own mark.
 -- Locks: that one earlier message, FOR KEY SHARE SKIP LOCKED, until the commit; a message
 --   that a completion is deleting (or that a claim holds FOR UPDATE during its short
 --   transaction) is passed over for the next earlier one. The producer never waits here.
@@ -425,7 +475,7 @@ BEGIN
         -- its deletion waits for this commit; none, and this message is the head to come.
         PERFORM 1
            FROM outbox.messages AS e
-          WHERE e.message_key = NEW.message_key
+          WHERE e.order_key = NEW.order_key
             AND e.seq < NEW.seq
           ORDER BY e.seq DESC
           LIMIT 1

@@ -8,6 +8,13 @@
 --                                                                           JSON
 -- and, internal to both, outbox.with_trace_context (the creation context checked and put
 -- into the headers).
+-- The scope of a key's order, which enqueue applies to each keyed message it inserts:
+--   outbox.key_order_scope(text)                the scope a topic's keyed messages get now
+--   outbox.set_key_order_scope(text, text)      sets the scope of the topics of a pattern
+--   outbox.unset_key_order_scope(text)          removes a pattern's rule
+--   outbox.key_order_scopes                     view: the rules
+-- Callers: outbox_relay (the relayer's `key-order` verb) sets and removes rules;
+-- outbox_reader and outbox_relay read them.
 -- Callers: logins in outbox_producer (applications) and outbox_relay (the relayer's
 -- `enqueue` verb). Neither role has any right on the tables: the bytea form is SECURITY
 -- DEFINER; the jsonb form is a plain SQL function that calls it.
@@ -138,9 +145,10 @@ REVOKE ALL ON FUNCTION outbox.with_trace_context(jsonb, text, text, text) FROM P
 --             p_payload       required (not NULL); any bytes, stored as given.
 --             p_message_key   default NULL (no order: delivered in parallel with any other
 --                             message). Messages sharing a non-NULL key are delivered one at
---                             a time, in the order they were enqueued; transactions that
---                             enqueue under one key at the same time get no order between
---                             them.
+--                             a time, in the order they were enqueued, across the whole
+--                             outbox or within their topic, as key_order_scope names for
+--                             p_topic at this insert; transactions that enqueue under one
+--                             key at the same time get no order between them.
 --             p_headers       a JSON object of the message's headers; default and NULL: {}.
 --             p_available_at  not before; default and NULL: the clock at the insert
 --                             (clock_timestamp()). A time in the future delays the
@@ -356,3 +364,147 @@ COMMENT ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, 
 REVOKE ALL ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer, text, text) TO outbox_producer;
 GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, uuid, integer, text, text) TO outbox_relay;
+
+
+-- outbox.key_order_scope: the scope of the key order a keyed message of p_topic gets when it
+-- is enqueued now: 'outbox' (it waits for every earlier message of its key on any topic
+-- ordered across the whole outbox) or 'topic' (only for earlier messages of its key on
+-- p_topic; no message of another topic waits for it).
+--
+-- Inputs:     p_topic   a topic (NULL: NULL).
+-- Returns:    the scope of the most specific rule of outbox.key_order_rules whose pattern
+--             p_topic matches (LIKE): a pattern without `%` before one with it, then the
+--             longer, then the first in byte order; 'outbox', the default, when none
+--             matches. The default is the whole outbox because a key usually names one
+--             entity (an order, an account) whose events on different topics must keep
+--             their order, and because it is the order every earlier release gave.
+-- Locks:      nothing (a read).
+-- Raises:     nothing.
+-- Shape:      reads the rules, a few rows, whole (no index answers LIKE with the pattern in
+--             the table), once per call. Called by mark_behind on every keyed insert
+--             (01_tables.sql), which runs with enable_seqscan off: set on here, since off
+--             it costs the scan past every JIT threshold and compiled it on every insert
+--             (200 ms per keyed message).
+CREATE OR REPLACE FUNCTION outbox.key_order_scope(p_topic text) RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = on
+AS $$
+    SELECT CASE WHEN p_topic IS NOT NULL THEN
+               coalesce((SELECT r.scope
+                           FROM outbox.key_order_rules AS r
+                          WHERE p_topic LIKE r.topic_pattern
+                          ORDER BY strpos(r.topic_pattern, '%') = 0 DESC,
+                                   length(r.topic_pattern) DESC,
+                                   r.topic_pattern COLLATE "C"
+                          LIMIT 1), 'outbox')
+           END
+$$;
+
+COMMENT ON FUNCTION outbox.key_order_scope(text) IS
+    'The scope of the key order a keyed message of the topic gets if enqueued now: outbox (the whole outbox, the default) or topic (its topic alone), by the most specific rule of set_key_order_scope.';
+
+REVOKE ALL ON FUNCTION outbox.key_order_scope(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.key_order_scope(text) TO outbox_reader, outbox_relay;
+
+
+-- outbox.set_key_order_scope: sets the scope of the key order of the topics p_topic_pattern
+-- matches, replacing that pattern's rule if it has one.
+--
+-- Inputs:     p_topic_pattern  a LIKE pattern of topics (`orders.%`, `payments`; `\` escapes
+--                              `%`, `_` and `\`), not empty.
+--             p_scope          'topic': a key's messages of such a topic wait only for
+--                              earlier messages of the key on the same topic; 'outbox': for
+--                              every earlier message of the key (the default of a topic no
+--                              rule matches; a rule saying it overrides a wider rule).
+-- Returns:    the pattern's scope before the call (NULL: it had no rule).
+-- Guarantees: applies to messages enqueued after the caller commits (each takes the scope
+--             of the rules its insert sees, key_order_scope); messages already pending
+--             keep the order they were given, so a key's older messages are delivered in
+--             the order they had, and its newer ones in the new scope. Changing a topic to
+--             'topic' lets its new messages pass the key's pending messages of other
+--             topics; changing it back to 'outbox' makes new messages wait for every
+--             pending message of their key.
+-- Locks:      the pattern's rule (a row of outbox.key_order_rules).
+-- Raises:     P7001 (p_topic_pattern) when NULL or empty; P7001 (p_scope) when not 'outbox'
+--             or 'topic'.
+-- Crash:      nothing: the rule is written in the caller's transaction.
+CREATE OR REPLACE FUNCTION outbox.set_key_order_scope(p_topic_pattern text, p_scope text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_before text;
+BEGIN
+    IF p_topic_pattern IS NULL OR p_topic_pattern = '' THEN
+        PERFORM outbox.invalid_argument('p_topic_pattern', 'must be a non-empty LIKE pattern of topics');
+    END IF;
+    IF p_scope IS NULL OR p_scope NOT IN ('outbox', 'topic') THEN
+        PERFORM outbox.invalid_argument('p_scope',
+            format('must be ''outbox'' (the whole outbox) or ''topic'' (per topic), not %s',
+                   coalesce(quote_literal(p_scope), 'NULL')));
+    END IF;
+    SELECT r.scope INTO v_before
+      FROM outbox.key_order_rules AS r
+     WHERE r.topic_pattern = p_topic_pattern
+       FOR UPDATE;
+    INSERT INTO outbox.key_order_rules (topic_pattern, scope)
+    VALUES (p_topic_pattern, p_scope)
+    ON CONFLICT (topic_pattern) DO UPDATE
+       SET scope = EXCLUDED.scope, set_at = EXCLUDED.set_at, set_by = EXCLUDED.set_by;
+    RETURN v_before;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.set_key_order_scope(text, text) IS
+    'Sets the key order scope (outbox: the whole outbox; topic: per topic) of the topics matching a LIKE pattern, for messages enqueued after it; returns the pattern''s previous scope; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.set_key_order_scope(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.set_key_order_scope(text, text) TO outbox_relay;
+
+
+-- outbox.unset_key_order_scope: removes the rule of p_topic_pattern, so that its topics take
+-- the scope of the next most specific rule, or the whole outbox.
+--
+-- Inputs:     p_topic_pattern  the pattern as set_key_order_scope was given it.
+-- Returns:    whether the pattern had a rule.
+-- Guarantees: as set_key_order_scope: applies to messages enqueued after the commit.
+-- Locks:      the pattern's rule.
+-- Raises:     P7001 (p_topic_pattern) when NULL or empty.
+-- Crash:      nothing.
+CREATE OR REPLACE FUNCTION outbox.unset_key_order_scope(p_topic_pattern text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_topic_pattern IS NULL OR p_topic_pattern = '' THEN
+        PERFORM outbox.invalid_argument('p_topic_pattern', 'must be a non-empty LIKE pattern of topics');
+    END IF;
+    DELETE FROM outbox.key_order_rules AS r WHERE r.topic_pattern = p_topic_pattern;
+    RETURN FOUND;
+END;
+$$;
+
+COMMENT ON FUNCTION outbox.unset_key_order_scope(text) IS
+    'Removes the key order scope rule of a topic pattern (its topics fall back to the next rule, or the whole outbox) for messages enqueued after it; whether it had one; P7001 on a bad argument.';
+
+REVOKE ALL ON FUNCTION outbox.unset_key_order_scope(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.unset_key_order_scope(text) TO outbox_relay;
+
+
+-- outbox.key_order_scopes: the rules of the key order scope: topic_pattern (LIKE), scope
+-- ('outbox' or 'topic'), set_at, set_by (the login that set it); most specific first, in
+-- the order key_order_scope applies them. A topic no rule matches keeps its keys' order
+-- across the whole outbox.
+CREATE OR REPLACE VIEW outbox.key_order_scopes AS
+SELECT r.topic_pattern, r.scope, r.set_at, r.set_by
+  FROM outbox.key_order_rules AS r
+ ORDER BY strpos(r.topic_pattern, '%') = 0 DESC, length(r.topic_pattern) DESC,
+          r.topic_pattern COLLATE "C";
+
+COMMENT ON VIEW outbox.key_order_scopes IS
+    'The key order scope rules (topic pattern, outbox or topic, when and by whom set), most specific first; topics no rule matches keep their keys'' order across the whole outbox.';
+
+REVOKE ALL ON outbox.key_order_scopes FROM PUBLIC;
+GRANT SELECT ON outbox.key_order_scopes TO outbox_reader, outbox_relay;

@@ -37,20 +37,23 @@
 --   (lease_token IS NULL), topic in p_topics when given, matching one of the LIKE
 --   patterns of p_include_topics when given and none of those of p_exclude_topics when
 --   given.
--- * Heads and runs. A keyed message is `behind` when an earlier message of its key is
---   pending (set by a trigger on insert, 01_tables.sql; cleared on the key's next message
---   by the completion that deletes the head, promote_heads in 05_completion.sql). Claims
---   walk only messages_shard_heads_idx, which holds unkeyed messages and heads (NOT
---   behind), so the messages waiting behind a head cost a claim nothing. A keyed head is
---   taken only when no earlier message of its key is pending at all (one probe of
---   messages_key_seq_idx), so a stale `behind = false` never breaks key order. A run is
+-- * Heads and runs. "Its key" is the message's order_key: its message_key, or its
+--   message_key on its topic alone when its topic's key order is scoped per topic, as
+--   enqueue decided it (mark_behind, 01_tables.sql). A keyed message is `behind` when an
+--   earlier message of its key is pending (set by a trigger on insert, 01_tables.sql;
+--   cleared on the key's next message by the completion that deletes the head,
+--   promote_heads in 05_completion.sql). Claims walk only messages_shard_heads_idx, which
+--   holds unkeyed messages and heads (NOT behind), so the messages waiting behind a head
+--   cost a claim nothing. A keyed head is taken only when no earlier message of its key is
+--   pending at all (one probe of messages_order_key_seq_idx), so a stale `behind = false`
+--   never breaks key order. A run is
 --   what a claim takes behind a keyed head it holds: the messages that follow it in its
 --   key, consecutively, while each is ready, unleased, on the head's topic and within the
 --   payload limit.
 -- * Shards and turns. A message's shard is hashtext(coalesce(message_key, outbox_id::text))
 --   & 15, written out the same way in every query and in the index, so the planner matches
 --   messages_shard_heads_idx (shard, available_at, seq). All messages of a key share a
---   shard. Each shard has a turn, the row 'claim:<shard>' of outbox.turns, locked FOR
+--   shard (all messages of an order key share its message_key). Each shard has a turn, the row 'claim:<shard>' of outbox.turns, locked FOR
 --   UPDATE by the claim that reads the shard and held until its transaction ends; only the
 --   schema owner can lock those rows, so only these SECURITY DEFINER functions take turns.
 -- * Floors. Each shard's walk starts at the shard's floor, a time at or before every entry
@@ -398,11 +401,14 @@ REVOKE ALL ON FUNCTION outbox.ring() FROM PUBLIC;
 --               is now leased to p_worker_id alone, under a fresh random token.
 --             * Key order: a keyed message is returned only as its key's head (no earlier
 --               message of the key pending: leased, delayed, waiting for a retry, or parked)
---               or in the run right behind a head of the same batch. The topic filters
---               do not change it: a key's order spans topics, so a message waiting behind
---               an earlier message of its key on a topic this claim leaves out (a topic no
---               filter admits, one another relayer covers, or one no relayer covers) is not
---               returned until that message is delivered or dead-lettered. Rows come back in seq
+--               or in the run right behind a head of the same batch. The key is the
+--               order key enqueue gave the message (key_order_scope, 03_enqueue.sql): its
+--               message_key across the whole outbox (the default), or on its topic alone.
+--               The topic filters do not change it: where a key's order spans topics, a
+--               message waiting behind an earlier message of its key on a topic this claim
+--               leaves out (a topic no filter admits, one another relayer covers, or one no
+--               relayer covers) is not returned until that message is delivered or
+--               dead-lettered. Rows come back in seq
 --               order, so a run is in enqueue order. Within a shard, heads come first,
 --               oldest (available_at, seq) first, and runs take the room left, in the heads'
 --               order.
@@ -748,7 +754,7 @@ GRANT EXECUTE ON FUNCTION outbox.claim_outbox_batch(integer, text, integer, text
 --             long the MVCC horizon has been held. A plain index scan also marks
 --             the entries of deleted rows dead, so the next claim skips them without
 --             visiting the heap (a bitmap scan would not). Each run is one probe of
---             messages_key_seq_idx, limited to the room left.
+--             messages_order_key_seq_idx, limited to the room left.
 CREATE OR REPLACE FUNCTION outbox.claim_shard_candidates_slot0(
     p_shard integer,
     p_floor timestamptz,
@@ -781,13 +787,13 @@ BEGIN
     SELECT coalesce(array_agg(b.outbox_id), '{}'),
            coalesce(array_agg(b.ctid), '{}'),
            coalesce(sum(b.counted), 0),
-           array_agg(b.message_key) FILTER (WHERE b.message_key IS NOT NULL),
-           array_agg(b.seq) FILTER (WHERE b.message_key IS NOT NULL),
-           array_agg(b.topic) FILTER (WHERE b.message_key IS NOT NULL)
+           array_agg(b.order_key) FILTER (WHERE b.order_key IS NOT NULL),
+           array_agg(b.seq) FILTER (WHERE b.order_key IS NOT NULL),
+           array_agg(b.topic) FILTER (WHERE b.order_key IS NOT NULL)
       INTO ids, ctids, bytes, v_keys, v_seqs, v_topics
       FROM (SELECT w.*,
                    sum(w.counted) OVER (ROWS UNBOUNDED PRECEDING) - w.counted AS before
-              FROM (SELECT c.outbox_id, c.ctid, c.message_key, c.seq, c.topic,
+              FROM (SELECT c.outbox_id, c.ctid, c.order_key, c.seq, c.topic,
                            CASE WHEN octet_length(c.payload) > p_max_message_bytes THEN 0
                                 ELSE octet_length(c.payload)::bigint END AS counted
                       FROM outbox.messages_0 AS c
@@ -799,12 +805,12 @@ BEGIN
                        AND (p_topics IS NULL OR c.topic = ANY (p_topics))
                        AND (p_include_topics IS NULL OR c.topic LIKE ANY (p_include_topics))
                        AND (p_exclude_topics IS NULL OR NOT c.topic LIKE ANY (p_exclude_topics))
-                       AND (c.message_key IS NULL OR NOT (
+                       AND (c.order_key IS NULL OR NOT (
                                EXISTS (SELECT 1
                                          FROM outbox.messages_0 AS e
-                                        WHERE e.message_key = c.message_key
+                                        WHERE e.order_key = c.order_key
                                           AND e.seq < c.seq)
-                               OR (p_other_slots AND outbox.key_pending_before(c.message_key, c.seq))))
+                               OR (p_other_slots AND outbox.key_pending_before(c.order_key, c.seq))))
                      ORDER BY c.available_at, c.seq
                      LIMIT p_room
                        FOR UPDATE SKIP LOCKED) AS w) AS b
@@ -832,7 +838,7 @@ BEGIN
                                                              OR octet_length(n.payload) <= p_max_message_bytes))
                                                    OVER (ORDER BY n.seq ROWS UNBOUNDED PRECEDING) AS unbroken
                                           FROM outbox.messages_0 AS n
-                                         WHERE n.message_key = h.key
+                                         WHERE n.order_key = h.key
                                            AND n.seq > h.seq
                                          ORDER BY n.seq
                                          LIMIT v_room) AS y
@@ -986,23 +992,23 @@ REVOKE ALL ON FUNCTION outbox.lease_candidates(uuid[], tid[], smallint[], text, 
 SELECT outbox.dispatch_for_slots('outbox.lease_candidates(uuid[], tid[], smallint[], text, integer, bigint)');
 
 
--- outbox.key_pending_before (internal): whether a message of p_key with a seq below p_seq
--- is pending in any slot: one probe of each slot's messages_key_seq_idx, by a plan kept
--- for the session. The claim asks it only of a shard with entries in more than one slot.
+-- outbox.key_pending_before (internal): whether a message of order key p_key with a seq
+-- below p_seq is pending in any slot: one probe of each slot's messages_order_key_seq_idx,
+-- by a plan kept for the session. The claim asks it only of a shard with entries in more than one slot.
 CREATE FUNCTION outbox.key_pending_before(p_key text, p_seq bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    RETURN EXISTS (SELECT 1 FROM outbox.messages_0 e0 WHERE e0.message_key = p_key AND e0.seq < p_seq)
-        OR EXISTS (SELECT 1 FROM outbox.messages_1 e1 WHERE e1.message_key = p_key AND e1.seq < p_seq)
-        OR EXISTS (SELECT 1 FROM outbox.messages_2 e2 WHERE e2.message_key = p_key AND e2.seq < p_seq)
-        OR EXISTS (SELECT 1 FROM outbox.messages_3 e3 WHERE e3.message_key = p_key AND e3.seq < p_seq);
+    RETURN EXISTS (SELECT 1 FROM outbox.messages_0 e0 WHERE e0.order_key = p_key AND e0.seq < p_seq)
+        OR EXISTS (SELECT 1 FROM outbox.messages_1 e1 WHERE e1.order_key = p_key AND e1.seq < p_seq)
+        OR EXISTS (SELECT 1 FROM outbox.messages_2 e2 WHERE e2.order_key = p_key AND e2.seq < p_seq)
+        OR EXISTS (SELECT 1 FROM outbox.messages_3 e3 WHERE e3.order_key = p_key AND e3.seq < p_seq);
 END;
 $$;
 
 COMMENT ON FUNCTION outbox.key_pending_before(text, bigint) IS
-    'Internal: whether a message of the key with a lower seq is pending in any slot.';
+    'Internal: whether a message of the order key with a lower seq is pending in any slot.';
 REVOKE ALL ON FUNCTION outbox.key_pending_before(text, bigint) FROM PUBLIC;
 
 

@@ -121,9 +121,9 @@ BEGIN
                    AND m.claimed_by = p_worker_id
                    AND m.lease_expires_at > now()
                 RETURNING m.outbox_id, m.attempt_count + 1 AS attempt_no, m.lease_token,
-                          m.message_key, m.available_at, m.seq, m.behind
+                          m.order_key, m.available_at, m.seq, m.behind
             ), done AS (
-                SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.message_key,
+                SELECT u.ord, g.outbox_id, g.attempt_no, g.lease_token, g.order_key,
                        g.available_at, g.seq, g.behind, u.error,
                        g.lease_token <> u.token AS mixed
                   FROM gone AS g
@@ -138,9 +138,9 @@ BEGIN
                  ORDER BY d.ord
             )
             SELECT array_agg(d.ord), array_agg(d.attempt_no),
-                   array_agg(d.message_key) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
-                   array_agg(d.available_at) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
-                   array_agg(d.seq) FILTER (WHERE d.message_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.order_key) FILTER (WHERE d.order_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.available_at) FILTER (WHERE d.order_key IS NOT NULL AND NOT d.behind),
+                   array_agg(d.seq) FILTER (WHERE d.order_key IS NOT NULL AND NOT d.behind),
                    coalesce(bool_or(d.mixed), false)
               INTO v_ords, v_nos, v_keys, v_after, v_seqs, v_mixed
               FROM done AS d;
@@ -689,11 +689,11 @@ BEGIN
     IF cardinality(v_done) > 0 THEN
         WITH gone AS (
             DELETE FROM outbox.messages WHERE outbox_id = ANY (v_done)
-            RETURNING message_key, available_at, seq, behind
+            RETURNING order_key, available_at, seq, behind
         )
-        SELECT coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
-               coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
-               coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}')
+        SELECT coalesce(array_agg(g.order_key) FILTER (WHERE g.order_key IS NOT NULL AND NOT g.behind), '{}'),
+               coalesce(array_agg(g.available_at) FILTER (WHERE g.order_key IS NOT NULL AND NOT g.behind), '{}'),
+               coalesce(array_agg(g.seq) FILTER (WHERE g.order_key IS NOT NULL AND NOT g.behind), '{}')
           INTO v_keys, v_after, v_seqs
           FROM gone AS g;
     END IF;
@@ -728,9 +728,9 @@ BEGIN
               JOIN unnest(p_outbox_ids, p_attempt_nos, p_errors) AS u(id, attempt_no, error)
                 ON u.id = g.outbox_id
         )
-        SELECT v_keys || coalesce(array_agg(g.message_key) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
-               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}'),
-               v_seqs || coalesce(array_agg(g.seq) FILTER (WHERE g.message_key IS NOT NULL AND NOT g.behind), '{}')
+        SELECT v_keys || coalesce(array_agg(g.order_key) FILTER (WHERE g.order_key IS NOT NULL AND NOT g.behind), '{}'),
+               v_after || coalesce(array_agg(g.available_at) FILTER (WHERE g.order_key IS NOT NULL AND NOT g.behind), '{}'),
+               v_seqs || coalesce(array_agg(g.seq) FILTER (WHERE g.order_key IS NOT NULL AND NOT g.behind), '{}')
           INTO v_keys, v_after, v_seqs
           FROM gone AS g;
     END IF;
@@ -869,7 +869,10 @@ SELECT outbox.copy_for_slots('outbox.lock_keys_slot0(uuid[])');
 -- outbox.lock_keys (internal): takes, for the transaction, the completion lock of the key
 -- of each listed message that has one (a transaction-scoped advisory lock, classid
 -- hashtext('outbox.key'), objid hashtext(key)), in objid order. Called by
--- complete_outbox_batch before it changes anything; no role may execute it.
+-- complete_outbox_batch before it changes anything; no role may execute it. The lock is
+-- by message_key, not order_key: every order key of a message_key (one per topic when its
+-- topics' key order is scoped per topic) shares it, which serializes a little more than
+-- needed and never less, and keeps the lock a probe of the row's key alone.
 --
 -- Locks:      the advisory locks, held until the caller's transaction ends, waiting for
 --             a completion of the same key (or of a key with the same hash) to end. Taken
@@ -885,7 +888,7 @@ SELECT outbox.copy_for_slots('outbox.lock_keys_slot0(uuid[])');
 -- Raises:     nothing of its own.
 -- Shape:      one probe of messages_pkey per listed id, a LATERAL subquery that the
 --             planner cannot pull up (LIMIT 1): written as a join of the ids, with no
---             statistics on a fresh table it walked all of messages_key_seq_idx instead
+--             statistics on a fresh table it walked a whole index of keys instead
 --             (2,000 keyed rows read to find 3 at a 20,000 backlog). Unkeyed messages take
 --             no lock.
 CREATE OR REPLACE FUNCTION outbox.lock_keys(p_outbox_ids uuid[]) RETURNS void
@@ -925,7 +928,7 @@ REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
 
 
 -- outbox.promote_slot0 (internal): makes the listed messages of slot 0 that are still
--- behind heads, not before the given times; returns their keys.
+-- behind heads, not before the given times; returns their order keys.
 CREATE OR REPLACE FUNCTION outbox.promote_slot0(p_ids uuid[], p_after timestamptz[])
 RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE
@@ -937,7 +940,7 @@ BEGIN
            available_at = greatest(m.available_at, p_after[array_position(p_ids, m.outbox_id)])
      WHERE m.outbox_id = ANY (p_ids)
        AND m.behind
-    RETURNING m.message_key;
+    RETURNING m.order_key;
 END;
 $$;
 
@@ -947,7 +950,8 @@ REVOKE ALL ON FUNCTION outbox.promote_slot0(uuid[], timestamptz[]) FROM PUBLIC;
 SELECT outbox.copy_for_slots('outbox.promote_slot0(uuid[], timestamptz[])');
 
 
--- outbox.promote_heads (internal): the first pending message of each listed key becomes
+-- outbox.promote_heads (internal): the first pending message of each listed order key
+-- (a key as enqueue scoped it: messages.order_key, 01_tables.sql) becomes
 -- its head (behind = false) where it is not already. Called by complete_outbox_batch and
 -- apply_outcomes after they delete keyed messages, as a statement of its own, so that its
 -- snapshot sees a producer's message whose commit the deletion waited for; no role may
@@ -979,7 +983,7 @@ SELECT outbox.copy_for_slots('outbox.promote_slot0(uuid[], timestamptz[])');
 --             that held its shard's claim floor (04_claim.sql) until this transaction
 --             commits, so the new entry is never below the floor. It keeps its place among
 --             the messages enqueued after it.
--- Shape:      the heads are found first (one probe of messages_key_seq_idx per distinct
+-- Shape:      the heads are found first (one probe of messages_order_key_seq_idx per distinct
 --             key) and then updated by primary key: joined in one statement, the planner
 --             could walk all of outbox.messages per call (11.7 s at a 480,000 backlog).
 --             PL/pgSQL with plan_cache_mode = auto keeps the plans between calls (they do
@@ -1017,16 +1021,16 @@ BEGIN
          CROSS JOIN LATERAL (
                 SELECT a.outbox_id, a.behind, a.slot
                   FROM ((SELECT n0.outbox_id, n0.seq, n0.behind, n0.slot FROM outbox.messages_0 n0
-                          WHERE n0.message_key = k.key AND n0.seq > k.from_seq ORDER BY n0.seq LIMIT 1)
+                          WHERE n0.order_key = k.key AND n0.seq > k.from_seq ORDER BY n0.seq LIMIT 1)
                         UNION ALL
                         (SELECT n1.outbox_id, n1.seq, n1.behind, n1.slot FROM outbox.messages_1 n1
-                          WHERE n1.message_key = k.key AND n1.seq > k.from_seq ORDER BY n1.seq LIMIT 1)
+                          WHERE n1.order_key = k.key AND n1.seq > k.from_seq ORDER BY n1.seq LIMIT 1)
                         UNION ALL
                         (SELECT n2.outbox_id, n2.seq, n2.behind, n2.slot FROM outbox.messages_2 n2
-                          WHERE n2.message_key = k.key AND n2.seq > k.from_seq ORDER BY n2.seq LIMIT 1)
+                          WHERE n2.order_key = k.key AND n2.seq > k.from_seq ORDER BY n2.seq LIMIT 1)
                         UNION ALL
                         (SELECT n3.outbox_id, n3.seq, n3.behind, n3.slot FROM outbox.messages_3 n3
-                          WHERE n3.message_key = k.key AND n3.seq > k.from_seq ORDER BY n3.seq LIMIT 1)) AS a
+                          WHERE n3.order_key = k.key AND n3.seq > k.from_seq ORDER BY n3.seq LIMIT 1)) AS a
                  ORDER BY a.seq
                  LIMIT 1) AS f
          WHERE f.behind;

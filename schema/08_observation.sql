@@ -926,8 +926,9 @@ GRANT EXECUTE ON FUNCTION outbox.uncovered_topics(interval) TO outbox_reader, ou
 -- outbox.stalled_topics: the topics whose ready messages wait because no running relayer
 -- claims them (uncovered) or because every running relayer that claims them leaves them
 -- unclaimed while their destination's circuit is open (circuit_open), with the keys held
--- behind them on other topics: per-key order is kept across the whole outbox, so a key's
--- later messages on any topic wait for these.
+-- behind them on other topics: where a key's order spans the whole outbox (the default,
+-- key_order_scope in 03_enqueue.sql), a key's later messages on any topic wait for these;
+-- a message whose topic's key order is scoped per topic holds nothing on other topics.
 --
 -- Inputs:     p_older_than  how long a message must have been ready (available_at at least
 --                           this long ago) to count; 0 or more.
@@ -940,8 +941,8 @@ GRANT EXECUTE ON FUNCTION outbox.uncovered_topics(interval) TO outbox_reader, ou
 --             such a relayer leaves every such topic out); destinations (for
 --             circuit_open, those destinations, sorted; empty for uncovered); ready (those
 --             messages); oldest_ready_age (now() minus the oldest available_at of them);
---             held_keys (keys that have a message of this topic pending before a message
---             of another topic); held_topics (the other topics those messages are on,
+--             held_keys (order keys that have a message of this topic pending before a
+--             message of another topic: keys ordered across the whole outbox); held_topics (the other topics those messages are on,
 --             sorted). Oldest first.
 -- Locks:      nothing (reads only).
 -- Guarantees: a topic is returned as circuit_open only while every relayer that reports
@@ -954,7 +955,7 @@ GRANT EXECUTE ON FUNCTION outbox.uncovered_topics(interval) TO outbox_reader, ou
 --             does), grouped by topic before the reports are checked, so the patterns are
 --             matched once per topic, not per message; each returned topic's keyed
 --             messages are read in one more scan, and the messages behind them probed
---             through messages_key_seq_idx. Called by each relayer's observer in place of
+--             through messages_order_key_seq_idx. Called by each relayer's observer in place of
 --             uncovered_topics, once per observe interval while the fleet's observation has
 --             a message ready for longer than the bound, and by `outbox-relay status`.
 CREATE OR REPLACE FUNCTION outbox.stalled_topics(p_older_than interval)
@@ -1019,15 +1020,15 @@ BEGIN
            coalesce(h.topics, '{}')
       FROM stalled AS s
       LEFT JOIN LATERAL (
-               SELECT count(DISTINCT m.message_key) AS keys,
+               SELECT count(DISTINCT m.order_key) AS keys,
                       array_agg(DISTINCT b.topic ORDER BY b.topic) AS topics
                  FROM outbox.messages AS m
                  JOIN outbox.messages AS b
-                   ON b.message_key = m.message_key
+                   ON b.order_key = m.order_key
                   AND b.seq > m.seq
                   AND b.topic <> m.topic
                 WHERE m.topic = s.topic
-                  AND m.message_key IS NOT NULL) AS h ON true
+                  AND m.order_key IS NOT NULL) AS h ON true
      ORDER BY s.oldest, s.topic;
 END;
 $$;

@@ -105,7 +105,7 @@ REVOKE ALL ON FUNCTION outbox.console_dead_letter_condition(uuid[], text, timest
 -- Shape:      the statement is written with the filters given and planned for their values
 --             at each call (EXECUTE ... USING), so that no optional filter leaves a generic
 --             plan that reads outbox.messages whole: by primary key for p_id, through
---             messages_key_seq_idx for p_key (the key's own messages), otherwise walking
+--             messages_order_key_seq_idx for p_key (the key's own messages), otherwise walking
 --             messages_pkey backwards from p_before and stopping at p_limit rows, or at the
 --             end of the search window for a filter that few messages match (a rare topic or
 --             state): at most 100,000 index entries and rows at any backlog.
@@ -162,7 +162,10 @@ BEGIN
         v_where := v_where || ' AND m.topic = $2';
     END IF;
     IF p_key IS NOT NULL THEN
-        v_where := v_where || ' AND m.message_key = $3';
+        -- the key's order keys (itself, and itself, unit separator, topic for each topic
+        -- scoped per topic) are one range of messages_order_key_seq_idx (C collation)
+        v_where := v_where || ' AND m.order_key >= $3 AND m.order_key < ($3 || chr(32))'
+                           || ' AND m.message_key = $3';
     END IF;
     IF p_older_than IS NOT NULL THEN
         v_where := v_where || ' AND m.created_at <= now() - $4';
@@ -263,16 +266,18 @@ GRANT EXECUTE ON FUNCTION outbox.console_window_end(uuid) TO outbox_reader, outb
 --                             the payload is not read (payload_bytes is its stored size)
 -- Returns:    no row when p_id is not pending; otherwise its columns as console_messages
 --             returns them, then content_type, headers, payload, payload_bytes,
---             max_attempts, ahead (the messages of its key with a smaller seq, counted up to
---             10001; NULL without a key) and key_head (the outbox_id of its key's smallest
---             seq, the one delivered next; NULL without a key).
+--             max_attempts, ahead (the messages it waits for: those of its order key with a
+--             smaller seq, counted up to 10001; NULL without a key) and key_head (the
+--             outbox_id of its order key's smallest seq, the one delivered next; NULL
+--             without a key). Its order key is its key across the whole outbox, or on its
+--             topic alone when enqueue scoped it so (01_tables.sql).
 -- Locks:      nothing (a read; STABLE).
 -- Guarantees: a caller that must not see payloads (the console's --sensitive-payloads)
 --             passes false, and no payload leaves the database.
 -- Raises:     nothing.
 -- Crash:      nothing: a read.
 -- Shape:      one primary-key probe of outbox.messages, and for a keyed message two ranges
---             of messages_key_seq_idx, the first stopped at 10001 rows.
+--             of messages_order_key_seq_idx, the first stopped at 10001 rows.
 CREATE OR REPLACE FUNCTION outbox.console_message(p_id uuid, p_with_payload boolean)
 RETURNS TABLE (
     outbox_id uuid,
@@ -306,17 +311,17 @@ SELECT m.outbox_id, m.topic, m.message_key,
        CASE WHEN p_with_payload THEN m.payload END,
        octet_length(m.payload)::bigint,
        m.max_attempts,
-       CASE WHEN m.message_key IS NOT NULL THEN
+       CASE WHEN m.order_key IS NOT NULL THEN
            (SELECT count(*)
               FROM (SELECT 1
                       FROM outbox.messages AS k
-                     WHERE k.message_key = m.message_key
+                     WHERE k.order_key = m.order_key
                        AND k.seq < m.seq
                      LIMIT 10001) AS ahead)
        END,
        (SELECT k.outbox_id
           FROM outbox.messages AS k
-         WHERE k.message_key = m.message_key
+         WHERE k.order_key = m.order_key
          ORDER BY k.seq
          LIMIT 1)
   FROM outbox.messages AS m

@@ -22,6 +22,8 @@
 //!   process;
 //! - `fill.rs`: synthetic messages in bulk, for the bench and the tests;
 //! - `adopt.rs`: adopting an application's own outbox table, and the tables adopted;
+//! - `key_order.rs`: the scope of a key's order (the whole outbox, or per topic) per topic
+//!   pattern;
 //! - `console.rs`: what the browser console reads and writes, each call under a statement
 //!   timeout, counts capped, lists keyset-paginated.
 //!
@@ -44,6 +46,7 @@ mod console;
 mod dead_letters;
 mod enqueue;
 mod fill;
+mod key_order;
 mod lease;
 mod listen;
 mod migrate;
@@ -66,6 +69,7 @@ pub use fill::{
     fill_messages, fill_messages_numbered, fill_messages_returning_ids,
     fill_messages_returning_ids_in,
 };
+pub use key_order::KeyOrderScope;
 pub use lease::{ClaimSizes, Repair, TopicFilter};
 pub use listen::{ListenerHealth, NOTIFY_CHANNEL};
 pub use observation::{CircuitReport, ObservationRow, ReportedCircuit, StalledTopic, Status};

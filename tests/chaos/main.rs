@@ -1383,11 +1383,12 @@ async fn hostile(sizes: &Sizes) -> Outcome {
         &file,
         &["--retry-base-ms", "10", "--retry-cap-ms", "50"],
     );
-    // Ready = not delayed and not queued behind a delayed head of its key (per-key order).
+    // Ready = not delayed and not queued behind a delayed head of its key (per-key order, by
+    // the order key enqueue gave it).
     let blocked = async || -> i64 {
         c.query_one(
             "SELECT count(*) FROM outbox.messages AS m WHERE m.available_at <= now() AND NOT EXISTS \
-             (SELECT 1 FROM outbox.messages AS e WHERE e.message_key = m.message_key AND e.seq < m.seq)",
+             (SELECT 1 FROM outbox.messages AS e WHERE e.order_key = m.order_key AND e.seq < m.seq)",
             &[],
         )
         .await

@@ -148,8 +148,8 @@ fn assert_index_driven(shape: &str, plans: &[String]) {
         }
         if plan.contains("FROM outbox.messages_") && plan.contains("ORDER BY n0.seq") {
             assert!(
-                plan.contains("_message_key_seq_idx on messages_"),
-                "{shape}: a key's next head is not found through messages_key_seq_idx:\n{plan}"
+                plan.contains("_order_key_seq_idx on messages_"),
+                "{shape}: a key's next head is not found through messages_order_key_seq_idx:\n{plan}"
             );
         }
         if plan.contains("hashtext(m.message_key)") {
@@ -406,7 +406,7 @@ fn seq_scanned(plan: &str, table: &str) -> u64 {
 /// The console's reads (`schema/11_console.sql`) over 200,000 pending messages (every tenth
 /// keyed), their 200,000 attempts and 50,000 dead letters, analyzed: each call's statement,
 /// planned for the filters it was given, reads outbox.messages and outbox.attempts through
-/// an index only (the primary key walked from the cursor, or messages_key_seq_idx for a
+/// an index only (the primary key walked from the cursor, or messages_order_key_seq_idx for a
 /// key) and stops at its limit, or at the end of its search window for a filter few match;
 /// the unfiltered dead-letter count reads at most 10,001 rows.
 #[tokio::test(flavor = "multi_thread")]
@@ -482,7 +482,7 @@ async fn console_reads_are_index_driven_and_stop_at_their_limit() {
         ),
         (
             "console_messages(NULL, NULL, 'k7', NULL, NULL, NULL, 51)".to_owned(),
-            "messages_0_message_key_seq_idx",
+            "messages_0_order_key_seq_idx",
             1_000,
         ),
         (
@@ -492,7 +492,7 @@ async fn console_reads_are_index_driven_and_stop_at_their_limit() {
         ),
         (
             format!("console_message('{keyed}', true)"),
-            "messages_0_message_key_seq_idx",
+            "messages_0_order_key_seq_idx",
             1_000,
         ),
         (

@@ -192,9 +192,11 @@ async fn rows_by_table(c: &Client) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
     for table in tables {
         let row = match table.as_str() {
-            // The upgrade gives back the leases in flight (V32): compared without them.
+            // The upgrade gives back the leases in flight (V32): compared without them; and
+            // gives each message its order key (V41), checked apart.
             "outbox.messages" => {
-                "(to_jsonb(t) - 'slot' - 'claimed_by' - 'lease_token' - 'lease_expires_at')::text"
+                "(to_jsonb(t) - 'slot' - 'claimed_by' - 'lease_token' - 'lease_expires_at' \
+                  - 'order_key')::text"
             }
             // The attempts become slot 0 of the log's ring (V33): compared without the slot.
             "outbox.attempts" => "(to_jsonb(t) - 'slot')::text",
@@ -994,6 +996,18 @@ async fn a_database_of_the_previous_release_upgrades_with_nothing_lost() {
     assert_eq!(
         before, after,
         "the upgrade changed no row of the outbox tables"
+    );
+    let reordered: i64 = c
+        .query_one(
+            "SELECT count(*) FROM outbox.messages WHERE order_key IS DISTINCT FROM message_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        reordered, 0,
+        "each pending message keeps the order it had: its order key is its key"
     );
     let version: i32 = c
         .query_one("SELECT outbox.schema_version()", &[])

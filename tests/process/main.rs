@@ -7,6 +7,7 @@
 //! - [`console`]: the operator console in the browser, over HTTP, and its safety rules;
 //! - [`console_browser`]: the console in Chromium (playwright-core), with axe-core;
 //! - [`deployment`]: probes, the schema version check, the telemetry port;
+//! - [`key_order`]: the scope of a key's order chosen with `key-order`, honoured by a relayer;
 //! - [`observability`]: alert rules and dashboards against a live `/metrics`;
 //! - [`observe`]: the fleet gauges and the MVCC watchdog;
 //! - [`poolers`]: the relayer, `migrate` and producers behind PgBouncer;
@@ -23,6 +24,7 @@ mod cli;
 mod console;
 mod console_browser;
 mod deployment;
+mod key_order;
 mod observability;
 mod observe;
 mod poolers;

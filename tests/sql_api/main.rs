@@ -9,6 +9,8 @@
 //! - [`topics`]: the claim's topic filters (the topics a relayer covers, those it excludes);
 //! - [`floors`]: where claims start their walks, and what the floors never pass;
 //! - [`keys`]: per-key order, runs of a key, producers committing behind a head;
+//! - [`key_scopes`]: the scope of a key's order (the whole outbox, or per topic), chosen per
+//!   topic pattern;
 //! - [`completion`]: the lease fences of completion, extension and release;
 //! - [`repair`]: expired leases requeued or dead-lettered, and the stale worker fenced;
 //! - [`slots`]: the ring of slots of outbox.messages, rotated and truncated;
@@ -29,6 +31,7 @@ mod completion;
 mod dead_letters;
 mod enqueue;
 mod floors;
+mod key_scopes;
 mod keys;
 mod observation;
 mod repair;

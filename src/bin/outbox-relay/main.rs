@@ -3,7 +3,7 @@
 //! never uses it. This file holds the parser (every verb and its flags, the global options)
 //! and the settings the verbs share, and hands each verb to its file: `run_verb.rs`,
 //! `migrate_verb.rs`, `enqueue_verb.rs`, `status_verb.rs`, `repair_verb.rs`,
-//! `dead_letters_verb.rs`, `replay_verb.rs`, `adopt_verb.rs`, `console_verb.rs`, `bench/`, `healthcheck_verb.rs`, and
+//! `dead_letters_verb.rs`, `replay_verb.rs`, `adopt_verb.rs`, `key_order_verb.rs`, `console_verb.rs`, `bench/`, `healthcheck_verb.rs`, and
 //! `manual.rs` for `completions` and `man`. `all_sources.rs` is what the verbs share to
 //! work across the sources of `--all-sources` or on the one of `--source NAME`;
 //! `output.rs` writes standard output as Unix tools do.
@@ -24,6 +24,7 @@ mod console_verb;
 mod dead_letters_verb;
 mod enqueue_verb;
 mod healthcheck_verb;
+mod key_order_verb;
 mod manual;
 mod migrate_verb;
 mod repair_verb;
@@ -116,6 +117,10 @@ enum Command {
     /// Relay a table the application already writes (Debezium's outbox table, or any by a
     /// mapping): install (or --remove) the trigger that enqueues each inserted row; --list.
     Adopt(Box<adopt_verb::Args>),
+    /// Choose the scope of a key's order per topic pattern: the whole outbox (the default)
+    /// or per topic, for messages enqueued from now on; unset a choice; list them.
+    #[command(subcommand)]
+    KeyOrder(key_order_verb::Verb),
     /// Serve the operator console in the browser over every source (or --database-url)
     /// until SIGINT/SIGTERM: overview, messages, dead letters with an audited replay,
     /// sources, destinations (docs/console.md).
@@ -179,6 +184,7 @@ fn role_needed(command: &Command) -> Option<&'static str> {
         | Command::Repair { .. }
         | Command::Replay(_)
         | Command::DeadLetters(_)
+        | Command::KeyOrder(_)
         | Command::Bench(_) => Some("outbox_relay"),
         Command::Status(_) | Command::Console(_) => Some("outbox_reader"),
         _ => None,
@@ -337,6 +343,10 @@ async fn dispatch(cli: Cli) -> Result<()> {
         Command::Adopt(args) => {
             let writes = (!args.list()).then_some("adopt");
             adopt_verb::run(&quick_store(&cli, writes).await?, args).await
+        }
+        Command::KeyOrder(verb) => {
+            let writes = (!verb.reads_only()).then_some("key-order");
+            key_order_verb::run(&quick_store(&cli, writes).await?, verb).await
         }
         Command::Console(args) => {
             let settings = args.settings()?;
