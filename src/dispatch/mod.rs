@@ -22,7 +22,10 @@
 //!   order. To any other destination runs are delivered in waves, one call after the other:
 //!   the first holds every unkeyed message and each key's first, the next each key's next
 //!   message whose predecessor was delivered, and so on; what follows an undelivered message
-//!   is given back unattempted, so a key is never delivered out of order;
+//!   is given back unattempted, so a key is never delivered out of order. The first wave's
+//!   outcomes of the unkeyed messages and of each key's last message in the part are final
+//!   once it answered: they are handed over then ([`Dispatcher::publish_settling`]), to be
+//!   recorded while the later waves go on, so a long run does not hold them up;
 //! - **publish window** ([`Window`]): a part travels with the window of the leases it is
 //!   published under; it is checked before each call of the destination (each wave of
 //!   runs, the probe), and the destination checks it before each call to its server. What
@@ -52,7 +55,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use futures_util::future::join_all;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 pub use circuit::{CircuitSettings, State};
 pub use routes::{ClaimFilter, RouteConfig, Routes, TopicPattern};
@@ -316,6 +319,22 @@ impl Dispatcher {
     /// one message when it probes, nothing once the window has closed; what is not
     /// published is [`Outcome::NotAttempted`].
     pub async fn publish(&self, part: &Part, window: &Window) -> Vec<Outcome> {
+        self.publish_settling(part, window, None).await
+    }
+
+    /// [`Dispatcher::publish`], handing `settled` the outcomes that are final before the
+    /// part is done, so that they can be recorded while the rest is still being delivered:
+    /// when a part's runs go in waves, after the first wave, its outcomes of every unkeyed
+    /// message and every key's last message in the part, once a later wave is to follow and
+    /// the wave delivered or refused something (so that the circuit, which sees the whole
+    /// part, rewrites none of them). The part's answer still holds every outcome, these
+    /// included; `settled` is dropped unused when nothing settles early.
+    pub async fn publish_settling(
+        &self,
+        part: &Part,
+        window: &Window,
+        settled: Option<oneshot::Sender<Settled>>,
+    ) -> Vec<Outcome> {
         let lane = &self.lanes[part.lane];
         let messages = &part.messages[..];
         let held_back = |n: usize| {
@@ -353,7 +372,7 @@ impl Dispatcher {
                     outcomes
                 }
                 Some(previous) => {
-                    lane.attempt_in_runs(messages, &previous, deadline, window)
+                    lane.attempt_in_runs(messages, &previous, deadline, window, settled)
                         .await
                 }
             };
@@ -423,6 +442,53 @@ fn runs(messages: &[ClaimedMessage]) -> Option<Vec<Option<usize>>> {
         previous.push(before);
     }
     any.then_some(previous)
+}
+
+/// The outcomes of a part known before it is done ([`Dispatcher::publish_settling`]): the
+/// messages' indices in the part, and their outcomes, in the same order.
+#[derive(Debug)]
+pub struct Settled {
+    pub indices: Vec<usize>,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Hands `settled` the outcomes of the first `wave` of a part's runs that are final: of the
+/// messages no later message of their key in the part follows (`followed`), once a later
+/// wave is to come (a message's predecessor in `previous` was delivered). Only when the
+/// wave delivered or refused a message: the circuit then rewrites none of the part's
+/// outcomes; a wave that only failed has no later wave anyway.
+fn settle_first_wave(
+    wave: &[usize],
+    followed: &[bool],
+    previous: &[Option<usize>],
+    outcomes: &[Option<Outcome>],
+    settled: oneshot::Sender<Settled>,
+) {
+    let decisive = wave.iter().any(|&i| {
+        matches!(
+            outcomes[i],
+            Some(Outcome::Delivered | Outcome::Permanent { .. })
+        )
+    });
+    let more = previous.iter().enumerate().any(|(i, before)| {
+        outcomes[i].is_none() && before.is_some_and(|b| outcomes[b] == Some(Outcome::Delivered))
+    });
+    if !decisive || !more {
+        return;
+    }
+    let (indices, answered): (Vec<usize>, Vec<Outcome>) = wave
+        .iter()
+        .filter(|&&i| !followed[i])
+        .filter_map(|&i| Some((i, outcomes[i].clone()?)))
+        .unzip();
+    if indices.is_empty() {
+        return;
+    }
+    // The receiver is gone only when the part's delivery was given up.
+    let _ = settled.send(Settled {
+        indices,
+        outcomes: answered,
+    });
 }
 
 /// After a message of a key that was not delivered, a later message of the key that the
@@ -555,14 +621,20 @@ impl Lane {
     /// first message of every key (and every unkeyed one), then with each key's next message
     /// whose predecessor was delivered, and so on, all by `deadline` and within `window`. A
     /// message whose predecessor was not delivered is not attempted: it is given back and
-    /// waits for it.
+    /// waits for it. After the first wave, `settled` gets what of it is final (see
+    /// [`Dispatcher::publish_settling`]).
     async fn attempt_in_runs(
         &self,
         messages: &[ClaimedMessage],
         previous: &[Option<usize>],
         deadline: tokio::time::Instant,
         window: &Window,
+        mut settled: Option<oneshot::Sender<Settled>>,
     ) -> Vec<Outcome> {
+        let mut followed = vec![false; messages.len()];
+        for b in previous.iter().flatten() {
+            followed[*b] = true;
+        }
         let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
         while outcomes.iter().any(Option::is_none) {
             let mut wave = Vec::new();
@@ -588,8 +660,11 @@ impl Lane {
             }
             let batch: Vec<ClaimedMessage> = wave.iter().map(|&i| messages[i].clone()).collect();
             let answered = self.attempt(&batch, deadline, window).await;
-            for (i, outcome) in wave.into_iter().zip(answered) {
+            for (&i, outcome) in wave.iter().zip(answered) {
                 outcomes[i] = Some(outcome);
+            }
+            if let Some(settled) = settled.take() {
+                settle_first_wave(&wave, &followed, previous, &outcomes, settled);
             }
         }
         outcomes.into_iter().flatten().collect()
@@ -751,6 +826,58 @@ mod tests {
             "{:?}",
             outcomes[2]
         );
+    }
+
+    /// After the first wave of a part's runs, what of it is final is handed over before the
+    /// later waves: the unkeyed message and the key whose only message it was, not the
+    /// heads of runs; the part's answer still holds every outcome.
+    #[tokio::test]
+    async fn the_first_wave_settles_what_no_later_message_of_its_key_follows() {
+        let scripted = Arc::new(Scripted::default());
+        let dispatcher = Dispatcher::single(
+            "d",
+            scripted.clone(),
+            CircuitSettings {
+                failures: 5,
+                cooldown: Duration::from_secs(1),
+            },
+            Duration::from_secs(5),
+            1,
+        );
+        let (mut parts, _) = dispatcher.split(vec![
+            message(Some("a"), "a1"),
+            message(Some("a"), "a2"),
+            message(None, "u"),
+            message(Some("c"), "fail"),
+            message(Some("b"), "b1"),
+        ]);
+        let (settle, settled) = oneshot::channel();
+        let outcomes = dispatcher
+            .publish_settling(&parts.remove(0), &Window::unbounded(), Some(settle))
+            .await;
+        let settled = settled.await.expect("the first wave settles early");
+        assert_eq!(settled.indices, [2, 3, 4]);
+        assert_eq!(settled.outcomes[0], Outcome::Delivered);
+        assert!(matches!(settled.outcomes[1], Outcome::Retryable { .. }));
+        assert_eq!(settled.outcomes[2], Outcome::Delivered);
+        assert_eq!(outcomes[0], Outcome::Delivered);
+        assert_eq!(outcomes[1], Outcome::Delivered);
+        assert_eq!(
+            *scripted.calls.lock().unwrap(),
+            [vec!["a1", "u", "fail", "b1"], vec!["a2"]]
+        );
+
+        // Nothing is settled early when no later wave follows (the run's head failed).
+        let (mut parts, _) = dispatcher.split(vec![
+            message(Some("a"), "fail"),
+            message(Some("a"), "a2"),
+            message(None, "u"),
+        ]);
+        let (settle, settled) = oneshot::channel();
+        dispatcher
+            .publish_settling(&parts.remove(0), &Window::unbounded(), Some(settle))
+            .await;
+        assert!(settled.await.is_err());
     }
 
     /// A destination that keeps a key's order within a call gets the whole part, runs

@@ -3,7 +3,7 @@
 //! and moves their windows, and nothing of a batch whose leases may have run out is
 //! published (the stale-publish guard, checked before every call to a destination).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -106,17 +106,32 @@ impl LeaseBook {
         })
     }
 
-    /// Batch `id` lost a lease it held: nothing more of it may be published.
-    pub(super) fn lost(&self, id: u64) {
-        if let Some(batch) = self.lock().get(&id) {
-            batch.window.close();
+    /// The outcomes of `messages` of batch `id` are being recorded before the rest of it:
+    /// their leases leave the batch, and are neither extended nor counted in flight again.
+    pub(super) fn settled(&self, id: u64, messages: &[ClaimedMessage]) {
+        if let Some(batch) = self.lock().get_mut(&id) {
+            let done: HashSet<OutboxId> = messages.iter().map(|m| m.id).collect();
+            batch.leases.retain(|(id, _)| !done.contains(id));
         }
     }
 
-    /// The leases of batch `id` were extended by a call sent at `asked`.
-    pub(super) fn extended(&self, id: u64, asked: Instant, publish_window: Duration) {
+    /// An extension of batch `id`'s leases, sent at `asked`, held `held`: its publish window
+    /// moves when every lease the batch still books was held; else a lease it holds was
+    /// lost, and nothing more of it may be published. A lease that left the batch since the
+    /// extension was asked (its outcome recorded) is not a loss.
+    pub(super) fn extended(
+        &self,
+        id: u64,
+        held: &HashSet<OutboxId>,
+        asked: Instant,
+        publish_window: Duration,
+    ) {
         if let Some(batch) = self.lock().get_mut(&id) {
-            batch.window.extend_to(asked + publish_window);
+            if batch.leases.iter().all(|(id, _)| held.contains(id)) {
+                batch.window.extend_to(asked + publish_window);
+            } else {
+                batch.window.close();
+            }
         }
     }
 }
@@ -147,14 +162,10 @@ impl Relay {
                         tracing::info!(worker_id = %self.worker(), lost = leases.len() - held.len(),
                             "some leases were lost before they could be extended");
                     }
-                    let held: std::collections::HashSet<OutboxId> =
-                        held.into_iter().map(|(id, _)| id).collect();
-                    for (batch, leases) in &due {
-                        if leases.iter().all(|(id, _)| held.contains(id)) {
-                            self.leases.extended(*batch, asked, self.publish_window());
-                        } else {
-                            self.leases.lost(*batch);
-                        }
+                    let held: HashSet<OutboxId> = held.into_iter().map(|(id, _)| id).collect();
+                    for (batch, _) in &due {
+                        self.leases
+                            .extended(*batch, &held, asked, self.publish_window());
                     }
                 }
                 Err(e) => telemetry::database_error(self.worker(), &self.source, "extend", &e),
@@ -201,7 +212,51 @@ mod tests {
             Duration::from_secs(10),
         );
         let end = window.end();
-        book.extended(id, asked + Duration::from_secs(5), Duration::from_secs(10));
+        let held = HashSet::from([book.lock()[&id].leases[0].0]);
+        book.extended(
+            id,
+            &held,
+            asked + Duration::from_secs(5),
+            Duration::from_secs(10),
+        );
         assert_eq!(window.end(), end + Duration::from_secs(5));
+    }
+
+    /// Messages whose outcomes were recorded ahead of their batch leave it: they are not
+    /// extended again, and an extension that no longer holds them (they were completed
+    /// meanwhile) is no loss; a lease the batch still books that was not held closes its
+    /// window.
+    #[test]
+    fn settled_messages_leave_their_batch_and_are_no_lost_lease() {
+        let book = LeaseBook::default();
+        let asked = Instant::now();
+        let batch: Vec<ClaimedMessage> = (0..3)
+            .map(|_| ClaimedMessage::example(serde_json::Value::Null))
+            .collect();
+        let (id, window) = book.insert(&batch, asked, Duration::from_secs(10));
+        let before = book.due(Duration::ZERO);
+        assert_eq!(before[0].1.len(), 3);
+
+        book.settled(id, &batch[..2]);
+        assert_eq!(book.messages(), 1);
+        let due = book.due(Duration::ZERO);
+        assert_eq!(due[0].1, vec![(batch[2].id, batch[2].lease_token)]);
+
+        // The extension asked with all three holds only the one left.
+        let end = window.end();
+        book.extended(
+            id,
+            &HashSet::from([batch[2].id]),
+            asked + Duration::from_secs(5),
+            Duration::from_secs(10),
+        );
+        assert!(window.is_open());
+        assert_eq!(window.end(), end + Duration::from_secs(5));
+
+        book.extended(id, &HashSet::new(), asked, Duration::from_secs(10));
+        assert!(
+            !window.is_open(),
+            "a booked lease that was not held is lost"
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! The worker pool of one process. It is thin on purpose: the claimer leases batches with
 //! `claim_outbox_batch_seq`, the [`Dispatcher`] splits each batch into one part per destination,
 //! and each part's outcomes go back in one `complete_outbox_batch` call as soon as its own
-//! destination answered, where the database checks the leases. Up to
+//! destination answered, where the database checks the leases. A part whose runs go in waves
+//! may have two: what its first wave settled (the unkeyed messages, each key's last message of
+//! the part) is recorded at once, while the later waves go on, and the rest when they end. Up to
 //! `max_batches_in_flight` claimed batches wait to be taken by their destinations; each
 //! destination then has its own budget, so the next batch is claimed while the current ones
 //! are delivered, and a slow destination holds up only its own messages.
@@ -33,16 +35,17 @@ pub use gate::Gate;
 use leases::LeaseBook;
 pub use settings::RelaySettings;
 
+use std::collections::HashSet;
 use std::ops::AddAssign;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::{ClaimFilter, Dispatcher, Part};
+use crate::dispatch::{ClaimFilter, Dispatcher, Part, Settled};
 use crate::message::{ClaimedMessage, Outcome, WorkerId};
 use crate::store::{ClaimSizes, Store, StoreError, TopicFilter};
 use crate::telemetry;
@@ -395,21 +398,48 @@ impl Relay {
             Some(_room) => {
                 self.leases
                     .dispatching(book_id, Instant::now() + self.dispatcher.deadline(&part));
-                let outcomes = tokio::select! {
-                    outcomes = self.dispatcher.publish(&part, &window) => Some(outcomes),
-                    () = abandon.cancelled() => None,
+                let (settle, settled) = oneshot::channel();
+                let publishing = async {
+                    tokio::select! {
+                        outcomes = self.dispatcher.publish_settling(&part, &window, Some(settle)) => Some(outcomes),
+                        () = abandon.cancelled() => None,
+                    }
                 };
-                match outcomes {
+                let (outcomes, early) =
+                    tokio::join!(publishing, self.complete_early(book_id, batch, settled));
+                let (mut summary, done) = early.unwrap_or_default();
+                // What was recorded early is never completed or released again.
+                let rest = |i: &usize| !done.contains(i);
+                summary += match outcomes {
                     Some(outcomes) => {
                         let margin = self.settings.lease() - self.publish_window();
                         telemetry::lease_left(self.leases.lease_left(book_id, margin));
-                        self.complete(batch, outcomes).await
+                        if done.is_empty() {
+                            self.complete(batch, outcomes).await
+                        } else {
+                            let (messages, outcomes): (Vec<_>, Vec<_>) = batch
+                                .iter()
+                                .cloned()
+                                .zip(outcomes)
+                                .enumerate()
+                                .filter(|(i, _)| rest(i))
+                                .map(|(_, pair)| pair)
+                                .unzip();
+                            self.complete(&messages, outcomes).await
+                        }
                     }
                     None => {
-                        self.release(batch, "the shutdown deadline passed before delivery")
+                        let messages: Vec<ClaimedMessage> = batch
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| rest(i))
+                            .map(|(_, m)| m.clone())
+                            .collect();
+                        self.release(&messages, "the shutdown deadline passed before delivery")
                             .await
                     }
-                }
+                };
+                summary
             }
         };
         self.leases.remove(book_id);
@@ -418,5 +448,26 @@ impl Relay {
         // its key claimable.
         self.wake.notify_one();
         summary
+    }
+
+    /// Records the outcomes of batch `book_id` (booked as `batch`) that its dispatch hands
+    /// `settled` before the part is done (the first wave of its runs), while the later waves
+    /// go on; their leases leave the book first, so the lease keeper no longer extends them.
+    /// The summary and the indices in `batch` of what was recorded (never to be completed
+    /// again); `None` when nothing settled early.
+    async fn complete_early(
+        &self,
+        book_id: u64,
+        batch: &[ClaimedMessage],
+        settled: oneshot::Receiver<Settled>,
+    ) -> Option<(Summary, HashSet<usize>)> {
+        let Settled { indices, outcomes } = settled.await.ok()?;
+        let messages: Vec<ClaimedMessage> = indices.iter().map(|&i| batch[i].clone()).collect();
+        self.leases.settled(book_id, &messages);
+        telemetry::in_flight(&self.source, self.leases.messages());
+        let summary = self.complete(&messages, outcomes).await;
+        // Completing a key's last message of the batch makes its next one claimable.
+        self.wake.notify_one();
+        Some((summary, indices.into_iter().collect()))
     }
 }

@@ -630,3 +630,101 @@ async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
     assert_eq!(headers["tracestate"].to_str().unwrap(), TRACESTATE);
     db.finish().await;
 }
+
+/// A batch of unkeyed messages and long runs of two keys whose every request takes 300 ms:
+/// the runs go in waves (one message of a key per request), and the unkeyed messages (and
+/// the key whose only message was in the first wave) are recorded as soon as the first wave
+/// answered, while the runs go on, not when the longest run ends. The runs outlast the
+/// publish window of a 3 s lease: the lease keeper extends what is still being delivered,
+/// and the messages already recorded are no lost lease to it. Each message is sent once and
+/// recorded once.
+#[tokio::test(flavor = "multi_thread")]
+async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_batch() {
+    const RUN: usize = 8;
+    let db = TestDb::new().await;
+    let mut c = db.client().await;
+    let hooks = Hooks::serve().await;
+    hooks.seen.lock().unwrap().slow_topic =
+        Some(("slow".into(), std::time::Duration::from_millis(300)));
+    // One transaction, so that the relayer's first claim takes all of it in one batch.
+    let (runs, first_wave) = {
+        let t = c.transaction().await.unwrap();
+        let ids = |rows: Vec<tokio_postgres::Row>| -> Vec<Uuid> {
+            rows.iter().map(|r| r.get(0)).collect()
+        };
+        let runs = ids(t
+            .query(
+                "SELECT outbox.enqueue('slow', convert_to(format('{\"n\": %s}', n), 'UTF8'), \
+                                       p_message_key => 'k' || (n % 2)) \
+                   FROM generate_series(1, $1::int) AS n ORDER BY n",
+                &[&i32::try_from(2 * RUN).unwrap()],
+            )
+            .await
+            .unwrap());
+        let mut first_wave = ids(t
+            .query(
+                "SELECT outbox.enqueue('orders', convert_to(format('{\"n\": %s}', n), 'UTF8')) \
+                   FROM generate_series(1, 20) AS n ORDER BY n",
+                &[],
+            )
+            .await
+            .unwrap());
+        first_wave.extend(ids(t
+            .query(
+                "SELECT outbox.enqueue('slow', convert_to('{}', 'UTF8'), \
+                                       p_message_key => 'single')",
+                &[],
+            )
+            .await
+            .unwrap()));
+        t.commit().await.unwrap();
+        (runs, first_wave)
+    };
+    let mut w = relayer(&db, "runs", &hooks.url(), "", &["--lease-secs", "3"]);
+    common::eventually(MINUTE, "every message to be delivered", || async {
+        common::pending(&c).await == 0
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+
+    let history = histories(&c).await;
+    assert_eq!(history.len(), runs.len() + first_wave.len(), "{history:?}");
+    assert!(
+        history.values().all(|h| h == "1:DISPATCHED"),
+        "each message recorded once, by its first attempt: {history:?}"
+    );
+    let requests = hooks.seen.lock().unwrap().requests.len();
+    assert_eq!(
+        requests,
+        runs.len() + first_wave.len(),
+        "each message sent once"
+    );
+    let log = w.log_text();
+    assert!(
+        !log.contains("leases were lost"),
+        "recorded messages are no lost lease to the lease keeper: {log}"
+    );
+
+    // When each was recorded (and deleted from the pending table, in the same transaction):
+    // the first wave's at its answer, the runs' last messages seven waves (2.1 s) later.
+    let recorded = |ids: Vec<Uuid>| {
+        let c = &c;
+        async move {
+            c.query_one(
+                "SELECT max(created_at) FROM outbox.attempts WHERE outbox_id = ANY($1)",
+                &[&ids],
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let first_max: chrono::DateTime<chrono::Utc> = recorded(first_wave).await.get(0);
+    let runs_done: chrono::DateTime<chrono::Utc> = recorded(runs).await.get(0);
+    assert!(
+        runs_done - first_max >= chrono::Duration::milliseconds(1_500),
+        "the unkeyed messages, recorded at {first_max}, waited for the runs, which ended at \
+         {runs_done}"
+    );
+    db.finish().await;
+}

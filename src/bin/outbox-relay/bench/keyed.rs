@@ -14,9 +14,12 @@
 //!   API, one request at a time, in requests of `--batch-size` messages (at most the
 //!   service's maximum): Pub/Sub `topics.publish` over REST (reqwest, as the destination),
 //!   Kinesis `PutRecords`, SQS `SendMessageBatch`, SNS `PublishBatch`, EventBridge
-//!   `PutEvents` (the AWS SDK, as the destination). The client sends the bare payload; the
-//!   relayer sends it with the outbox's attributes (or, on Kinesis and EventBridge, inside
-//!   the message's JSON envelope).
+//!   `PutEvents` (the AWS SDK, as the destination). MQTT has no batch request: its client
+//!   publishes at QoS 1 to Mosquitto with as many publishes awaiting their PUBACK as the
+//!   destination keeps (100, `rumqttc`, as the destination), and is done at the last
+//!   PUBACK. The client sends the bare payload; the relayer sends it with the outbox's
+//!   attributes (or, on Kinesis and EventBridge, inside the message's JSON envelope; on
+//!   MQTT 5, as user properties).
 //!
 //! It prints each rate with the load average, keyed / unkeyed and relayer / client, and the
 //! medians of the rounds. It judges nothing.
@@ -24,7 +27,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[cfg(any(feature = "pubsub", feature = "aws"))]
+#[cfg(any(feature = "pubsub", feature = "aws", feature = "mqtt"))]
 use anyhow::Context;
 use anyhow::{Result, bail};
 use tokio_util::sync::CancellationToken;
@@ -34,7 +37,7 @@ use outbox_relay::destination::{Destination, Window};
 use outbox_relay::message::{ClaimedMessage, Outcome};
 use outbox_relay::store::fill_messages;
 
-#[cfg(any(feature = "pubsub", feature = "aws"))]
+#[cfg(any(feature = "pubsub", feature = "aws", feature = "mqtt"))]
 use super::brokers::BENCH_TARGET;
 use super::brokers::destination;
 use super::{Options, Recorder, median, per_sec, settle, shutdown_relays, start_relays};
@@ -191,9 +194,11 @@ fn client_batch(kind: &str) -> Result<usize> {
         "pubsub" => 1000,
         "kinesis" => 500,
         "sqs" | "sns" | "eventbridge" => 10,
+        // Not a request: the publishes awaiting their PUBACK at once.
+        "mqtt" => MQTT_INFLIGHT.into(),
         other => bail!(
-            "--keyed-drain compares with a batch client of pubsub, kinesis, sqs, sns or \
-             eventbridge, not {other:?}"
+            "--keyed-drain compares with a batch client of pubsub, kinesis, sqs, sns, \
+             eventbridge or mqtt, not {other:?}"
         ),
     })
 }
@@ -248,8 +253,69 @@ async fn send(kind: &str, payloads: &[String], per_request: usize) -> Result<Dur
         }
         #[cfg(feature = "aws")]
         "kinesis" | "sqs" | "sns" | "eventbridge" => aws(kind, payloads, per_request).await,
+        #[cfg(feature = "mqtt")]
+        "mqtt" => mqtt(payloads).await,
         other => bail!("no batch client of {other:?} in this build"),
     }
+}
+
+/// Publishes awaiting their PUBACK at once, as the `mqtt` destination keeps them.
+const MQTT_INFLIGHT: u16 = 100;
+
+/// Publishes `payloads` at QoS 1 over MQTT 5 to Mosquitto on 127.0.0.1:1883 (the topic the
+/// bench destination publishes to, which nobody subscribes to), up to [`MQTT_INFLIGHT`]
+/// awaiting their PUBACK; the time from the first publish to the last PUBACK.
+#[cfg(feature = "mqtt")]
+async fn mqtt(payloads: &[String]) -> Result<Duration> {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let mut options = MqttOptions::new(
+        format!("outbox-bench-{}", uuid::Uuid::new_v4().simple()),
+        "127.0.0.1",
+        1883,
+    );
+    options
+        .set_clean_start(true)
+        .set_keep_alive(Duration::from_secs(30))
+        .set_outgoing_inflight_upper_limit(MQTT_INFLIGHT);
+    // The request channel holds every publish, so that the client is never waiting on it.
+    let (client, mut events) = AsyncClient::new(options, payloads.len().max(1));
+    loop {
+        match events.poll().await.context("MQTT on 127.0.0.1:1883")? {
+            Event::Incoming(Packet::ConnAck(_)) => break,
+            _ => continue,
+        }
+    }
+    let topic = format!("{BENCH_TARGET}/bench");
+    let started = Instant::now();
+    for p in payloads {
+        client
+            .publish(
+                topic.clone(),
+                QoS::AtLeastOnce,
+                false,
+                p.clone().into_bytes(),
+            )
+            .await
+            .context("MQTT publish")?;
+    }
+    let mut acked = 0;
+    while acked < payloads.len() {
+        if let Event::Incoming(Packet::PubAck(ack)) =
+            events.poll().await.context("MQTT connection")?
+        {
+            // Mosquitto answers "no matching subscribers" (0x10), a success.
+            use rumqttc::v5::mqttbytes::v5::PubAckReason::{NoMatchingSubscribers, Success};
+            if !matches!(ack.reason, Success | NoMatchingSubscribers) {
+                bail!("the broker refused a publish: {:?}", ack.reason);
+            }
+            acked += 1;
+        }
+    }
+    let t = started.elapsed();
+    let _ = client.disconnect().await;
+    Ok(t)
 }
 
 #[cfg(feature = "aws")]

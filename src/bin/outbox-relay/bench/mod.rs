@@ -189,11 +189,12 @@ pub struct Options {
     /// Attempts in the log for `--console-pages` [default: 5 × --console-pages].
     #[arg(long)]
     pub console_attempts: Option<u64>,
-    /// Instead of the other measurements, with `--destination` pubsub, kinesis, sqs, sns or
-    /// eventbridge: `--rounds` times, `--messages` unkeyed and then as many with 10 % keyed
+    /// Instead of the other measurements, with `--destination` pubsub, kinesis, sqs, sns,
+    /// eventbridge or mqtt: `--rounds` times, `--messages` unkeyed and then as many with 10 % keyed
     /// (ten keys) drained into a fresh target, the keyed ones again with one message of a
     /// key per call (the control), and a one-process client sending as many payloads with
-    /// the service's batch API, one request at a time; prints each rate and the ratios.
+    /// the service's batch API, one request at a time (MQTT: publishes pipelined up to the
+    /// destination's in-flight limit); prints each rate and the ratios.
     #[arg(long)]
     pub keyed_drain: bool,
 }
