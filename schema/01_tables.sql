@@ -164,7 +164,10 @@ REVOKE ALL ON TABLE outbox.message_slots FROM PUBLIC;
 -- `\` escaping `%`, `_` and `\`): a pattern without `%` before one with it, then the
 -- longer, then the first in byte order. The scope is decided when a message is inserted
 -- (mark_behind): a change applies to messages enqueued after it, and messages already
--- pending keep the order they were given.
+-- pending keep the order they were given. A key's messages on one topic never pass each
+-- other: while one of them given the other scope is pending, the key's new messages on
+-- that topic take its order key, and the new scope begins for the key on that topic once
+-- nothing of it is pending there.
 -- Written only by set_key_order_scope and unset_key_order_scope, read by key_order_scope
 -- (on every keyed insert) and the view key_order_scopes (03_enqueue.sql). Owner only.
 CREATE TABLE outbox.key_order_rules (
@@ -395,7 +398,13 @@ REVOKE ALL ON TABLE outbox.messages_3 FROM PUBLIC;
 --
 -- Sets NEW.order_key, what the message keeps order with: NEW.message_key when its topic's
 -- key order spans the whole outbox, NEW.message_key || E'\x1f' || NEW.topic when it is
--- scoped per topic (key_order_scope, 03_enqueue.sql, as the rules stand at this insert).
+-- scoped per topic (key_order_scope, 03_enqueue.sql, as the rules stand at this insert);
+-- except while a message of the same key and topic given the other scope's order key is
+-- pending (the rule changed since it was enqueued): then the new message takes that order
+-- key, so that a key's messages on one topic are never delivered out of enqueue order, and
+-- the new scope begins for the key on that topic once nothing of it is pending there. That
+-- check is one more probe of messages_order_key_seq_idx; under a per-topic rule it steps
+-- over the key's messages pending on other topics under the whole outbox, if any.
 -- A key holding the unit separator (\x1f) may then share its order key with another key's
 -- on another topic: the two wait for each other, and each keeps its own order.
 -- Sets NEW.behind when any message of the same order key is pending, as this statement
@@ -415,10 +424,20 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 AS $$
+DECLARE
+    v_whole    text := NEW.message_key;
+    v_by_topic text := NEW.message_key || E'\x1f' || NEW.topic;
+    v_scoped   boolean := outbox.key_order_scope(NEW.topic) = 'topic';
 BEGIN
-    NEW.order_key := CASE outbox.key_order_scope(NEW.topic)
-                          WHEN 'topic' THEN NEW.message_key || E'\x1f' || NEW.topic
-                          ELSE NEW.message_key END;
+    -- The key's messages pending on this topic under the other scope keep theirs.
+    NEW.order_key := CASE WHEN EXISTS (SELECT 1
+                                         FROM outbox.messages AS e
+                                        WHERE e.order_key = CASE WHEN v_scoped THEN v_whole
+                                                                 ELSE v_by_topic END
+                                          AND e.topic = NEW.topic)
+                          THEN CASE WHEN v_scoped THEN v_whole ELSE v_by_topic END
+                          ELSE CASE WHEN v_scoped THEN v_by_topic ELSE v_whole END
+                     END;
     NEW.behind := coalesce((SELECT true
                               FROM outbox.messages AS e
                              WHERE e.order_key = NEW.order_key

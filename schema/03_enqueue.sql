@@ -420,11 +420,14 @@ GRANT EXECUTE ON FUNCTION outbox.key_order_scope(text) TO outbox_reader, outbox_
 -- Returns:    the pattern's scope before the call (NULL: it had no rule).
 -- Guarantees: applies to messages enqueued after the caller commits (each takes the scope
 --             of the rules its insert sees, key_order_scope); messages already pending
---             keep the order they were given, so a key's older messages are delivered in
---             the order they had, and its newer ones in the new scope. Changing a topic to
---             'topic' lets its new messages pass the key's pending messages of other
---             topics; changing it back to 'outbox' makes new messages wait for every
---             pending message of their key.
+--             keep the order they were given. A key's messages on one topic never pass
+--             each other: while the key has a message pending on the topic under the
+--             previous scope, its new messages there take that message's order key
+--             (mark_behind, 01_tables.sql), and the new scope begins for the key on that
+--             topic once nothing of it is pending there. Changing a topic to 'topic' then
+--             lets its new messages pass the key's pending messages of other topics;
+--             changing it back to 'outbox' makes them wait for every pending message of
+--             their key.
 -- Locks:      the pattern's rule (a row of outbox.key_order_rules).
 -- Raises:     P7001 (p_topic_pattern) when NULL or empty; P7001 (p_scope) when not 'outbox'
 --             or 'topic'.

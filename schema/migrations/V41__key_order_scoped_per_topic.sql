@@ -110,11 +110,14 @@ GRANT EXECUTE ON FUNCTION outbox.key_order_scope(text) TO outbox_reader, outbox_
 -- Returns:    the pattern's scope before the call (NULL: it had no rule).
 -- Guarantees: applies to messages enqueued after the caller commits (each takes the scope
 --             of the rules its insert sees, key_order_scope); messages already pending
---             keep the order they were given, so a key's older messages are delivered in
---             the order they had, and its newer ones in the new scope. Changing a topic to
---             'topic' lets its new messages pass the key's pending messages of other
---             topics; changing it back to 'outbox' makes new messages wait for every
---             pending message of their key.
+--             keep the order they were given. A key's messages on one topic never pass
+--             each other: while the key has a message pending on the topic under the
+--             previous scope, its new messages there take that message's order key
+--             (mark_behind, 01_tables.sql), and the new scope begins for the key on that
+--             topic once nothing of it is pending there. Changing a topic to 'topic' then
+--             lets its new messages pass the key's pending messages of other topics;
+--             changing it back to 'outbox' makes them wait for every pending message of
+--             their key.
 -- Locks:      the pattern's rule (a row of outbox.key_order_rules).
 -- Raises:     P7001 (p_topic_pattern) when NULL or empty; P7001 (p_scope) when not 'outbox'
 --             or 'topic'.
@@ -206,7 +209,13 @@ GRANT SELECT ON outbox.key_order_scopes TO outbox_reader, outbox_relay;
 --
 -- Sets NEW.order_key, what the message keeps order with: NEW.message_key when its topic's
 -- key order spans the whole outbox, NEW.message_key || E'\x1f' || NEW.topic when it is
--- scoped per topic (key_order_scope, 03_enqueue.sql, as the rules stand at this insert).
+-- scoped per topic (key_order_scope, 03_enqueue.sql, as the rules stand at this insert);
+-- except while a message of the same key and topic given the other scope's order key is
+-- pending (the rule changed since it was enqueued): then the new message takes that order
+-- key, so that a key's messages on one topic are never delivered out of enqueue order, and
+-- the new scope begins for the key on that topic once nothing of it is pending there. That
+-- check is one more probe of messages_order_key_seq_idx; under a per-topic rule it steps
+-- over the key's messages pending on other topics under the whole outbox, if any.
 -- A key holding the unit separator (\x1f) may then share its order key with another key's
 -- on another topic: the two wait for each other, and each keeps its own order.
 -- Sets NEW.behind when any message of the same order key is pending, as this statement
@@ -226,10 +235,20 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 AS $$
+DECLARE
+    v_whole    text := NEW.message_key;
+    v_by_topic text := NEW.message_key || E'\x1f' || NEW.topic;
+    v_scoped   boolean := outbox.key_order_scope(NEW.topic) = 'topic';
 BEGIN
-    NEW.order_key := CASE outbox.key_order_scope(NEW.topic)
-                          WHEN 'topic' THEN NEW.message_key || E'\x1f' || NEW.topic
-                          ELSE NEW.message_key END;
+    -- The key's messages pending on this topic under the other scope keep theirs.
+    NEW.order_key := CASE WHEN EXISTS (SELECT 1
+                                         FROM outbox.messages AS e
+                                        WHERE e.order_key = CASE WHEN v_scoped THEN v_whole
+                                                                 ELSE v_by_topic END
+                                          AND e.topic = NEW.topic)
+                          THEN CASE WHEN v_scoped THEN v_whole ELSE v_by_topic END
+                          ELSE CASE WHEN v_scoped THEN v_by_topic ELSE v_whole END
+                     END;
     NEW.behind := coalesce((SELECT true
                               FROM outbox.messages AS e
                              WHERE e.order_key = NEW.order_key

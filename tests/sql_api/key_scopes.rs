@@ -191,17 +191,41 @@ async fn stalled_topics_names_no_held_key_on_a_topic_scoped_per_topic() {
 }
 
 #[tokio::test]
-async fn a_change_of_scope_leaves_pending_messages_in_the_order_they_were_given() {
+async fn a_change_of_scope_never_reorders_a_key_on_one_topic() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    // Enqueued under the default: k on b.y waits for k on b.x.
+    let order_key = |id: Uuid| {
+        let c = &c;
+        async move {
+            let row = c
+                .query_one(
+                    "SELECT order_key, behind FROM outbox.messages WHERE outbox_id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, String>(0), row.get::<_, bool>(1))
+        }
+    };
+    // Enqueued under the default: k on b.y waits for k on b.x; m is pending on b.x only.
     let first = enqueue_n(&c, "b.x", "k", 1).await;
     let old = enqueue_n(&c, "b.y", "k", 2).await;
+    let m_x = enqueue_n(&c, "b.x", "m", 3).await;
     c.execute("SELECT outbox.set_key_order_scope('b.%', 'topic')", &[])
         .await
         .unwrap();
-    // Enqueued after the change: k on b.y is ordered on b.y alone.
-    let new = enqueue_n(&c, "b.y", "k", 3).await;
+    // After the change: k still has a message pending on b.y under the whole outbox, so its
+    // new message there keeps that order key and waits behind it; m has nothing pending on
+    // b.y, so its new message there is ordered on b.y alone.
+    let new = enqueue_n(&c, "b.y", "k", 4).await;
+    let m_y = enqueue_n(&c, "b.y", "m", 5).await;
+    assert_eq!(order_key(old).await, ("k".to_owned(), true));
+    assert_eq!(
+        order_key(new).await,
+        ("k".to_owned(), true),
+        "k's new message on b.y keeps its place behind k's pending message there"
+    );
+    assert_eq!(order_key(m_y).await, ("m\u{1f}b.y".to_owned(), false));
 
     let got: Vec<Uuid> = claim_on(&c, 10, "y", &["b.y"])
         .await
@@ -210,49 +234,60 @@ async fn a_change_of_scope_leaves_pending_messages_in_the_order_they_were_given(
         .collect();
     assert_eq!(
         got,
-        [new],
-        "the new message is its own head; the old one still waits for b.x"
+        [m_y],
+        "m on b.y is its own head; k's messages on b.y still wait for b.x"
     );
-    let behind: bool = c
-        .query_one(
-            "SELECT behind FROM outbox.messages WHERE outbox_id = $1",
-            &[&old],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(behind, "the old message keeps its place behind b.x");
 
-    // Once b.x is delivered, the old message is next.
+    // Once b.x is delivered, k's messages on b.y go in their enqueue order.
     let x = claim_on(&c, 10, "x", &["b.x"]).await;
-    assert_eq!(x.iter().map(|m| m.0).collect::<Vec<_>>(), [first]);
-    deliver(&c, "x", x[0].0, x[0].1).await;
-    let got: Vec<Uuid> = claim_on(&c, 10, "y2", &["b.y"])
-        .await
-        .iter()
-        .map(|m| m.0)
-        .collect();
-    assert_eq!(got, [old]);
+    let mut x_ids: Vec<Uuid> = x.iter().map(|m| m.0).collect();
+    x_ids.sort();
+    let mut expected = vec![first, m_x];
+    expected.sort();
+    assert_eq!(x_ids, expected);
+    for m in &x {
+        deliver(&c, "x", m.0, m.1).await;
+    }
+    let y = claim_on(&c, 10, "y2", &["b.y"]).await;
+    let got: Vec<Uuid> = y.iter().map(|m| m.0).collect();
+    assert_eq!(
+        got.first(),
+        Some(&old),
+        "k's older message on b.y comes first"
+    );
+    assert!(
+        got == [old] || got == [old, new],
+        "then its newer one, never before: {got:?} (old {old}, new {new})"
+    );
+    for m in &y {
+        deliver(&c, "y2", m.0, m.1).await;
+    }
+    if got == [old] {
+        let y = claim_on(&c, 10, "y3", &["b.y"]).await;
+        assert_eq!(y.iter().map(|m| m.0).collect::<Vec<_>>(), [new]);
+        deliver(&c, "y3", y[0].0, y[0].1).await;
+    }
+    // Nothing of k is pending on b.y now: its next message there is ordered on b.y alone.
+    let next = enqueue_n(&c, "b.y", "k", 6).await;
+    assert_eq!(order_key(next).await, ("k\u{1f}b.y".to_owned(), false));
 
-    // Removing the rule brings the whole outbox back for messages enqueued after it.
+    // Removing the rule brings the whole outbox back, with the same care: m's message still
+    // pending on b.y keeps m's next message there behind it.
     let had: bool = c
         .query_one("SELECT outbox.unset_key_order_scope('b.%')", &[])
         .await
         .unwrap()
         .get(0);
     assert!(had);
-    let later = enqueue_n(&c, "b.x", "k", 4).await;
-    let behind: bool = c
-        .query_one(
-            "SELECT behind FROM outbox.messages WHERE outbox_id = $1",
-            &[&later],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(
-        behind,
-        "k on b.x waits again for k's message pending on b.y"
+    let m_y2 = enqueue_n(&c, "b.y", "m", 7).await;
+    assert_eq!(order_key(m_y2).await, ("m\u{1f}b.y".to_owned(), true));
+    let z = enqueue_n(&c, "b.y", "z", 8).await;
+    assert_eq!(order_key(z).await, ("z".to_owned(), false));
+    let later = enqueue_n(&c, "b.x", "z", 9).await;
+    assert_eq!(
+        order_key(later).await,
+        ("z".to_owned(), true),
+        "z on b.x waits again for z's message pending on b.y"
     );
     let had: bool = c
         .query_one("SELECT outbox.unset_key_order_scope('b.%')", &[])
