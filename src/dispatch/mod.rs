@@ -425,19 +425,28 @@ fn probe(messages: &[ClaimedMessage]) -> Option<usize> {
     messages
         .iter()
         .enumerate()
-        .filter(|(_, m)| m.key.as_deref().is_none_or(|k| seen.insert(k)))
+        .filter(|(_, m)| order_key(m).is_none_or(|k| seen.insert(k)))
         .min_by_key(|(i, m)| (m.attempt_no, *i))
         .map(|(i, _)| i)
 }
 
-/// For each message of `messages`, the index of the message before it in its key, if the
-/// part holds one (a run, see `claim_outbox_batch_seq`); `None` when no key appears twice.
+/// What a message keeps order with within a part: its key on its topic. A claim's run is a
+/// key's messages of one topic (`claim_outbox_batch_seq`), so a key's messages on two
+/// topics in one part are two heads, whatever the key's scope: chained, the second would
+/// wait for the first, and with the key ordered per topic it must not.
+fn order_key(m: &ClaimedMessage) -> Option<(&str, &str)> {
+    m.key.as_deref().map(|k| (k, m.topic.as_str()))
+}
+
+/// For each message of `messages`, the index of the message before it in its key on its
+/// topic, if the part holds one (a run, see `claim_outbox_batch_seq`); `None` when no key
+/// appears twice on one topic.
 fn runs(messages: &[ClaimedMessage]) -> Option<Vec<Option<usize>>> {
-    let mut last: HashMap<&str, usize> = HashMap::new();
+    let mut last: HashMap<(&str, &str), usize> = HashMap::new();
     let mut previous = Vec::with_capacity(messages.len());
     let mut any = false;
     for (i, m) in messages.iter().enumerate() {
-        let before = m.key.as_deref().and_then(|k| last.insert(k, i));
+        let before = order_key(m).and_then(|k| last.insert(k, i));
         any |= before.is_some();
         previous.push(before);
     }
@@ -496,14 +505,15 @@ fn settle_first_wave(
 /// took it) is counted retryable: it was sent, so it is an attempt, and it is sent again
 /// after its predecessor. Other outcomes stand.
 fn hold_key_order(messages: &[ClaimedMessage], outcomes: &mut [Outcome]) {
-    let mut failed: HashSet<&str> = HashSet::new();
+    let mut failed: HashSet<(&str, &str)> = HashSet::new();
     for (m, outcome) in messages.iter().zip(outcomes.iter_mut()) {
-        let Some(key) = m.key.as_deref() else {
+        let Some(order) = order_key(m) else {
             continue;
         };
+        let key = order.0;
         if *outcome != Outcome::Delivered {
-            failed.insert(key);
-        } else if failed.contains(key) {
+            failed.insert(order);
+        } else if failed.contains(&order) {
             *outcome = Outcome::Retryable {
                 reason: format!(
                     "sent after an earlier message of key {key:?} that was not delivered: \
@@ -826,6 +836,32 @@ mod tests {
             "{:?}",
             outcomes[2]
         );
+    }
+
+    /// A key's messages on two topics in one part are two heads, not a run: they go in the
+    /// same call, and the one on the second topic is delivered though the first failed.
+    #[tokio::test]
+    async fn a_keys_messages_on_two_topics_are_two_heads() {
+        let scripted = Arc::new(Scripted::default());
+        let dispatcher = Dispatcher::single(
+            "d",
+            scripted.clone(),
+            CircuitSettings {
+                failures: 5,
+                cooldown: Duration::from_secs(1),
+            },
+            Duration::from_secs(5),
+            1,
+        );
+        let mut on_b = message(Some("a"), "b1");
+        on_b.topic = "b".into();
+        let (mut parts, _) = dispatcher.split(vec![message(Some("a"), "fail"), on_b]);
+        let outcomes = dispatcher
+            .publish(&parts.remove(0), &Window::unbounded())
+            .await;
+        assert!(matches!(outcomes[0], Outcome::Retryable { .. }));
+        assert_eq!(outcomes[1], Outcome::Delivered);
+        assert_eq!(*scripted.calls.lock().unwrap(), [vec!["fail", "b1"]]);
     }
 
     /// After the first wave of a part's runs, what of it is final is handed over before the

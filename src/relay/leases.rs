@@ -118,21 +118,30 @@ impl LeaseBook {
     /// An extension of batch `id`'s leases, sent at `asked`, held `held`: its publish window
     /// moves when every lease the batch still books was held; else a lease it holds was
     /// lost, and nothing more of it may be published. A lease that left the batch since the
-    /// extension was asked (its outcome recorded) is not a loss.
+    /// extension was asked (its outcome recorded) is not a loss. Returns how many leases the
+    /// batch still books that were not held.
     pub(super) fn extended(
         &self,
         id: u64,
         held: &HashSet<OutboxId>,
         asked: Instant,
         publish_window: Duration,
-    ) {
-        if let Some(batch) = self.lock().get_mut(&id) {
-            if batch.leases.iter().all(|(id, _)| held.contains(id)) {
-                batch.window.extend_to(asked + publish_window);
-            } else {
-                batch.window.close();
-            }
+    ) -> usize {
+        let mut book = self.lock();
+        let Some(batch) = book.get_mut(&id) else {
+            return 0;
+        };
+        let lost = batch
+            .leases
+            .iter()
+            .filter(|(id, _)| !held.contains(id))
+            .count();
+        if lost == 0 {
+            batch.window.extend_to(asked + publish_window);
+        } else {
+            batch.window.close();
         }
+        lost
     }
 }
 
@@ -158,14 +167,18 @@ impl Relay {
                 .await
             {
                 Ok(held) => {
-                    if held.len() < leases.len() {
-                        tracing::info!(worker_id = %self.worker(), lost = leases.len() - held.len(),
-                            "some leases were lost before they could be extended");
-                    }
                     let held: HashSet<OutboxId> = held.into_iter().map(|(id, _)| id).collect();
-                    for (batch, _) in &due {
-                        self.leases
-                            .extended(*batch, &held, asked, self.publish_window());
+                    // A lease whose outcome was recorded meanwhile left its batch: not lost.
+                    let lost: usize = due
+                        .iter()
+                        .map(|(batch, _)| {
+                            self.leases
+                                .extended(*batch, &held, asked, self.publish_window())
+                        })
+                        .sum();
+                    if lost > 0 {
+                        tracing::info!(worker_id = %self.worker(), lost,
+                            "some leases were lost before they could be extended");
                     }
                 }
                 Err(e) => telemetry::database_error(self.worker(), &self.source, "extend", &e),
