@@ -179,11 +179,11 @@ CREATE TABLE outbox.key_order_rules (
     set_by        text        NOT NULL DEFAULT session_user,
     CONSTRAINT key_order_rules_pkey PRIMARY KEY (topic_pattern),
     CONSTRAINT key_order_rules_pattern_not_empty CHECK (topic_pattern <> ''),
-    CONSTRAINT key_order_rules_scope CHECK (scope IN ('outbox', 'topic'))
+    CONSTRAINT key_order_rules_scope CHECK (scope IN ('global', 'topic'))
 );
 
 COMMENT ON TABLE outbox.key_order_rules IS
-    'The scope of a key''s order (outbox: the whole outbox; topic: per topic) per LIKE pattern of topics, applied to messages enqueued after it is set; written by set_key_order_scope and unset_key_order_scope; owner only.';
+    'The scope of a key''s order (global: the whole outbox; topic: per topic) per LIKE pattern of topics, applied to messages enqueued after it is set; written by set_key_order_scope and unset_key_order_scope; owner only.';
 
 REVOKE ALL ON TABLE outbox.key_order_rules FROM PUBLIC;
 

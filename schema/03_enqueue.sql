@@ -367,14 +367,14 @@ GRANT EXECUTE ON FUNCTION outbox.enqueue(text, jsonb, text, jsonb, timestamptz, 
 
 
 -- outbox.key_order_scope: the scope of the key order a keyed message of p_topic gets when it
--- is enqueued now: 'outbox' (it waits for every earlier message of its key on any topic
+-- is enqueued now: 'global' (it waits for every earlier message of its key on any topic
 -- ordered across the whole outbox) or 'topic' (only for earlier messages of its key on
 -- p_topic; no message of another topic waits for it).
 --
 -- Inputs:     p_topic   a topic (NULL: NULL).
 -- Returns:    the scope of the most specific rule of outbox.key_order_rules whose pattern
 --             p_topic matches (LIKE): a pattern without `%` before one with it, then the
---             longer, then the first in byte order; 'outbox', the default, when none
+--             longer, then the first in byte order; 'global', the default, when none
 --             matches. The default is the whole outbox because a key usually names one
 --             entity (an order, an account) whose events on different topics must keep
 --             their order, and because it is the order every earlier release gave.
@@ -397,12 +397,12 @@ AS $$
                           ORDER BY strpos(r.topic_pattern, '%') = 0 DESC,
                                    length(r.topic_pattern) DESC,
                                    r.topic_pattern COLLATE "C"
-                          LIMIT 1), 'outbox')
+                          LIMIT 1), 'global')
            END
 $$;
 
 COMMENT ON FUNCTION outbox.key_order_scope(text) IS
-    'The scope of the key order a keyed message of the topic gets if enqueued now: outbox (the whole outbox, the default) or topic (its topic alone), by the most specific rule of set_key_order_scope.';
+    'The scope of the key order a keyed message of the topic gets if enqueued now: global (the whole outbox, the default) or topic (its topic alone), by the most specific rule of set_key_order_scope.';
 
 REVOKE ALL ON FUNCTION outbox.key_order_scope(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.key_order_scope(text) TO outbox_reader, outbox_relay;
@@ -414,7 +414,7 @@ GRANT EXECUTE ON FUNCTION outbox.key_order_scope(text) TO outbox_reader, outbox_
 -- Inputs:     p_topic_pattern  a LIKE pattern of topics (`orders.%`, `payments`; `\` escapes
 --                              `%`, `_` and `\`), not empty.
 --             p_scope          'topic': a key's messages of such a topic wait only for
---                              earlier messages of the key on the same topic; 'outbox': for
+--                              earlier messages of the key on the same topic; 'global': for
 --                              every earlier message of the key (the default of a topic no
 --                              rule matches; a rule saying it overrides a wider rule).
 -- Returns:    the pattern's scope before the call (NULL: it had no rule).
@@ -426,10 +426,10 @@ GRANT EXECUTE ON FUNCTION outbox.key_order_scope(text) TO outbox_reader, outbox_
 --             (mark_behind, 01_tables.sql), and the new scope begins for the key on that
 --             topic once nothing of it is pending there. Changing a topic to 'topic' then
 --             lets its new messages pass the key's pending messages of other topics;
---             changing it back to 'outbox' makes them wait for every pending message of
+--             changing it back to 'global' makes them wait for every pending message of
 --             their key.
 -- Locks:      the pattern's rule (a row of outbox.key_order_rules).
--- Raises:     P7001 (p_topic_pattern) when NULL or empty; P7001 (p_scope) when not 'outbox'
+-- Raises:     P7001 (p_topic_pattern) when NULL or empty; P7001 (p_scope) when not 'global'
 --             or 'topic'.
 -- Crash:      nothing: the rule is written in the caller's transaction.
 CREATE OR REPLACE FUNCTION outbox.set_key_order_scope(p_topic_pattern text, p_scope text)
@@ -443,9 +443,9 @@ BEGIN
     IF p_topic_pattern IS NULL OR p_topic_pattern = '' THEN
         PERFORM outbox.invalid_argument('p_topic_pattern', 'must be a non-empty LIKE pattern of topics');
     END IF;
-    IF p_scope IS NULL OR p_scope NOT IN ('outbox', 'topic') THEN
+    IF p_scope IS NULL OR p_scope NOT IN ('global', 'topic') THEN
         PERFORM outbox.invalid_argument('p_scope',
-            format('must be ''outbox'' (the whole outbox) or ''topic'' (per topic), not %s',
+            format('must be ''global'' (the whole outbox) or ''topic'' (per topic), not %s',
                    coalesce(quote_literal(p_scope), 'NULL')));
     END IF;
     SELECT r.scope INTO v_before
@@ -461,7 +461,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION outbox.set_key_order_scope(text, text) IS
-    'Sets the key order scope (outbox: the whole outbox; topic: per topic) of the topics matching a LIKE pattern, for messages enqueued after it; returns the pattern''s previous scope; P7001 on a bad argument.';
+    'Sets the key order scope (global: the whole outbox; topic: per topic) of the topics matching a LIKE pattern, for messages enqueued after it; returns the pattern''s previous scope; P7001 on a bad argument.';
 
 REVOKE ALL ON FUNCTION outbox.set_key_order_scope(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.set_key_order_scope(text, text) TO outbox_relay;
@@ -497,7 +497,7 @@ GRANT EXECUTE ON FUNCTION outbox.unset_key_order_scope(text) TO outbox_relay;
 
 
 -- outbox.key_order_scopes: the rules of the key order scope: topic_pattern (LIKE), scope
--- ('outbox' or 'topic'), set_at, set_by (the login that set it); most specific first, in
+-- ('global' or 'topic'), set_at, set_by (the login that set it); most specific first, in
 -- the order key_order_scope applies them. A topic no rule matches keeps its keys' order
 -- across the whole outbox.
 CREATE OR REPLACE VIEW outbox.key_order_scopes AS

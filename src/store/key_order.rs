@@ -12,7 +12,7 @@ use super::{Result, Store};
 pub struct KeyOrderScope {
     /// The topics it applies to, a SQL `LIKE` pattern.
     pub topic_pattern: String,
-    /// `outbox` (the whole outbox) or `topic` (per topic).
+    /// `global` (the whole outbox) or `topic` (per topic).
     pub scope: String,
     pub set_at: DateTime<Utc>,
     /// The login that set it.

@@ -125,7 +125,7 @@ async fn by_default_a_key_waits_across_topics_for_its_message_on_another_topic()
         .await
         .unwrap()
         .get(0);
-    assert_eq!(scope, "outbox", "the whole outbox is the default");
+    assert_eq!(scope, "global", "the whole outbox is the default");
     let dead = dead_then_live(&c).await;
 
     assert!(
@@ -304,9 +304,9 @@ async fn the_most_specific_rule_decides_a_topics_scope() {
     let c = db.client().await;
     for (pattern, scope) in [
         ("%", "topic"),
-        ("orders.%", "outbox"),
+        ("orders.%", "global"),
         ("orders.audit.%", "topic"),
-        ("orders.audit.keep", "outbox"),
+        ("orders.audit.keep", "global"),
     ] {
         c.execute(
             "SELECT outbox.set_key_order_scope($1, $2)",
@@ -323,9 +323,9 @@ async fn the_most_specific_rule_decides_a_topics_scope() {
     assert_eq!(replaced.as_deref(), Some("topic"), "the previous scope");
     for (topic, expected) in [
         ("payments", "topic"),
-        ("orders.created", "outbox"),
+        ("orders.created", "global"),
         ("orders.audit.read", "topic"),
-        ("orders.audit.keep", "outbox"),
+        ("orders.audit.keep", "global"),
     ] {
         let scope: String = c
             .query_one("SELECT outbox.key_order_scope($1)", &[&topic])

@@ -9,14 +9,14 @@ use outbox_relay::store::Store;
 #[derive(clap::Subcommand)]
 pub enum Verb {
     /// Order the keys of the topics of PATTERN per topic (`topic`) or across the whole
-    /// outbox (`outbox`), for the messages enqueued from now on.
+    /// outbox (`global`), for the messages enqueued from now on.
     Set {
         /// Topics as a route names them: `orders.created`, `orders.*` (a prefix), `*`.
         pattern: String,
         /// `topic`: a key's messages wait only for its earlier messages on their own topic;
-        /// `outbox`: for its earlier messages on any topic (the default of a topic no rule
+        /// `global`: for its earlier messages on any topic (the default of a topic no rule
         /// matches).
-        #[arg(value_parser = ["topic", "outbox"])]
+        #[arg(value_parser = ["topic", "global"])]
         scope: String,
     },
     /// Remove the rule of PATTERN: its topics take the next most specific rule's scope, or
