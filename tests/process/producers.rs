@@ -249,16 +249,36 @@ async fn node_pg() {
     db.finish().await;
 }
 
-/// Where Debian's Go packages put their sources (GOPATH layout): installed, or unpacked
-/// under the target directory by scripts/test-services.sh where installing them would have
-/// upgraded an installed package.
-fn debian_gopath() -> std::path::PathBuf {
-    let installed = Path::new("/usr/share/gocode");
-    let unpacked = target_dir().join("debs/root/usr/share/gocode");
-    if !installed.join(PGX).is_dir() && unpacked.join(PGX).is_dir() {
-        return unpacked;
+/// Where Debian's Go packages put their sources (GOPATH layout), as one GOPATH list:
+/// unpacked under the target directory by scripts/test-services.sh where installing them
+/// would have upgraded an installed package, and installed. One package may be in each
+/// (pgx unpacked, OpenTelemetry installed), so both are searched.
+fn debian_gopath() -> Vec<std::path::PathBuf> {
+    let dirs: Vec<std::path::PathBuf> = [
+        target_dir().join("debs/root/usr/share/gocode"),
+        Path::new("/usr/share/gocode").to_path_buf(),
+    ]
+    .into_iter()
+    .filter(|d| d.is_dir())
+    .collect();
+    if dirs.is_empty() {
+        vec![Path::new("/usr/share/gocode").to_path_buf()]
+    } else {
+        dirs
     }
-    installed.to_path_buf()
+}
+
+/// Whether `sources` (a package's directory in GOPATH layout) is under [`debian_gopath`].
+fn has_go_sources(sources: &str) -> bool {
+    debian_gopath().iter().any(|d| d.join(sources).is_dir())
+}
+
+/// [`debian_gopath`] as the message of a failed check shows it.
+fn gopath_shown() -> String {
+    std::env::join_paths(debian_gopath())
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// pgx v4's sources under a GOPATH.
@@ -271,7 +291,7 @@ fn go(dir: &Path) -> Command {
     command
         .current_dir(dir)
         .env("GO111MODULE", "off")
-        .env("GOPATH", debian_gopath())
+        .env("GOPATH", std::env::join_paths(debian_gopath()).unwrap())
         .env("GOPROXY", "off")
         .env("GOCACHE", target_dir().join("go").join("cache"));
     command
@@ -280,12 +300,11 @@ fn go(dir: &Path) -> Command {
 #[tokio::test(flavor = "multi_thread")]
 async fn go_pgx() {
     require("go", "apt-get install golang-go");
-    let gopath = debian_gopath();
     assert!(
-        gopath.join(PGX).is_dir(),
+        has_go_sources(PGX),
         "pgx v4 under {}: apt-get install golang-github-jackc-pgx-v4-dev (`make test` does it, \
          or unpacks it under the target directory)",
-        gopath.display()
+        gopath_shown()
     );
     // Built before the database exists, so that a build that fails keeps none.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("go-pgx-{}", std::process::id()));
@@ -314,16 +333,15 @@ const OTEL_GO: &str = "src/go.opentelemetry.io/otel/sdk/trace";
 #[tokio::test(flavor = "multi_thread")]
 async fn go_trace_context() {
     require("go", "apt-get install golang-go");
-    let gopath = debian_gopath();
     for (sources, package) in [
         (PGX, "golang-github-jackc-pgx-v4-dev"),
         (OTEL_GO, "golang-opentelemetry-otel-dev"),
     ] {
         assert!(
-            gopath.join(sources).is_dir(),
+            has_go_sources(sources),
             "{sources} under {}: apt-get install {package} (`make test` does it, or unpacks it \
              under the target directory)",
-            gopath.display()
+            gopath_shown()
         );
     }
     // Built before the database exists, so that a build that fails keeps none.
