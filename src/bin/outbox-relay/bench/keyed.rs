@@ -40,7 +40,7 @@ use outbox_relay::store::fill_messages;
 #[cfg(any(feature = "pubsub", feature = "aws", feature = "mqtt"))]
 use super::brokers::BENCH_TARGET;
 use super::brokers::destination;
-use super::{Options, Recorder, median, per_sec, settle, shutdown_relays, start_relays};
+use super::{Options, Recorder, lock, median, per_sec, settle, shutdown_relays, start_relays};
 
 /// Every tenth message is keyed, with `'k' || (i % 100)`: ten keys.
 const KEYED_EVERY: i64 = 10;
@@ -63,18 +63,20 @@ pub(super) async fn run(url: &str, o: &Options, sql: &tokio_postgres::Client) ->
     );
     let mut rows = Vec::new();
     for round in 1..=o.rounds {
-        let unkeyed = relay_drain(url, o, sql, None, false, false).await?;
+        let (unkeyed, _) = relay_drain(url, o, sql, None, false, false).await?;
         line(round, "relayer, unkeyed", o.messages, unkeyed);
-        let keyed = relay_drain(url, o, sql, Some(KEYED_EVERY), false, false).await?;
+        let (keyed, by) = relay_drain(url, o, sql, Some(KEYED_EVERY), false, false).await?;
         line(round, "relayer, 10 % keyed", o.messages, keyed);
-        let waves = relay_drain(url, o, sql, Some(KEYED_EVERY), true, false).await?;
+        tail(keyed, by);
+        let (waves, by) = relay_drain(url, o, sql, Some(KEYED_EVERY), true, false).await?;
         line(
             round,
             "relayer, 10 % keyed, one message of a key per call",
             o.messages,
             waves,
         );
-        let null = relay_drain(url, o, sql, None, false, true).await?;
+        tail(waves, by);
+        let (null, _) = relay_drain(url, o, sql, None, false, true).await?;
         line(
             round,
             "relayer, unkeyed, null destination",
@@ -138,8 +140,9 @@ fn load_average() -> String {
 }
 
 /// Drains `--messages` (keyed every `keyed_every`-th) into a fresh target; the time from
-/// the relays' start to the last acknowledgement. With `waves`, the destination is taken
-/// as one that does not keep a key's order within a call.
+/// the relays' start to the last acknowledgement, and to the last of an unkeyed message.
+/// With `waves`, the destination is taken as one that does not keep a key's order within a
+/// call.
 async fn relay_drain(
     url: &str,
     o: &Options,
@@ -147,7 +150,7 @@ async fn relay_drain(
     keyed_every: Option<i64>,
     waves: bool,
     null: bool,
-) -> Result<Duration> {
+) -> Result<(Duration, Option<Duration>)> {
     let (destination, cleanup) = destination(if null { "null" } else { &o.destination }).await?;
     let destination: Option<Arc<dyn Destination>> = match (null, waves) {
         (true, _) => None,
@@ -168,7 +171,20 @@ async fn relay_drain(
     shutdown_relays(&shutdown, relays).await;
     cleanup.run().await;
     reached?;
-    Ok(t)
+    let unkeyed = lock(&recorder.last_unkeyed).map(|at| at.duration_since(started));
+    Ok((t, unkeyed))
+}
+
+/// After a keyed drain's line: how long its keyed runs outlasted its unkeyed messages.
+fn tail(t: Duration, unkeyed: Option<Duration>) {
+    if let Some(unkeyed) = unkeyed {
+        outln!(
+            "  its unkeyed messages were all delivered by {:.2} s; the last {:.2} s delivered \
+             keyed runs alone",
+            unkeyed.as_secs_f64(),
+            t.saturating_sub(unkeyed).as_secs_f64()
+        );
+    }
 }
 
 /// A destination taken as one that does not keep a key's order within a call.

@@ -28,6 +28,9 @@ pub(super) struct Recorder {
     pub(super) done: Notify,
     pub(super) acks: Mutex<Vec<(Uuid, Instant)>>,
     pub(super) recording: std::sync::atomic::AtomicBool,
+    /// When the last delivery of an unkeyed message was acknowledged (how long a drain's
+    /// keyed runs outlast its unkeyed messages).
+    pub(super) last_unkeyed: Mutex<Option<Instant>>,
 }
 
 impl Recorder {
@@ -40,6 +43,7 @@ impl Recorder {
             done: Notify::new(),
             acks: Mutex::new(Vec::new()),
             recording: std::sync::atomic::AtomicBool::new(false),
+            last_unkeyed: Mutex::new(None),
         })
     }
 
@@ -128,6 +132,13 @@ impl Destination for Recorder {
                 .filter(|(_, o)| **o == Outcome::Delivered)
                 .map(|(m, _)| m.id.0)
                 .collect();
+            if batch
+                .iter()
+                .zip(&outcomes)
+                .any(|(m, o)| m.key.is_none() && *o == Outcome::Delivered)
+            {
+                *lock(&self.last_unkeyed) = Some(now);
+            }
             if self.recording.load(Ordering::Relaxed) {
                 lock(&self.acks).extend(delivered.iter().map(|id| (*id, now)));
             }
