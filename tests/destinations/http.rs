@@ -631,6 +631,93 @@ async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
     db.finish().await;
 }
 
+/// A destination whose budget is one part at a time (`max_in_flight = 1`): a batch whose
+/// free messages were recorded and whose runs still go in waves (300 ms a request) gives its
+/// place in the budget for one among the parts with only runs left, so that the next batch,
+/// enqueued after the first was recorded in part, is delivered while the runs go on, not
+/// when they end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_with_only_runs_left_does_not_hold_the_destinations_budget() {
+    const RUN: usize = 8;
+    let db = TestDb::new().await;
+    let mut c = db.client().await;
+    let hooks = Hooks::serve().await;
+    hooks.seen.lock().unwrap().slow_topic =
+        Some(("slow".into(), std::time::Duration::from_millis(300)));
+    let ids =
+        |rows: Vec<tokio_postgres::Row>| -> Vec<Uuid> { rows.iter().map(|r| r.get(0)).collect() };
+    // One transaction, so that the relayer's first claim takes all of it in one batch.
+    let runs = {
+        let t = c.transaction().await.unwrap();
+        let runs = ids(t
+            .query(
+                "SELECT outbox.enqueue('slow', convert_to(format('{\"n\": %s}', n), 'UTF8'), \
+                                       p_message_key => 'k' || (n % 2)) \
+                   FROM generate_series(1, $1::int) AS n ORDER BY n",
+                &[&i32::try_from(2 * RUN).unwrap()],
+            )
+            .await
+            .unwrap());
+        t.execute(
+            "SELECT outbox.enqueue('orders', convert_to(format('{\"n\": %s}', n), 'UTF8')) \
+               FROM generate_series(1, 20) AS n",
+            &[],
+        )
+        .await
+        .unwrap();
+        t.commit().await.unwrap();
+        runs
+    };
+    let mut w = relayer(
+        &db,
+        "budget",
+        &hooks.url(),
+        "max_in_flight = 1",
+        &["--lease-secs", "5"],
+    );
+    // The first batch's free messages recorded: its runs go on.
+    common::eventually(
+        MINUTE,
+        "the first batch's unkeyed messages to be recorded",
+        || async { common::pending(&c).await <= i64::try_from(2 * RUN).unwrap() },
+    )
+    .await;
+    let next = ids(c
+        .query(
+            "SELECT outbox.enqueue('orders', convert_to(format('{\"later\": %s}', n), 'UTF8')) \
+               FROM generate_series(1, 20) AS n",
+            &[],
+        )
+        .await
+        .unwrap());
+    common::eventually(MINUTE, "every message to be delivered", || async {
+        common::pending(&c).await == 0
+    })
+    .await;
+    w.signal("TERM");
+    assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
+
+    let recorded = |ids: Vec<Uuid>| {
+        let c = &c;
+        async move {
+            c.query_one(
+                "SELECT max(created_at) FROM outbox.attempts WHERE outbox_id = ANY($1)",
+                &[&ids],
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let next_max: chrono::DateTime<chrono::Utc> = recorded(next).await.get(0);
+    let runs_done: chrono::DateTime<chrono::Utc> = recorded(runs).await.get(0);
+    assert!(
+        runs_done - next_max >= chrono::Duration::milliseconds(1_000),
+        "the next batch, recorded at {next_max}, waited for the runs of the batch before it, \
+         which ended at {runs_done}"
+    );
+    db.finish().await;
+}
+
 /// A batch of unkeyed messages and long runs of two keys whose every request takes 300 ms:
 /// the runs go in waves (one message of a key per request), and the free messages (the
 /// unkeyed ones and the key whose only message is in the batch) go beside them and are
