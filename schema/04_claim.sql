@@ -52,10 +52,14 @@
 --   payload limit.
 -- * Shards and turns. A message's shard is hashtext(coalesce(message_key, outbox_id::text))
 --   & 15, written out the same way in every query and in the index, so the planner matches
---   messages_shard_heads_idx (shard, available_at, seq). All messages of a key share a
---   shard (all messages of an order key share its message_key). Each shard has a turn, the row 'claim:<shard>' of outbox.turns, locked FOR
---   UPDATE by the claim that reads the shard and held until its transaction ends; only the
---   schema owner can lock those rows, so only these SECURITY DEFINER functions take turns.
+--   messages_shard_heads_idx (shard, available_at, seq). All messages of a message_key
+--   share a shard, and so do those of an order key, but for two message_keys that share
+--   one (a key holding the unit separator, mark_behind in 01_tables.sql): their chain may
+--   span two shards, and keeps its order because the head check and the runs look the
+--   order key up in messages_order_key_seq_idx, whatever the shard. Each shard has a
+--   turn, the row 'claim:<shard>' of outbox.turns, locked FOR UPDATE by the claim that
+--   reads the shard and held until its transaction ends; only the schema owner can lock
+--   those rows, so only these SECURITY DEFINER functions take turns.
 -- * Floors. Each shard's walk starts at the shard's floor, a time at or before every entry
 --   of the shard that is live or being written (the floors' section at the end of this
 --   file), so the dead entries of delivered messages that a held MVCC horizon keeps in the

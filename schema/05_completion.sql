@@ -250,9 +250,9 @@ SELECT outbox.copy_for_slots('outbox.complete_outbox_batch_slot0(text, uuid[], u
 --             number, see record_attempts); lease_lost; dead_lettered (applied as FAILED,
 --             or as RETRYABLE with no attempt left, which includes a message parked because
 --             a dead letter with its id exists).
--- Locks:      First the completion lock of each listed message's key (lock_keys), so
---             the completions of one key run one after the other. When every state is
---             DISPATCHED, the fence is the deletion: one DELETE (this
+-- Locks:      First the completion lock of each listed message's order key (lock_keys),
+--             so the completions of one order key run one after the other. When every
+--             state is DISPATCHED, the fence is the deletion: one DELETE (this
 --             worker, a listed token, an unexpired lease) by one scan of messages_pkey for
 --             the listed ids, which locks the rows in id order, waits for a row another
 --             transaction holds and checks it again; the same statement inserts the
@@ -835,8 +835,9 @@ COMMENT ON FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_sta
 REVOKE ALL ON FUNCTION outbox.record_attempts(uuid[], integer[], outbox.attempt_state[], text[], uuid[], text[]) FROM PUBLIC;
 
 
--- outbox.lock_keys_slot0 (internal): lock_keys (below) for messages of slot 0: one probe
--- of the slot's primary key per listed id; copied for slots 1 to 3.
+-- outbox.lock_keys_slot0 (internal): lock_keys (below) for messages of slot 0: the lock of
+-- each listed message's order key, by one probe of the slot's primary key per listed id;
+-- copied for slots 1 to 3.
 CREATE OR REPLACE FUNCTION outbox.lock_keys_slot0(p_outbox_ids uuid[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -844,14 +845,14 @@ DECLARE
     v_hash integer;
 BEGIN
     FOR v_hash IN
-        SELECT DISTINCT hashtext(m.message_key)
+        SELECT DISTINCT hashtext(m.order_key)
           FROM unnest(p_outbox_ids) AS u(id)
          CROSS JOIN LATERAL (
-                SELECT x.message_key
+                SELECT x.order_key
                   FROM outbox.messages_0 AS x
                  WHERE x.outbox_id = u.id
                  LIMIT 1) AS m
-         WHERE m.message_key IS NOT NULL
+         WHERE m.order_key IS NOT NULL
          ORDER BY 1
     LOOP
         PERFORM pg_advisory_xact_lock(hashtext('outbox.key'), v_hash);
@@ -866,31 +867,33 @@ REVOKE ALL ON FUNCTION outbox.lock_keys_slot0(uuid[]) FROM PUBLIC;
 SELECT outbox.copy_for_slots('outbox.lock_keys_slot0(uuid[])');
 
 
--- outbox.lock_keys (internal): takes, for the transaction, the completion lock of the key
--- of each listed message that has one (a transaction-scoped advisory lock, classid
--- hashtext('outbox.key'), objid hashtext(key)), in objid order. Called by
--- complete_outbox_batch before it changes anything; no role may execute it. The lock is
--- by message_key, not order_key: every order key of a message_key (one per topic when its
--- topics' key order is scoped per topic) shares it, which serializes a little more than
--- needed and never less, and keeps the lock a probe of the row's key alone.
+-- outbox.lock_keys (internal): takes, for the transaction, the completion lock of the order
+-- key of each listed message that has a key (a transaction-scoped advisory lock, classid
+-- hashtext('outbox.key'), objid hashtext(order_key)), in objid order: one lock per order
+-- chain, the chain whose next head promote_heads promotes (messages.order_key,
+-- 01_tables.sql). Two message_keys that share an order key (a key holding the unit
+-- separator, E'a\x1fb', ordered across the whole outbox, and key 'a' ordered per topic on
+-- topic 'b') share its lock. A message_key whose topics are ordered per topic has one lock
+-- per topic: its completions on two such topics do not wait for each other. Called by
+-- complete_outbox_batch before it changes anything; no role may execute it.
 --
 -- Locks:      the advisory locks, held until the caller's transaction ends, waiting for
---             a completion of the same key (or of a key with the same hash) to end. Taken
---             in one order, before any row lock of the completion, so two completions
---             cannot deadlock on them; nothing else takes them.
--- Guarantees: the completions of one key run one after the other, so promote_heads never
---             decides on a snapshot that misses a concurrent completion of its key. Two
---             messages of a key can be held by two workers at once (a key's heads are
---             taken in commit order when producers overlap, docs/guarantees.md), and a
---             relayer completes a run's messages as each is delivered: concurrent, each
---             completion's promotion could see the other's message as the key's head and
---             leave the key with no head at all.
+--             a completion of the same order key (or of an order key with the same hash)
+--             to end. Taken in one order, before any row lock of the completion, so two
+--             completions cannot deadlock on them; nothing else takes them.
+-- Guarantees: the completions of one order key run one after the other, so promote_heads
+--             never decides on a snapshot that misses a concurrent completion of its order
+--             key. Two messages of an order key can be held by two workers at once (a
+--             key's heads are taken in commit order when producers overlap,
+--             docs/guarantees.md), and a relayer completes a run's messages as each is
+--             delivered: concurrent, each completion's promotion could see the other's
+--             message as the chain's head and leave the chain with no head at all.
 -- Raises:     nothing of its own.
 -- Shape:      one probe of messages_pkey per listed id, a LATERAL subquery that the
 --             planner cannot pull up (LIMIT 1): written as a join of the ids, with no
 --             statistics on a fresh table it walked a whole index of keys instead
 --             (2,000 keyed rows read to find 3 at a 20,000 backlog). Unkeyed messages take
---             no lock.
+--             no lock (order_key is NULL exactly when message_key is).
 CREATE OR REPLACE FUNCTION outbox.lock_keys(p_outbox_ids uuid[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -901,19 +904,19 @@ DECLARE
     v_hash integer;
 BEGIN
     FOR v_hash IN
-        SELECT DISTINCT hashtext(m.message_key)
+        SELECT DISTINCT hashtext(m.order_key)
           FROM unnest(p_outbox_ids) AS u(id)
          CROSS JOIN LATERAL (
-                SELECT x.message_key
-                  FROM ((SELECT x0.message_key FROM outbox.messages_0 x0 WHERE x0.outbox_id = u.id)
+                SELECT x.order_key
+                  FROM ((SELECT x0.order_key FROM outbox.messages_0 x0 WHERE x0.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x1.message_key FROM outbox.messages_1 x1 WHERE x1.outbox_id = u.id)
+                        (SELECT x1.order_key FROM outbox.messages_1 x1 WHERE x1.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x2.message_key FROM outbox.messages_2 x2 WHERE x2.outbox_id = u.id)
+                        (SELECT x2.order_key FROM outbox.messages_2 x2 WHERE x2.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x3.message_key FROM outbox.messages_3 x3 WHERE x3.outbox_id = u.id)) AS x
+                        (SELECT x3.order_key FROM outbox.messages_3 x3 WHERE x3.outbox_id = u.id)) AS x
                  LIMIT 1) AS m
-         WHERE m.message_key IS NOT NULL
+         WHERE m.order_key IS NOT NULL
          ORDER BY 1
     LOOP
         PERFORM pg_advisory_xact_lock(hashtext('outbox.key'), v_hash);
@@ -922,7 +925,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION outbox.lock_keys(uuid[]) IS
-    'Internal (complete_outbox_batch): takes the transaction-scoped completion lock of the key of each listed message, in one order.';
+    'Internal (complete_outbox_batch): takes the transaction-scoped completion lock of the order key of each listed message, one lock per order chain, in one order.';
 
 REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
 

@@ -3,7 +3,8 @@
 //! transaction found, named and cleared by a running relayer (its /metrics, /debug/health
 //! and `status`, with well-formed JSON logs); `status` showing each destination's circuit
 //! as relayer processes report it (open while the destination is down, closed once it is
-//! back, stale once a killed relayer stops renewing) and when delayed messages are due.
+//! back, stale once a killed relayer stops renewing), when delayed messages are due, and the
+//! key order rules once one is set.
 
 use crate::common;
 
@@ -723,4 +724,87 @@ fn lines_in(path: &std::path::Path) -> usize {
     std::fs::read_to_string(path)
         .map(|s| s.lines().count())
         .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_the_key_order_rules_once_one_is_set() {
+    let db = TestDb::new().await;
+    // the login that sets the rules, as key-order connects
+    let login: String = db
+        .client()
+        .await
+        .query_one("SELECT session_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let key_order_lines = |shown: &str| -> Vec<String> {
+        shown
+            .lines()
+            .filter(|l| l.starts_with("key order:"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let out = verb(&["status"], &db.url);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert_eq!(
+        key_order_lines(&shown),
+        Vec::<String>::new(),
+        "no rule, no line: {shown}"
+    );
+
+    for (pattern, scope) in [("orders.*", "topic"), ("orders.audit", "global")] {
+        let out = verb(&["key-order", "set", pattern, scope], &db.url);
+        assert!(out.status.success(), "{out:?}");
+    }
+    let out = verb(&["status"], &db.url);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    let lines = key_order_lines(&shown);
+    let heads: Vec<String> = lines
+        .iter()
+        .map(|l| l.split(" (").next().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        heads,
+        [
+            "key order: orders.audit global",
+            "key order: orders.* topic",
+            "key order: default global",
+        ],
+        "a line per rule, most specific first, then the default: {shown}"
+    );
+    assert!(
+        lines[1].contains("keys ordered per topic; set ")
+            && lines[1].ends_with(&format!(" by {login})")),
+        "{}",
+        lines[1]
+    );
+
+    let out = verb(&["status", "--json"], &db.url);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let key_order = &json["key_order"];
+    assert_eq!(key_order["default"], "global", "{json}");
+    let rules: Vec<(&str, &str, &str)> = key_order["rules"]
+        .as_array()
+        .unwrap_or_else(|| panic!("status --json has no key order rules: {json}"))
+        .iter()
+        .map(|r| {
+            (
+                r["pattern"].as_str().unwrap(),
+                r["topic_pattern"].as_str().unwrap(),
+                r["scope"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            ("orders.audit", "orders.audit", "global"),
+            ("orders.*", "orders.%", "topic")
+        ]
+    );
+    assert_eq!(key_order["rules"][0]["set_by"], login.as_str());
+    db.finish().await;
 }

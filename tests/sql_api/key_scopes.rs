@@ -441,3 +441,155 @@ async fn the_console_finds_a_key_on_every_topic_and_counts_what_each_message_wai
     }
     db.finish().await;
 }
+
+/// Which of `order_keys` the session `c` holds the completion lock of (the advisory lock
+/// outbox.lock_keys takes: classid hashtext('outbox.key'), objid hashtext(order key)), and
+/// how many completion locks it holds in all.
+async fn completion_locks_held(c: &Client, order_keys: &[&str]) -> (Vec<String>, i64) {
+    let row = c
+        .query_one(
+            "SELECT coalesce((SELECT array_agg(k ORDER BY k)
+                                FROM unnest($1::text[]) AS k
+                               WHERE EXISTS (SELECT 1
+                                               FROM pg_locks AS l
+                                              WHERE l.locktype = 'advisory'
+                                                AND l.pid = pg_backend_pid()
+                                                AND l.granted
+                                                AND l.classid = hashtext('outbox.key')::oid
+                                                AND l.objid = hashtext(k)::oid
+                                                AND l.objsubid = 2)), '{}'),
+                    (SELECT count(*)
+                       FROM pg_locks AS l
+                      WHERE l.locktype = 'advisory'
+                        AND l.pid = pg_backend_pid()
+                        AND l.classid = hashtext('outbox.key')::oid
+                        AND l.objsubid = 2)",
+            &[&order_keys],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn a_completion_locks_its_order_key_one_lock_per_chain_and_per_topic() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute("SELECT outbox.set_key_order_scope('b', 'topic')", &[])
+        .await
+        .unwrap();
+    c.execute("SELECT outbox.set_key_order_scope('c', 'topic')", &[])
+        .await
+        .unwrap();
+    // Key a ordered per topic on b, and key "a<US>b" ordered across the whole outbox (on g):
+    // two message_keys, one order key, one chain. Key a ordered per topic on c: another chain.
+    let a_on_b = enqueue(&c, "b", Some("a")).await;
+    let global = enqueue(&c, "g", Some("a\u{1f}b")).await;
+    let a_on_c = enqueue(&c, "c", Some("a")).await;
+    let order_key = |id: Uuid| {
+        let c = &c;
+        async move {
+            c.query_one(
+                "SELECT order_key FROM outbox.messages WHERE outbox_id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+        }
+    };
+    let chain = "a\u{1f}b";
+    assert_eq!(order_key(a_on_b).await, chain);
+    assert_eq!(
+        order_key(global).await,
+        chain,
+        "the global key shares a's order key on b"
+    );
+    assert_eq!(order_key(a_on_c).await, "a\u{1f}c");
+    let distinct_hashes: bool = c
+        .query_one(
+            "SELECT hashtext('a') <> hashtext(E'a\\x1fb') AND hashtext(E'a\\x1fb') <> hashtext(E'a\\x1fc')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        distinct_hashes,
+        "the keys' hashes differ, so the locks below tell them apart"
+    );
+
+    // The completion of a on b holds its chain's lock, and that lock alone.
+    let holder = db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT outbox.lock_keys(ARRAY[$1::uuid])", &[&a_on_b])
+        .await
+        .unwrap();
+    assert_eq!(
+        completion_locks_held(&holder, &["a", chain, "a\u{1f}c"]).await,
+        (vec![chain.to_owned()], 1),
+        "a on b is locked by its order key"
+    );
+
+    // The global key's completion needs that very lock: it is not free, and lock_keys
+    // waits for it until the holder ends.
+    let other = db.client().await;
+    let free: bool = other
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock(hashtext('outbox.key'), hashtext(order_key)) \
+             FROM outbox.messages WHERE outbox_id = $1",
+            &[&global],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !free,
+        "the lock of the global key's completion is the one a on b holds"
+    );
+    let waiting = backend_pid(&other).await;
+    let completion = tokio::spawn(async move {
+        other.batch_execute("BEGIN").await.unwrap();
+        other
+            .execute("SELECT outbox.lock_keys(ARRAY[$1::uuid])", &[&global])
+            .await
+            .unwrap();
+        let held = completion_locks_held(&other, &[chain]).await;
+        other.batch_execute("COMMIT").await.unwrap();
+        held
+    });
+    until_waiting_for_a_lock(
+        &c,
+        waiting,
+        "the global key's completion lock to wait for a on b's",
+    )
+    .await;
+    assert!(!completion.is_finished());
+
+    // Meanwhile a on c, another chain of the same message_key, takes its own lock at once
+    // (the timeout only turns a wait, which would be the failure, into an error).
+    let per_topic = db.client().await;
+    per_topic
+        .batch_execute("BEGIN; SET LOCAL lock_timeout = '20s'")
+        .await
+        .unwrap();
+    per_topic
+        .execute("SELECT outbox.lock_keys(ARRAY[$1::uuid])", &[&a_on_c])
+        .await
+        .expect("a on c does not wait for a on b");
+    assert_eq!(
+        completion_locks_held(&per_topic, &["a", chain, "a\u{1f}c"]).await,
+        (vec!["a\u{1f}c".to_owned()], 1),
+        "a on c is locked by its own order key"
+    );
+    per_topic.batch_execute("COMMIT").await.unwrap();
+
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        completion.await.unwrap(),
+        (vec![chain.to_owned()], 1),
+        "the global key's completion got the chain's lock once a on b's ended"
+    );
+    db.finish().await;
+}

@@ -47,8 +47,8 @@ fn like(pattern: &str) -> Result<String> {
 }
 
 /// A rule's `LIKE` pattern as a route names it, when it can (a rule set with SQL may use
-/// `_` or a `%` inside the pattern, shown as it is).
-fn route_pattern(like: &str) -> String {
+/// `_` or a `%` inside the pattern, shown as it is); `list` and `status` show rules so.
+pub fn route_pattern(like: &str) -> String {
     let (body, prefix) = match like.strip_suffix('%') {
         Some(body) if !body.ends_with('\\') || body.ends_with("\\\\") => (body, true),
         _ => (like, false),

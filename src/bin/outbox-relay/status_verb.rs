@@ -5,8 +5,9 @@
 //! shown per minute, so that a few dead letters do not read as none; every dead letter is
 //! counted, those out of attempts too (their last attempt is recorded as RETRYABLE), in
 //! the same words in the text and in `--json` (`last_minute`); a topic's delayed
-//! messages show when the first of them is due. With `--all-sources`, a line per source of
-//! a many-source configuration: its backlog, who serves it and its health.
+//! messages show when the first of them is due; the key order rules (`key-order set`),
+//! when any is set, a line each and one for the default. With `--all-sources`, a line per
+//! source of a many-source configuration: its backlog, who serves it and its health.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -17,9 +18,10 @@ use chrono::{DateTime, Utc};
 use futures_util::stream::{self, StreamExt};
 use outbox_relay::observe::{self, Observation, TopicFigures};
 use outbox_relay::sources::SourcesSettings;
-use outbox_relay::store::{ReportedCircuit, StalledTopic, Status, Store};
+use outbox_relay::store::{KeyOrderScope, ReportedCircuit, StalledTopic, Status, Store};
 
 use crate::all_sources;
+use crate::key_order_verb::route_pattern;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -100,6 +102,45 @@ fn circuits(reports: &[ReportedCircuit]) -> Vec<Circuit<'_>> {
         }
     }
     out
+}
+
+/// The scope of a key's order on a topic no rule matches (`outbox.key_order_scope`).
+const DEFAULT_KEY_ORDER_SCOPE: &str = "global";
+
+/// The key order rules as `status --json` shows them (`key_order`): the default, and the
+/// rules most specific first.
+#[derive(serde::Serialize)]
+struct KeyOrder<'a> {
+    default: &'static str,
+    rules: Vec<KeyOrderRule<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct KeyOrderRule<'a> {
+    /// As a route names it (`orders.*`), as `key-order list` shows it.
+    pattern: String,
+    /// The SQL `LIKE` pattern the rule holds.
+    topic_pattern: &'a str,
+    /// `topic` (per topic) or `global` (the whole outbox).
+    scope: &'a str,
+    set_at: DateTime<Utc>,
+    set_by: &'a str,
+}
+
+fn key_order(rules: &[KeyOrderScope]) -> KeyOrder<'_> {
+    KeyOrder {
+        default: DEFAULT_KEY_ORDER_SCOPE,
+        rules: rules
+            .iter()
+            .map(|r| KeyOrderRule {
+                pattern: route_pattern(&r.topic_pattern),
+                topic_pattern: &r.topic_pattern,
+                scope: &r.scope,
+                set_at: r.set_at,
+                set_by: &r.set_by,
+            })
+            .collect(),
+    }
 }
 
 /// Sums of the topics shown.
@@ -195,15 +236,17 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
     if !args.watch {
         // Whether LISTEN through this URL hears (not through a transaction pooler), asked
         // while the observation is read.
-        let (o, heard, reports, stalled) = tokio::join!(
+        let (o, heard, reports, stalled, rules) = tokio::join!(
             observe(Duration::ZERO),
             store.wake_ups_heard(Duration::from_secs(1)),
             store.circuits(),
-            store.stalled_topics(Duration::from_secs(args.uncovered_secs))
+            store.stalled_topics(Duration::from_secs(args.uncovered_secs)),
+            store.key_order_scopes()
         );
         let o = o?;
         let reports = reports.context("status: the circuits")?;
         let stalled = stalled.map_err(|e| format!("{:#}", anyhow::Error::from(e)));
+        let rules = rules.map_err(|e| format!("{:#}", anyhow::Error::from(e)));
         let rates = last_minute(store, &o).await?;
         let wake_ups = match heard {
             Ok(true) => "heard",
@@ -241,6 +284,14 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
                     value["stalled_topics_error"] = e.clone().into();
                 }
             }
+            match &rules {
+                Ok(rules) => value["key_order"] = serde_json::to_value(key_order(rules))?,
+                Err(e) => {
+                    // Unknown, not the default alone.
+                    value["key_order"] = serde_json::Value::Null;
+                    value["key_order_error"] = e.clone().into();
+                }
+            }
             value["wake_ups"] = wake_ups.into();
             outln!("{}", serde_json::to_string(&value)?);
         } else {
@@ -252,6 +303,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
                     &rates,
                     &reports,
                     &stalled,
+                    &rules,
                     None,
                     horizon_threshold
                 )
@@ -276,6 +328,10 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             .stalled_topics(Duration::from_secs(args.uncovered_secs))
             .await
             .map_err(|e| format!("{:#}", anyhow::Error::from(e)));
+        let rules = store
+            .key_order_scopes()
+            .await
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)));
         let rates = last_minute(store, &o).await?;
         let now = Instant::now();
         let shown = totals(o.snapshot.topics.iter().filter(|t| wanted(args, t)));
@@ -290,6 +346,7 @@ pub async fn run(store: &Store, args: &Args) -> Result<()> {
             &rates,
             &reports,
             &stalled,
+            &rules,
             change,
             horizon_threshold,
         );
@@ -312,13 +369,16 @@ fn pending(t: &Totals) -> i64 {
     t.ready + t.delayed + t.in_flight + t.expired_leases
 }
 
-/// The figures as a table, then the fleet's rates, the circuits and the diagnosis.
+/// The figures as a table, then the fleet's rates, the circuits, the stalled topics, the
+/// key order rules and the diagnosis.
+#[allow(clippy::too_many_arguments)] // one per block of the screen
 fn render(
     args: &Args,
     o: &Observation,
     rates: &LastMinute,
     reports: &[ReportedCircuit],
     stalled: &Result<Vec<StalledTopic>, String>,
+    rules: &Result<Vec<KeyOrderScope>, String>,
     backlog_change_per_sec: Option<f64>,
     horizon_threshold: Duration,
 ) -> String {
@@ -397,6 +457,7 @@ fn render(
     }
     render_circuits(&mut out, reports);
     render_stalled(&mut out, stalled);
+    render_key_order(&mut out, rules);
     let problems = observe::diagnose(s, horizon_threshold);
     if problems.is_empty() {
         let oldest = s
@@ -463,6 +524,41 @@ fn render_stalled(out: &mut String, stalled: &Result<Vec<StalledTopic>, String>)
         };
         let _ = writeln!(out, "{advice}");
     }
+}
+
+/// The key order rules, a line each, most specific first (as `key-order list` shows them),
+/// then the default's; nothing while no rule is set and every key is ordered across the
+/// whole outbox. A failure to read them is a line of its own.
+fn render_key_order(out: &mut String, rules: &Result<Vec<KeyOrderScope>, String>) {
+    let rules = match rules {
+        Ok(rules) if rules.is_empty() => return,
+        Ok(rules) => rules,
+        Err(e) => {
+            let _ = writeln!(out, "key order: unknown ({e})");
+            return;
+        }
+    };
+    let what = |scope: &str| match scope {
+        "topic" => "per topic",
+        "global" => "across the whole outbox",
+        _ => "?",
+    };
+    for r in rules {
+        let _ = writeln!(
+            out,
+            "key order: {} {} (keys ordered {}; set {} by {})",
+            route_pattern(&r.topic_pattern),
+            r.scope,
+            what(&r.scope),
+            r.set_at.format("%Y-%m-%d %H:%M:%S UTC"),
+            r.set_by
+        );
+    }
+    let _ = writeln!(
+        out,
+        "key order: default {DEFAULT_KEY_ORDER_SCOPE} (keys ordered {} on the topics no rule matches)",
+        what(DEFAULT_KEY_ORDER_SCOPE)
+    );
 }
 
 /// The circuits as the relayers last reported them, a line per destination and state.
@@ -699,7 +795,39 @@ fn row(
 
 #[cfg(test)]
 mod tests {
-    use super::{Line, Status, due_in, rate, signed_rate, states};
+    use super::{KeyOrderScope, Line, Status, due_in, rate, render_key_order, signed_rate, states};
+
+    #[test]
+    fn key_order_rules_are_a_line_each_then_the_default_and_nothing_without_one() {
+        let mut out = String::new();
+        render_key_order(&mut out, &Ok(Vec::new()));
+        assert_eq!(out, "", "no rule: no line");
+        let set_at = chrono::DateTime::parse_from_rfc3339("2026-11-29T04:40:00Z")
+            .unwrap()
+            .to_utc();
+        let rule = |pattern: &str, scope: &str| KeyOrderScope {
+            topic_pattern: pattern.to_owned(),
+            scope: scope.to_owned(),
+            set_at,
+            set_by: "ops".to_owned(),
+        };
+        render_key_order(
+            &mut out,
+            &Ok(vec![
+                rule("orders.audit", "global"),
+                rule("orders.%", "topic"),
+            ]),
+        );
+        assert_eq!(
+            out,
+            "key order: orders.audit global (keys ordered across the whole outbox; set 2026-11-29 04:40:00 UTC by ops)\n\
+             key order: orders.* topic (keys ordered per topic; set 2026-11-29 04:40:00 UTC by ops)\n\
+             key order: default global (keys ordered across the whole outbox on the topics no rule matches)\n"
+        );
+        let mut out = String::new();
+        render_key_order(&mut out, &Err("permission denied".to_owned()));
+        assert_eq!(out, "key order: unknown (permission denied)\n");
+    }
 
     #[test]
     fn a_source_with_ready_messages_and_nobody_serving_it_is_queued_then_waiting() {
