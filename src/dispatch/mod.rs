@@ -7,8 +7,8 @@
 //!   never dropped);
 //! - **budget**: at most `max_in_flight` parts of a destination are out at once (published
 //!   and not yet completed); a part waits for room, and while a destination has none its
-//!   topics are left unclaimed. A part whose free messages were recorded early and whose
-//!   runs' waves go on (one call at a time) moves to a second allowance of the same size
+//!   topics are left unclaimed. A part whose first wave was recorded early and whose runs'
+//!   later waves go on (one call at a time) moves to a second allowance of the same size
 //!   ([`Dispatcher::admit_runs`]), so that a long run does not keep the next part waiting;
 //! - **circuit** ([`circuit`]): repeated failures open the destination's circuit; its topics
 //!   are left unclaimed and what was already claimed is given back without an attempt;
@@ -22,13 +22,12 @@
 //!   that was not delivered is not counted delivered even if the service took it (it is an
 //!   attempt, sent again after its predecessor), so the outbox never records a key out of
 //!   order. To any other destination runs are delivered in waves, one call after the other:
-//!   the first holds each run's first message, the next each run's next message whose
-//!   predecessor was delivered, and so on; what follows an undelivered message is given
-//!   back unattempted, so a key is never delivered out of order. The part's free messages
-//!   (unkeyed, or the only one of their key in the part) go in one call beside the waves,
-//!   waiting for none of them; their outcomes are handed over as soon as that call answers
-//!   ([`Dispatcher::publish_settling`]), to be recorded while the waves go on, so a long run
-//!   does not hold them up;
+//!   the first holds every unkeyed message and each key's first, the next each key's next
+//!   message whose predecessor was delivered, and so on; what follows an undelivered message
+//!   is given back unattempted, so a key is never delivered out of order. The first wave's
+//!   outcomes of the unkeyed messages and of each key's last message in the part are final
+//!   once it answered: they are handed over then ([`Dispatcher::publish_settling`]), to be
+//!   recorded while the later waves go on, so a long run does not hold them up;
 //! - **publish window** ([`Window`]): a part travels with the window of the leases it is
 //!   published under; it is checked before each call of the destination (each wave of
 //!   runs, the probe), and the destination checks it before each call to its server. What
@@ -41,7 +40,7 @@
 //!   outcome; the destination is handed copies whose `traceparent` is the span's (the
 //!   current hop), the creation context kept beside it.
 //!
-//! Why one file of about 1,200 lines: some 760 are code and docs, the rest its tests. The
+//! Why one file of about 1,100 lines: some 740 are code and docs, the rest its tests. The
 //! rules above act together on one part (its budget, circuit ticket, deadline and runs are
 //! applied in one call to `publish`), so they are kept and tested side by side;
 //! the circuit, the routes and the settings, which stand alone, have files of their own.
@@ -319,11 +318,11 @@ impl Dispatcher {
             .expect("a destination's budget is never closed")
     }
 
-    /// Waits until `part`'s destination has room for one more part whose free messages
-    /// were recorded and whose runs' waves go on (at most `max_in_flight` of them, beside
-    /// the budget of [`Dispatcher::admit`]); the permit is its place there, for which the
-    /// part gives back its place in the budget, so that a long run, which sends one call at
-    /// a time, does not keep the destination's next part waiting.
+    /// Waits until `part`'s destination has room for one more part whose first wave was
+    /// answered and recorded and whose runs' later waves go on (at most `max_in_flight` of
+    /// them, beside the budget of [`Dispatcher::admit`]); the permit is its place there, for
+    /// which the part gives back its place in the budget, so that a long run, which sends
+    /// one call at a time, does not keep the destination's next part waiting.
     pub async fn admit_runs(&self, part: &Part) -> OwnedSemaphorePermit {
         self.lanes[part.lane]
             .runs_budget
@@ -343,12 +342,11 @@ impl Dispatcher {
 
     /// [`Dispatcher::publish`], handing `settled` the outcomes that are final before the
     /// part is done, so that they can be recorded while the rest is still being delivered:
-    /// when a part's runs go in waves, the outcomes of its free messages (every unkeyed
-    /// message, and every keyed one that is the only message of its key in the part), once
-    /// their call answered while the waves go on, and delivered or refused something (so
-    /// that the circuit, which sees the whole part, rewrites none of them). The part's
-    /// answer still holds every outcome, these included; `settled` is dropped unused when
-    /// nothing settles early.
+    /// when a part's runs go in waves, after the first wave, its outcomes of every unkeyed
+    /// message and every key's last message in the part, once a later wave is to follow and
+    /// the wave delivered or refused something (so that the circuit, which sees the whole
+    /// part, rewrites none of them). The part's answer still holds every outcome, these
+    /// included; `settled` is dropped unused when nothing settles early.
     pub async fn publish_settling(
         &self,
         part: &Part,
@@ -481,20 +479,42 @@ pub struct Settled {
     pub outcomes: Vec<Outcome>,
 }
 
-/// Hands `settled` the outcomes of a part's free messages (`free`, answered `answered`),
-/// answered while its runs go on. Only when the call delivered or refused a message: the
-/// circuit, which sees the whole part, then rewrites none of the part's outcomes.
-fn settle_free(free: &[usize], answered: &[Outcome], settled: oneshot::Sender<Settled>) {
-    let decisive = answered
+/// Hands `settled` the outcomes of the first `wave` of a part's runs that are final: of the
+/// messages no later message of their key in the part follows (`followed`), once a later
+/// wave is to come (a message's predecessor in `previous` was delivered). Only when the
+/// wave delivered or refused a message: the circuit then rewrites none of the part's
+/// outcomes; a wave that only failed has no later wave anyway.
+fn settle_first_wave(
+    wave: &[usize],
+    followed: &[bool],
+    previous: &[Option<usize>],
+    outcomes: &[Option<Outcome>],
+    settled: oneshot::Sender<Settled>,
+) {
+    let decisive = wave.iter().any(|&i| {
+        matches!(
+            outcomes[i],
+            Some(Outcome::Delivered | Outcome::Permanent { .. })
+        )
+    });
+    let more = previous.iter().enumerate().any(|(i, before)| {
+        outcomes[i].is_none() && before.is_some_and(|b| outcomes[b] == Some(Outcome::Delivered))
+    });
+    if !decisive || !more {
+        return;
+    }
+    let (indices, answered): (Vec<usize>, Vec<Outcome>) = wave
         .iter()
-        .any(|o| matches!(o, Outcome::Delivered | Outcome::Permanent { .. }));
-    if !decisive || free.is_empty() {
+        .filter(|&&i| !followed[i])
+        .filter_map(|&i| Some((i, outcomes[i].clone()?)))
+        .unzip();
+    if indices.is_empty() {
         return;
     }
     // The receiver is gone only when the part's delivery was given up.
     let _ = settled.send(Settled {
-        indices: free.to_vec(),
-        outcomes: answered.to_vec(),
+        indices,
+        outcomes: answered,
     });
 }
 
@@ -625,13 +645,11 @@ impl Lane {
         }
     }
 
-    /// Delivers a part that holds runs, key order first. Its free messages (unkeyed, or the
-    /// only message of their key in the part) go in one call, beside the runs, which go in
-    /// waves: the first message of every run, then each run's next message whose
-    /// predecessor was delivered, and so on, all by `deadline` and within `window`. A
+    /// Delivers a part that holds runs, key order first: the destination is called with the
+    /// first message of every key (and every unkeyed one), then with each key's next message
+    /// whose predecessor was delivered, and so on, all by `deadline` and within `window`. A
     /// message whose predecessor was not delivered is not attempted: it is given back and
-    /// waits for it. The free messages' call does not wait for the runs, nor the runs for
-    /// it; when it answers while the runs go on, `settled` gets its outcomes (see
+    /// waits for it. After the first wave, `settled` gets what of it is final (see
     /// [`Dispatcher::publish_settling`]).
     async fn attempt_in_runs(
         &self,
@@ -639,64 +657,20 @@ impl Lane {
         previous: &[Option<usize>],
         deadline: tokio::time::Instant,
         window: &Window,
-        settled: Option<oneshot::Sender<Settled>>,
+        mut settled: Option<oneshot::Sender<Settled>>,
     ) -> Vec<Outcome> {
         let mut followed = vec![false; messages.len()];
         for b in previous.iter().flatten() {
             followed[*b] = true;
         }
-        let (free, chained): (Vec<usize>, Vec<usize>) =
-            (0..messages.len()).partition(|&i| previous[i].is_none() && !followed[i]);
-        let free_batch: Vec<ClaimedMessage> = free.iter().map(|&i| messages[i].clone()).collect();
-        let free_call = async {
-            if free_batch.is_empty() {
-                Vec::new()
-            } else {
-                self.attempt(&free_batch, deadline, window).await
-            }
-        };
-        let waves = self.waves(messages, previous, &chained, deadline, window);
-        tokio::pin!(free_call, waves);
-        // Biased to the runs: when both are done, nothing is worth recording early.
-        let (free_outcomes, mut outcomes) = tokio::select! {
-            biased;
-            outcomes = &mut waves => (free_call.await, outcomes),
-            answered = &mut free_call => {
-                if let Some(settled) = settled {
-                    settle_free(&free, &answered, settled);
-                }
-                (answered, waves.await)
-            }
-        };
-        for (&i, outcome) in free.iter().zip(free_outcomes) {
-            outcomes[i] = Some(outcome);
-        }
-        outcomes
-            .into_iter()
-            .map(|o| o.expect("every message of a part is answered or given back"))
-            .collect()
-    }
-
-    /// The waves of a part's runs (`chained`: the messages that have a predecessor or a
-    /// follower of their key in the part): each message once its predecessor was
-    /// delivered, given back unattempted once it was not. The outcomes, by index in
-    /// `messages`, of the chained messages; `None` for the others.
-    async fn waves(
-        &self,
-        messages: &[ClaimedMessage],
-        previous: &[Option<usize>],
-        chained: &[usize],
-        deadline: tokio::time::Instant,
-        window: &Window,
-    ) -> Vec<Option<Outcome>> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
-        while chained.iter().any(|&i| outcomes[i].is_none()) {
+        while outcomes.iter().any(Option::is_none) {
             let mut wave = Vec::new();
-            for &i in chained {
+            for (i, before) in previous.iter().enumerate() {
                 if outcomes[i].is_some() {
                     continue;
                 }
-                match previous[i].map(|b| &outcomes[b]) {
+                match before.map(|b| &outcomes[b]) {
                     None | Some(Some(Outcome::Delivered)) => wave.push(i),
                     Some(None) => {}
                     Some(Some(_)) => {
@@ -717,8 +691,11 @@ impl Lane {
             for (&i, outcome) in wave.iter().zip(answered) {
                 outcomes[i] = Some(outcome);
             }
+            if let Some(settled) = settled.take() {
+                settle_first_wave(&wave, &followed, previous, &outcomes, settled);
+            }
         }
-        outcomes
+        outcomes.into_iter().flatten().collect()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -766,9 +743,8 @@ mod tests {
     use super::*;
 
     /// Delivers everything except payloads `fail`, which it finds retryable; remembers the
-    /// payloads of every call. A call holding a payload that starts with `slow` answers
-    /// after 100 ms. With `answers_late`, it answers its first call after the window of that
-    /// call closed (the window is closed as it answers).
+    /// payloads of every call. With `answers_late`, it answers its first call after the
+    /// window of that call closed (the window is closed as it answers).
     #[derive(Default)]
     struct Scripted {
         calls: Mutex<Vec<Vec<String>>>,
@@ -800,14 +776,8 @@ mod tests {
                     _ => Outcome::Delivered,
                 })
                 .collect();
-            let slow = payloads.iter().any(|p| p.starts_with("slow"));
             self.calls.lock().unwrap().push(payloads);
-            Box::pin(async move {
-                if slow {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                outcomes
-            })
+            Box::pin(async move { outcomes })
         }
 
         fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
@@ -853,17 +823,10 @@ mod tests {
             .publish(&parts.remove(0), &Window::unbounded())
             .await;
 
-        let calls = scripted.calls.lock().unwrap().clone();
-        let (free, waves): (Vec<_>, Vec<_>) = calls.into_iter().partition(|c| c == &["u"]);
         assert_eq!(
-            waves,
-            [vec!["a1", "b1"], vec!["fail", "b2"], vec!["b3"]],
+            *scripted.calls.lock().unwrap(),
+            [vec!["a1", "b1", "u"], vec!["fail", "b2"], vec!["b3"]],
             "each key's next message only after its predecessor was delivered"
-        );
-        assert_eq!(
-            free.len(),
-            1,
-            "the unkeyed message goes in a call of its own"
         );
         let kinds: Vec<&str> = outcomes
             .iter()
@@ -920,11 +883,11 @@ mod tests {
         assert_eq!(*scripted.calls.lock().unwrap(), [vec!["fail", "b1"]]);
     }
 
-    /// A part's free messages (unkeyed, or the only one of their key in the part) go in one
-    /// call beside its runs' waves, and their outcomes are handed over as soon as it
-    /// answered, while a run is still going; the part's answer still holds every outcome.
-    #[tokio::test(start_paused = true)]
-    async fn free_messages_go_beside_the_runs_and_settle_before_them() {
+    /// After the first wave of a part's runs, what of it is final is handed over before the
+    /// later waves: the unkeyed message and the key whose only message it was, not the
+    /// heads of runs; the part's answer still holds every outcome.
+    #[tokio::test]
+    async fn the_first_wave_settles_what_no_later_message_of_its_key_follows() {
         let scripted = Arc::new(Scripted::default());
         let dispatcher = Dispatcher::single(
             "d",
@@ -937,90 +900,39 @@ mod tests {
             1,
         );
         let (mut parts, _) = dispatcher.split(vec![
-            message(Some("a"), "slow a1"),
+            message(Some("a"), "a1"),
             message(Some("a"), "a2"),
             message(None, "u"),
             message(Some("c"), "fail"),
             message(Some("b"), "b1"),
         ]);
-        let part = parts.remove(0);
-        let started = tokio::time::Instant::now();
         let (settle, settled) = oneshot::channel();
-        let settling = async {
-            let settled = settled.await.expect("the free messages settle early");
-            (settled, started.elapsed())
-        };
-        let publishing = async {
-            let outcomes = dispatcher
-                .publish_settling(&part, &Window::unbounded(), Some(settle))
-                .await;
-            (outcomes, started.elapsed())
-        };
-        let ((settled, settled_after), (outcomes, answered_after)) =
-            tokio::join!(settling, publishing);
+        let outcomes = dispatcher
+            .publish_settling(&parts.remove(0), &Window::unbounded(), Some(settle))
+            .await;
+        let settled = settled.await.expect("the first wave settles early");
         assert_eq!(settled.indices, [2, 3, 4]);
         assert_eq!(settled.outcomes[0], Outcome::Delivered);
         assert!(matches!(settled.outcomes[1], Outcome::Retryable { .. }));
         assert_eq!(settled.outcomes[2], Outcome::Delivered);
-        assert!(
-            settled_after < Duration::from_millis(100),
-            "the free messages waited for the run: settled after {settled_after:?}"
-        );
-        assert!(answered_after >= Duration::from_millis(100));
         assert_eq!(outcomes[0], Outcome::Delivered);
         assert_eq!(outcomes[1], Outcome::Delivered);
-        assert!(matches!(outcomes[3], Outcome::Retryable { .. }));
-        let mut calls = scripted.calls.lock().unwrap().clone();
         assert_eq!(
-            calls.last().unwrap(),
-            &["a2"],
-            "a run's next message waits for its head"
+            *scripted.calls.lock().unwrap(),
+            [vec!["a1", "u", "fail", "b1"], vec!["a2"]]
         );
-        calls.sort();
-        assert_eq!(
-            calls,
-            [vec!["a2"], vec!["slow a1"], vec!["u", "fail", "b1"]]
-        );
-    }
 
-    /// Nothing is handed over early when the free messages' call neither delivered nor
-    /// refused anything (the circuit may still rewrite those outcomes), nor when the runs
-    /// ended first.
-    #[tokio::test(start_paused = true)]
-    async fn free_messages_settle_early_only_when_decisive_and_the_runs_go_on() {
-        let scripted = Arc::new(Scripted::default());
-        let dispatcher = Dispatcher::single(
-            "d",
-            scripted.clone(),
-            CircuitSettings {
-                failures: 5,
-                cooldown: Duration::from_secs(1),
-            },
-            Duration::from_secs(5),
-            1,
-        );
+        // Nothing is settled early when no later wave follows (the run's head failed).
         let (mut parts, _) = dispatcher.split(vec![
-            message(Some("a"), "slow a1"),
+            message(Some("a"), "fail"),
             message(Some("a"), "a2"),
-            message(None, "fail"),
+            message(None, "u"),
         ]);
         let (settle, settled) = oneshot::channel();
         dispatcher
             .publish_settling(&parts.remove(0), &Window::unbounded(), Some(settle))
             .await;
         assert!(settled.await.is_err());
-
-        let (mut parts, _) = dispatcher.split(vec![
-            message(Some("a"), "a1"),
-            message(Some("a"), "a2"),
-            message(None, "slow u"),
-        ]);
-        let (settle, settled) = oneshot::channel();
-        let outcomes = dispatcher
-            .publish_settling(&parts.remove(0), &Window::unbounded(), Some(settle))
-            .await;
-        assert!(settled.await.is_err());
-        assert_eq!(outcomes, vec![Outcome::Delivered; 3]);
     }
 
     /// A destination that keeps a key's order within a call gets the whole part, runs
@@ -1142,15 +1054,13 @@ mod tests {
         let window = Window::until(Instant::now() + Duration::from_secs(60));
         let outcomes = dispatcher.publish(&parts.remove(0), &window).await;
 
-        // The run's head goes first; the unkeyed message's call, beside it, finds the
-        // window closed by then.
         assert_eq!(
             *scripted.calls.lock().unwrap(),
-            [vec!["a1"]],
+            [vec!["a1", "u"]],
             "nothing is sent after the window closed"
         );
         assert_eq!(outcomes[0], Outcome::Delivered);
-        assert_eq!(outcomes[2], Window::closed());
+        assert_eq!(outcomes[2], Outcome::Delivered);
         assert_eq!(outcomes[1], Window::closed());
         assert!(
             matches!(&outcomes[3], Outcome::NotAttempted { .. }),

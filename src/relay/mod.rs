@@ -2,10 +2,10 @@
 //! `claim_outbox_batch_seq`, the [`Dispatcher`] splits each batch into one part per destination,
 //! and each part's outcomes go back in one `complete_outbox_batch` call as soon as its own
 //! destination answered, where the database checks the leases. A part whose runs go in waves
-//! may have two: its free messages (unkeyed, or the only one of their key in the part) are
-//! recorded as soon as their call answered, while the runs' waves go on (the part then gives
-//! its place in the destination's budget for one among the parts with only runs left), and
-//! the rest when they end. Up to
+//! may have two: what its first wave settled (the unkeyed messages, each key's last message of
+//! the part) is recorded at once, while the later waves go on (the part then gives its place
+//! in the destination's budget for one among the parts with only runs left), and the rest when
+//! they end. Up to
 //! `max_batches_in_flight` claimed batches wait to be taken by their destinations; each
 //! destination then has its own budget, so the next batch is claimed while the current ones
 //! are delivered, and a slow destination holds up only its own messages.
@@ -410,8 +410,8 @@ impl Relay {
                     published.cancel();
                     outcomes
                 };
-                // The part's place at its destination: once its free messages are recorded
-                // and only its runs' waves go on, a place among the parts that only have
+                // The part's place at its destination: once its first wave is recorded and
+                // only its runs' later waves go on, a place among the parts that only have
                 // runs left, for which it gives back its place in the budget.
                 let room = std::sync::Mutex::new(room);
                 let early = async {

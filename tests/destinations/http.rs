@@ -632,7 +632,7 @@ async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
 }
 
 /// A destination whose budget is one part at a time (`max_in_flight = 1`): a batch whose
-/// free messages were recorded and whose runs still go in waves (300 ms a request) gives its
+/// first wave was recorded and whose runs still go in waves (300 ms a request) gives its
 /// place in the budget for one among the parts with only runs left, so that the next batch,
 /// enqueued after the first was recorded in part, is delivered while the runs go on, not
 /// when they end.
@@ -719,10 +719,9 @@ async fn a_batch_with_only_runs_left_does_not_hold_the_destinations_budget() {
 }
 
 /// A batch of unkeyed messages and long runs of two keys whose every request takes 300 ms:
-/// the runs go in waves (one message of a key per request), and the free messages (the
-/// unkeyed ones and the key whose only message is in the batch) go beside them and are
-/// recorded as soon as they are answered, while the runs go on, not when the longest run
-/// ends. The runs outlast the
+/// the runs go in waves (one message of a key per request), and the unkeyed messages (and
+/// the key whose only message was in the first wave) are recorded as soon as the first wave
+/// answered, while the runs go on, not when the longest run ends. The runs outlast the
 /// publish window of a 3 s lease: the lease keeper extends what is still being delivered,
 /// and the messages already recorded are no lost lease to it. Each message is sent once and
 /// recorded once.
@@ -735,7 +734,7 @@ async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_bat
     hooks.seen.lock().unwrap().slow_topic =
         Some(("slow".into(), std::time::Duration::from_millis(300)));
     // One transaction, so that the relayer's first claim takes all of it in one batch.
-    let (runs, free) = {
+    let (runs, first_wave) = {
         let t = c.transaction().await.unwrap();
         let ids = |rows: Vec<tokio_postgres::Row>| -> Vec<Uuid> {
             rows.iter().map(|r| r.get(0)).collect()
@@ -749,7 +748,7 @@ async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_bat
             )
             .await
             .unwrap());
-        let mut free = ids(t
+        let mut first_wave = ids(t
             .query(
                 "SELECT outbox.enqueue('orders', convert_to(format('{\"n\": %s}', n), 'UTF8')) \
                    FROM generate_series(1, 20) AS n ORDER BY n",
@@ -757,7 +756,7 @@ async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_bat
             )
             .await
             .unwrap());
-        free.extend(ids(t
+        first_wave.extend(ids(t
             .query(
                 "SELECT outbox.enqueue('slow', convert_to('{}', 'UTF8'), \
                                        p_message_key => 'single')",
@@ -766,7 +765,7 @@ async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_bat
             .await
             .unwrap()));
         t.commit().await.unwrap();
-        (runs, free)
+        (runs, first_wave)
     };
     let mut w = relayer(&db, "runs", &hooks.url(), "", &["--lease-secs", "3"]);
     common::eventually(MINUTE, "every message to be delivered", || async {
@@ -777,13 +776,17 @@ async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_bat
     assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
 
     let history = histories(&c).await;
-    assert_eq!(history.len(), runs.len() + free.len(), "{history:?}");
+    assert_eq!(history.len(), runs.len() + first_wave.len(), "{history:?}");
     assert!(
         history.values().all(|h| h == "1:DISPATCHED"),
         "each message recorded once, by its first attempt: {history:?}"
     );
     let requests = hooks.seen.lock().unwrap().requests.len();
-    assert_eq!(requests, runs.len() + free.len(), "each message sent once");
+    assert_eq!(
+        requests,
+        runs.len() + first_wave.len(),
+        "each message sent once"
+    );
     let log = w.log_text();
     assert!(
         !log.contains("leases were lost"),
@@ -791,8 +794,7 @@ async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_bat
     );
 
     // When each was recorded (and deleted from the pending table, in the same transaction):
-    // the free messages' at their answer, the runs' last messages eight waves (2.4 s) after
-    // the runs began.
+    // the first wave's at its answer, the runs' last messages seven waves (2.1 s) later.
     let recorded = |ids: Vec<Uuid>| {
         let c = &c;
         async move {
@@ -804,7 +806,7 @@ async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_bat
             .unwrap()
         }
     };
-    let first_max: chrono::DateTime<chrono::Utc> = recorded(free).await.get(0);
+    let first_max: chrono::DateTime<chrono::Utc> = recorded(first_wave).await.get(0);
     let runs_done: chrono::DateTime<chrono::Utc> = recorded(runs).await.get(0);
     assert!(
         runs_done - first_max >= chrono::Duration::milliseconds(1_500),
