@@ -20,7 +20,7 @@
 --   outbox.promote_heads            internal: a key's next message becomes its head
 --   outbox.promote_slot0 (and _slot1 … _slot3)
 --                                   internal: promote_heads' update in one slot
---   outbox.lock_keys                internal: serializes the completions of a key
+--   outbox.lock_keys                internal: serializes the completions of an order key
 --   outbox.lock_keys_slot0 (and _slot1 … _slot3)
 --                                   internal: lock_keys for one slot's messages
 --
@@ -845,13 +845,14 @@ DECLARE
     v_hash integer;
 BEGIN
     FOR v_hash IN
-        SELECT DISTINCT hashtext(m.order_key)
+        SELECT DISTINCT k.hash
           FROM unnest(p_outbox_ids) AS u(id)
          CROSS JOIN LATERAL (
-                SELECT x.order_key
+                SELECT x.message_key, x.order_key
                   FROM outbox.messages_0 AS x
                  WHERE x.outbox_id = u.id
                  LIMIT 1) AS m
+         CROSS JOIN LATERAL (VALUES (hashtext(m.order_key)), (hashtext(m.message_key))) AS k(hash)
          WHERE m.order_key IS NOT NULL
          ORDER BY 1
     LOOP
@@ -867,19 +868,20 @@ REVOKE ALL ON FUNCTION outbox.lock_keys_slot0(uuid[]) FROM PUBLIC;
 SELECT outbox.copy_for_slots('outbox.lock_keys_slot0(uuid[])');
 
 
--- outbox.lock_keys (internal): takes, for the transaction, the completion lock of the order
--- key of each listed message that has a key (a transaction-scoped advisory lock, classid
--- hashtext('outbox.key'), objid hashtext(order_key)), in objid order: one lock per order
--- chain, the chain whose next head promote_heads promotes (messages.order_key,
--- 01_tables.sql). Two message_keys that share an order key (a key holding the unit
--- separator, E'a\x1fb', ordered across the whole outbox, and key 'a' ordered per topic on
--- topic 'b') share its lock. A message_key whose topics are ordered per topic has one lock
--- per topic: its completions on two such topics do not wait for each other. Called by
--- complete_outbox_batch before it changes anything; no role may execute it.
+-- outbox.lock_keys (internal): takes, for the transaction, the completion locks of each
+-- listed message that has a key (transaction-scoped advisory locks, classid
+-- hashtext('outbox.key'), objid the hashtext of a key), in objid order: one for its order
+-- key, the chain whose next head promote_heads promotes (messages.order_key,
+-- 01_tables.sql), and one for its message_key. Two message_keys that share an order key (a
+-- key holding the unit separator, E'a\x1fb', ordered across the whole outbox, and key 'a'
+-- ordered per topic on topic 'b') share the order key's lock; a message_key whose topics
+-- are ordered per topic shares its message_key's lock across them, which serializes more
+-- than its chains need and never less. Called by complete_outbox_batch before it changes
+-- anything; no role may execute it.
 --
 -- Locks:      the advisory locks, held until the caller's transaction ends, waiting for
---             a completion of the same order key (or of an order key with the same hash)
---             to end. Taken in one order, before any row lock of the completion, so two
+--             a completion of the same order key or message_key (or of a key with the same
+--             hash) to end. Taken in one order, before any row lock of the completion, so two
 --             completions cannot deadlock on them; nothing else takes them.
 -- Guarantees: the completions of one order key run one after the other, so promote_heads
 --             never decides on a snapshot that misses a concurrent completion of its order
@@ -904,18 +906,19 @@ DECLARE
     v_hash integer;
 BEGIN
     FOR v_hash IN
-        SELECT DISTINCT hashtext(m.order_key)
+        SELECT DISTINCT k.hash
           FROM unnest(p_outbox_ids) AS u(id)
          CROSS JOIN LATERAL (
-                SELECT x.order_key
-                  FROM ((SELECT x0.order_key FROM outbox.messages_0 x0 WHERE x0.outbox_id = u.id)
+                SELECT x.message_key, x.order_key
+                  FROM ((SELECT x0.message_key, x0.order_key FROM outbox.messages_0 x0 WHERE x0.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x1.order_key FROM outbox.messages_1 x1 WHERE x1.outbox_id = u.id)
+                        (SELECT x1.message_key, x1.order_key FROM outbox.messages_1 x1 WHERE x1.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x2.order_key FROM outbox.messages_2 x2 WHERE x2.outbox_id = u.id)
+                        (SELECT x2.message_key, x2.order_key FROM outbox.messages_2 x2 WHERE x2.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x3.order_key FROM outbox.messages_3 x3 WHERE x3.outbox_id = u.id)) AS x
+                        (SELECT x3.message_key, x3.order_key FROM outbox.messages_3 x3 WHERE x3.outbox_id = u.id)) AS x
                  LIMIT 1) AS m
+         CROSS JOIN LATERAL (VALUES (hashtext(m.order_key)), (hashtext(m.message_key))) AS k(hash)
          WHERE m.order_key IS NOT NULL
          ORDER BY 1
     LOOP
@@ -925,7 +928,7 @@ END;
 $$;
 
 COMMENT ON FUNCTION outbox.lock_keys(uuid[]) IS
-    'Internal (complete_outbox_batch): takes the transaction-scoped completion lock of the order key of each listed message, one lock per order chain, in one order.';
+    'Internal (complete_outbox_batch): takes the transaction-scoped completion locks of the order key and of the message_key of each listed keyed message, in one order.';
 
 REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;
 

@@ -1,14 +1,13 @@
 -- The completions' key locks (lock_keys, and lock_keys_slot0 with its copies for slots 1 to
--- 3) are taken per order key instead of per message_key: one lock per order chain, the
--- chain promote_heads promotes the next head of. Under V41 two message_keys could share an
--- order key (a key holding the unit separator under the whole outbox, E'a\x1fb', and key
--- 'a' ordered per topic on topic 'b'): their completions took different locks while
--- promoting heads of one chain, and two of them at once could leave the chain without a
--- head. A message_key whose topics are ordered per topic now has one lock per topic, so its
--- completions on two topics no longer wait for each other. Every keyed message has an
--- order key (constraint messages_order_key_with_key). A completion already running when
--- this commits keeps the lock of its message_key until it ends; for a key ordered across
--- the whole outbox that is the same lock. Contract in full: 05_completion.sql.
+-- 3) are taken per order key as well as per message_key: one lock for the order chain whose
+-- next head promote_heads promotes, and one for the message_key, as before. Under V41 two
+-- message_keys could share an order key (a key holding the unit separator under the whole
+-- outbox, E'a\x1fb', and key 'a' ordered per topic on topic 'b'): their completions took
+-- different locks while promoting heads of one chain, and two of them at once could leave
+-- the chain without a head. The message_key's lock is kept so that a completion already
+-- running when this commits, which holds it alone, still excludes the new ones of its key.
+-- Every keyed message has an order key (constraint messages_order_key_with_key). Contract
+-- in full: 05_completion.sql.
 
 
 CREATE OR REPLACE FUNCTION outbox.lock_keys_slot0(p_outbox_ids uuid[]) RETURNS void
@@ -18,13 +17,14 @@ DECLARE
     v_hash integer;
 BEGIN
     FOR v_hash IN
-        SELECT DISTINCT hashtext(m.order_key)
+        SELECT DISTINCT k.hash
           FROM unnest(p_outbox_ids) AS u(id)
          CROSS JOIN LATERAL (
-                SELECT x.order_key
+                SELECT x.message_key, x.order_key
                   FROM outbox.messages_0 AS x
                  WHERE x.outbox_id = u.id
                  LIMIT 1) AS m
+         CROSS JOIN LATERAL (VALUES (hashtext(m.order_key)), (hashtext(m.message_key))) AS k(hash)
          WHERE m.order_key IS NOT NULL
          ORDER BY 1
     LOOP
@@ -49,18 +49,19 @@ DECLARE
     v_hash integer;
 BEGIN
     FOR v_hash IN
-        SELECT DISTINCT hashtext(m.order_key)
+        SELECT DISTINCT k.hash
           FROM unnest(p_outbox_ids) AS u(id)
          CROSS JOIN LATERAL (
-                SELECT x.order_key
-                  FROM ((SELECT x0.order_key FROM outbox.messages_0 x0 WHERE x0.outbox_id = u.id)
+                SELECT x.message_key, x.order_key
+                  FROM ((SELECT x0.message_key, x0.order_key FROM outbox.messages_0 x0 WHERE x0.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x1.order_key FROM outbox.messages_1 x1 WHERE x1.outbox_id = u.id)
+                        (SELECT x1.message_key, x1.order_key FROM outbox.messages_1 x1 WHERE x1.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x2.order_key FROM outbox.messages_2 x2 WHERE x2.outbox_id = u.id)
+                        (SELECT x2.message_key, x2.order_key FROM outbox.messages_2 x2 WHERE x2.outbox_id = u.id)
                         UNION ALL
-                        (SELECT x3.order_key FROM outbox.messages_3 x3 WHERE x3.outbox_id = u.id)) AS x
+                        (SELECT x3.message_key, x3.order_key FROM outbox.messages_3 x3 WHERE x3.outbox_id = u.id)) AS x
                  LIMIT 1) AS m
+         CROSS JOIN LATERAL (VALUES (hashtext(m.order_key)), (hashtext(m.message_key))) AS k(hash)
          WHERE m.order_key IS NOT NULL
          ORDER BY 1
     LOOP
@@ -70,6 +71,6 @@ END;
 $$;
 
 COMMENT ON FUNCTION outbox.lock_keys(uuid[]) IS
-    'Internal (complete_outbox_batch): takes the transaction-scoped completion lock of the order key of each listed message, one lock per order chain, in one order.';
+    'Internal (complete_outbox_batch): takes the transaction-scoped completion locks of the order key and of the message_key of each listed keyed message, in one order.';
 
 REVOKE ALL ON FUNCTION outbox.lock_keys(uuid[]) FROM PUBLIC;

@@ -8,8 +8,10 @@
 //! - **budget**: at most `max_in_flight` parts of a destination are out at once (published
 //!   and not yet completed); a part waits for room, and while a destination has none its
 //!   topics are left unclaimed. A part whose first wave was recorded early and whose runs'
-//!   later waves go on (one call at a time) moves to a second allowance of the same size
-//!   ([`Dispatcher::admit_runs`]), so that a long run does not keep the next part waiting;
+//!   later waves go on (one call at a time) moves, once it has room there, to a second
+//!   allowance of the same size ([`Dispatcher::admit_runs`]), so that a long run does not
+//!   keep the next part waiting: a destination may so have up to twice `max_in_flight`
+//!   parts out, at most `max_in_flight` of them sending more than their runs' waves;
 //! - **circuit** ([`circuit`]): repeated failures open the destination's circuit; its topics
 //!   are left unclaimed and what was already claimed is given back without an attempt;
 //! - **deadline**: a part not answered within `timeout_ms` is unanswered ("did not

@@ -413,24 +413,23 @@ impl Relay {
                 // The part's place at its destination: once its first wave is recorded and
                 // only its runs' later waves go on, a place among the parts that only have
                 // runs left, for which it gives back its place in the budget.
-                let room = std::sync::Mutex::new(room);
+                let mut room = room;
                 let early = async {
                     let early = self.complete_early(book_id, batch, settled).await;
                     if early.is_some() {
                         tokio::select! {
+                            biased;
+                            () = published.cancelled() => {}
                             runs = self.dispatcher.admit_runs(&part) => {
-                                let budget = std::mem::replace(&mut *room.lock().expect("never poisoned"), runs);
-                                drop(budget);
+                                drop(std::mem::replace(&mut room, runs));
                                 // Room at the destination.
                                 self.wake.notify_one();
                             }
-                            () = published.cancelled() => {}
                         }
                     }
                     early
                 };
                 let (outcomes, early) = tokio::join!(publishing, early);
-                drop(room);
                 let (mut summary, done) = early.unwrap_or_default();
                 // What was recorded early is never completed or released again.
                 let rest = |i: &usize| !done.contains(i);
@@ -463,6 +462,8 @@ impl Relay {
                             .await
                     }
                 };
+                // The part's place is given back once every outcome is recorded.
+                drop(room);
                 summary
             }
         };

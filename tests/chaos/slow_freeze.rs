@@ -8,7 +8,9 @@
 //! the check cannot cover (docs/guarantees.md) is a request checked just before the freeze
 //! and written after it: the woken relayer may send at most the requests it can have had
 //! started at once ([`STARTED_AT_ONCE`]: the destination's `concurrency` times its batches
-//! in flight), where a window checked once per batch would send the rest of its batches.
+//! in flight, `max_in_flight` of them and as many more whose first wave was recorded and
+//! whose runs' later waves go on), where a window checked once per batch would send the rest
+//! of its batches.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -27,8 +29,10 @@ const KEYS: i64 = 500;
 const CONCURRENCY: usize = 8;
 /// Batches in flight (the destination's `max_in_flight`).
 const BATCHES_IN_FLIGHT: usize = 3;
-/// The requests a relayer can have started at once.
-const STARTED_AT_ONCE: usize = CONCURRENCY * BATCHES_IN_FLIGHT;
+/// The requests a relayer can have started at once: `concurrency` for each batch in its
+/// destination's budget, and for each of as many batches with only their runs' later waves
+/// left (docs/destinations.md, keyed messages).
+const STARTED_AT_ONCE: usize = CONCURRENCY * BATCHES_IN_FLIGHT * 2;
 
 fn worker(db: &TestDb, base: &str, name: &str) -> Result<Relayer, String> {
     let config = db.scratch_dir().join(format!("{name}.toml"));

@@ -632,7 +632,7 @@ async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
 }
 
 /// A destination whose budget is one part at a time (`max_in_flight = 1`): a batch whose
-/// first wave was recorded and whose runs still go in waves (300 ms a request) gives its
+/// first wave was recorded and whose runs still go in waves (500 ms a request) gives its
 /// place in the budget for one among the parts with only runs left, so that the next batch,
 /// enqueued after the first was recorded in part, is delivered while the runs go on, not
 /// when they end.
@@ -643,7 +643,7 @@ async fn a_batch_with_only_runs_left_does_not_hold_the_destinations_budget() {
     let mut c = db.client().await;
     let hooks = Hooks::serve().await;
     hooks.seen.lock().unwrap().slow_topic =
-        Some(("slow".into(), std::time::Duration::from_millis(300)));
+        Some(("slow".into(), std::time::Duration::from_millis(500)));
     let ids =
         |rows: Vec<tokio_postgres::Row>| -> Vec<Uuid> { rows.iter().map(|r| r.get(0)).collect() };
     // One transaction, so that the relayer's first claim takes all of it in one batch.
@@ -673,7 +673,7 @@ async fn a_batch_with_only_runs_left_does_not_hold_the_destinations_budget() {
         "budget",
         &hooks.url(),
         "max_in_flight = 1",
-        &["--lease-secs", "5"],
+        &["--lease-secs", "6"],
     );
     // The first batch's free messages recorded: its runs go on.
     common::eventually(

@@ -472,7 +472,7 @@ async fn completion_locks_held(c: &Client, order_keys: &[&str]) -> (Vec<String>,
 }
 
 #[tokio::test]
-async fn a_completion_locks_its_order_key_one_lock_per_chain_and_per_topic() {
+async fn a_completion_locks_its_order_key_and_its_message_key() {
     let db = TestDb::new().await;
     let c = db.client().await;
     c.execute("SELECT outbox.set_key_order_scope('b', 'topic')", &[])
@@ -519,7 +519,7 @@ async fn a_completion_locks_its_order_key_one_lock_per_chain_and_per_topic() {
         "the keys' hashes differ, so the locks below tell them apart"
     );
 
-    // The completion of a on b holds its chain's lock, and that lock alone.
+    // The completion of a on b holds its chain's lock and its message_key's, no other.
     let holder = db.client().await;
     holder.batch_execute("BEGIN").await.unwrap();
     holder
@@ -528,8 +528,8 @@ async fn a_completion_locks_its_order_key_one_lock_per_chain_and_per_topic() {
         .unwrap();
     assert_eq!(
         completion_locks_held(&holder, &["a", chain, "a\u{1f}c"]).await,
-        (vec![chain.to_owned()], 1),
-        "a on b is locked by its order key"
+        (vec!["a".to_owned(), chain.to_owned()], 2),
+        "a on b is locked by its order key and its message_key"
     );
 
     // The global key's completion needs that very lock: it is not free, and lock_keys
@@ -567,23 +567,28 @@ async fn a_completion_locks_its_order_key_one_lock_per_chain_and_per_topic() {
     .await;
     assert!(!completion.is_finished());
 
-    // Meanwhile a on c, another chain of the same message_key, takes its own lock at once
-    // (the timeout only turns a wait, which would be the failure, into an error).
+    // a on c, another chain of the same message_key: its own chain's lock is free, its
+    // message_key's is the one a on b holds (so its completion would wait for a on b's).
     let per_topic = db.client().await;
-    per_topic
-        .batch_execute("BEGIN; SET LOCAL lock_timeout = '20s'")
+    let row = per_topic
+        .query_one(
+            "SELECT pg_try_advisory_lock(hashtext('outbox.key'), hashtext(order_key)), \
+                    pg_try_advisory_lock(hashtext('outbox.key'), hashtext(message_key)) \
+               FROM outbox.messages WHERE outbox_id = $1",
+            &[&a_on_c],
+        )
         .await
         .unwrap();
-    per_topic
-        .execute("SELECT outbox.lock_keys(ARRAY[$1::uuid])", &[&a_on_c])
-        .await
-        .expect("a on c does not wait for a on b");
-    assert_eq!(
-        completion_locks_held(&per_topic, &["a", chain, "a\u{1f}c"]).await,
-        (vec!["a\u{1f}c".to_owned()], 1),
-        "a on c is locked by its own order key"
+    let (own_chain_free, message_key_free): (bool, bool) = (row.get(0), row.get(1));
+    assert!(own_chain_free, "a on c's chain has a lock of its own");
+    assert!(
+        !message_key_free,
+        "a on c shares its message_key's lock with a on b"
     );
-    per_topic.batch_execute("COMMIT").await.unwrap();
+    per_topic
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .await
+        .unwrap();
 
     holder.batch_execute("COMMIT").await.unwrap();
     assert_eq!(
