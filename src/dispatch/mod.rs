@@ -312,12 +312,7 @@ impl Dispatcher {
     /// Waits until `part`'s destination has room for it; the permit is its place in the
     /// destination's budget until it is dropped (after the part is completed).
     pub async fn admit(&self, part: &Part) -> OwnedSemaphorePermit {
-        self.lanes[part.lane]
-            .budget
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("a destination's budget is never closed")
+        place(&self.lanes[part.lane].budget).await
     }
 
     /// Waits until `part`'s destination has room for one more part whose first wave was
@@ -326,12 +321,7 @@ impl Dispatcher {
     /// which the part gives back its place in the budget, so that a long run, which sends
     /// one call at a time, does not keep the destination's next part waiting.
     pub async fn admit_runs(&self, part: &Part) -> OwnedSemaphorePermit {
-        self.lanes[part.lane]
-            .runs_budget
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("a destination's budget is never closed")
+        place(&self.lanes[part.lane].runs_budget).await
     }
 
     /// Publishes `part` through its destination's circuit and deadline, within `window`;
@@ -427,6 +417,15 @@ impl Dispatcher {
         }))
         .await
     }
+}
+
+/// A place in one of a destination's allowances, waited for.
+async fn place(allowance: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+    allowance
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("a destination's budget is never closed")
 }
 
 /// How long after a call's dispatch deadline the destination may take to hand back its

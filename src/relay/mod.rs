@@ -397,7 +397,7 @@ impl Relay {
                 self.release(batch, "its publish window closed before dispatch")
                     .await
             }
-            Some(room) => {
+            Some(mut room) => {
                 self.leases
                     .dispatching(book_id, Instant::now() + self.dispatcher.deadline(&part));
                 let (settle, settled) = oneshot::channel();
@@ -413,7 +413,6 @@ impl Relay {
                 // The part's place at its destination: once its first wave is recorded and
                 // only its runs' later waves go on, a place among the parts that only have
                 // runs left, for which it gives back its place in the budget.
-                let mut room = room;
                 let early = async {
                     let early = self.complete_early(book_id, batch, settled).await;
                     if early.is_some() {

@@ -631,6 +631,18 @@ async fn the_cloudevents_envelope_maps_every_attribute_in_both_modes() {
     db.finish().await;
 }
 
+/// When the last of `ids` was recorded (its attempt written, and the message deleted from
+/// the pending table in the same transaction).
+async fn last_recorded(c: &tokio_postgres::Client, ids: &[Uuid]) -> chrono::DateTime<chrono::Utc> {
+    c.query_one(
+        "SELECT max(created_at) FROM outbox.attempts WHERE outbox_id = ANY($1)",
+        &[&ids],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// A destination whose budget is one part at a time (`max_in_flight = 1`): a batch whose
 /// first wave was recorded and whose runs still go in waves (500 ms a request) gives its
 /// place in the budget for one among the parts with only runs left, so that the next batch,
@@ -697,19 +709,8 @@ async fn a_batch_with_only_runs_left_does_not_hold_the_destinations_budget() {
     w.signal("TERM");
     assert_eq!(w.exit_code(MINUTE).await, Some(0), "{}", w.log_text());
 
-    let recorded = |ids: Vec<Uuid>| {
-        let c = &c;
-        async move {
-            c.query_one(
-                "SELECT max(created_at) FROM outbox.attempts WHERE outbox_id = ANY($1)",
-                &[&ids],
-            )
-            .await
-            .unwrap()
-        }
-    };
-    let next_max: chrono::DateTime<chrono::Utc> = recorded(next).await.get(0);
-    let runs_done: chrono::DateTime<chrono::Utc> = recorded(runs).await.get(0);
+    let next_max = last_recorded(&c, &next).await;
+    let runs_done = last_recorded(&c, &runs).await;
     assert!(
         runs_done - next_max >= chrono::Duration::milliseconds(1_000),
         "the next batch, recorded at {next_max}, waited for the runs of the batch before it, \
@@ -795,19 +796,8 @@ async fn unkeyed_messages_are_recorded_without_waiting_for_the_runs_of_their_bat
 
     // When each was recorded (and deleted from the pending table, in the same transaction):
     // the first wave's at its answer, the runs' last messages seven waves (2.1 s) later.
-    let recorded = |ids: Vec<Uuid>| {
-        let c = &c;
-        async move {
-            c.query_one(
-                "SELECT max(created_at) FROM outbox.attempts WHERE outbox_id = ANY($1)",
-                &[&ids],
-            )
-            .await
-            .unwrap()
-        }
-    };
-    let first_max: chrono::DateTime<chrono::Utc> = recorded(first_wave).await.get(0);
-    let runs_done: chrono::DateTime<chrono::Utc> = recorded(runs).await.get(0);
+    let first_max = last_recorded(&c, &first_wave).await;
+    let runs_done = last_recorded(&c, &runs).await;
     assert!(
         runs_done - first_max >= chrono::Duration::milliseconds(1_500),
         "the unkeyed messages, recorded at {first_max}, waited for the runs, which ended at \
