@@ -91,7 +91,8 @@ enum Command {
     /// Enqueue one message; prints its outbox_id.
     Enqueue(Box<enqueue_verb::Args>),
     /// Per topic: ready, delayed, in flight, expired leases, dead letters and oldest ready
-    /// age; the fleet's rates; what is wrong (a held MVCC horizon, dead tuples) and what to do.
+    /// age; the fleet's rates; the key order rules, once one is set; what is wrong (a held
+    /// MVCC horizon, dead tuples, a topic stalled) and what to do.
     Status(Box<status_verb::Args>),
     /// Run one lease repair pass and print what it did (for cron).
     Repair {

@@ -527,8 +527,8 @@ fn render_stalled(out: &mut String, stalled: &Result<Vec<StalledTopic>, String>)
 }
 
 /// The key order rules, a line each, most specific first (as `key-order list` shows them),
-/// then the default's; nothing while no rule is set and every key is ordered across the
-/// whole outbox. A failure to read them is a line of its own.
+/// then the default's unless a `*` rule leaves it no topic; nothing while no rule is set
+/// and every key is ordered across the whole outbox. A failure to read them is a line of its own.
 fn render_key_order(out: &mut String, rules: &Result<Vec<KeyOrderScope>, String>) {
     let rules = match rules {
         Ok(rules) if rules.is_empty() => return,
@@ -554,11 +554,14 @@ fn render_key_order(out: &mut String, rules: &Result<Vec<KeyOrderScope>, String>
             r.set_by
         );
     }
-    let _ = writeln!(
-        out,
-        "key order: default {DEFAULT_KEY_ORDER_SCOPE} (keys ordered {} on the topics no rule matches)",
-        what(DEFAULT_KEY_ORDER_SCOPE)
-    );
+    // A `*` rule matches every topic: the default then orders none.
+    if rules.iter().all(|r| r.topic_pattern != "%") {
+        let _ = writeln!(
+            out,
+            "key order: default {DEFAULT_KEY_ORDER_SCOPE} (keys ordered {} on the topics no rule matches)",
+            what(DEFAULT_KEY_ORDER_SCOPE)
+        );
+    }
 }
 
 /// The circuits as the relayers last reported them, a line per destination and state.
@@ -798,7 +801,8 @@ mod tests {
     use super::{KeyOrderScope, Line, Status, due_in, rate, render_key_order, signed_rate, states};
 
     #[test]
-    fn key_order_rules_are_a_line_each_then_the_default_and_nothing_without_one() {
+    fn key_order_rules_are_a_line_each_then_the_default_unless_a_star_rule_and_nothing_without_one()
+    {
         let mut out = String::new();
         render_key_order(&mut out, &Ok(Vec::new()));
         assert_eq!(out, "", "no rule: no line");
@@ -823,6 +827,17 @@ mod tests {
             "key order: orders.audit global (keys ordered across the whole outbox; set 2026-11-29 04:40:00 UTC by ops)\n\
              key order: orders.* topic (keys ordered per topic; set 2026-11-29 04:40:00 UTC by ops)\n\
              key order: default global (keys ordered across the whole outbox on the topics no rule matches)\n"
+        );
+        // A `*` rule leaves the default no topic: no default line.
+        let mut out = String::new();
+        render_key_order(
+            &mut out,
+            &Ok(vec![rule("orders.%", "global"), rule("%", "topic")]),
+        );
+        assert_eq!(
+            out,
+            "key order: orders.* global (keys ordered across the whole outbox; set 2026-11-29 04:40:00 UTC by ops)\n\
+             key order: * topic (keys ordered per topic; set 2026-11-29 04:40:00 UTC by ops)\n"
         );
         let mut out = String::new();
         render_key_order(&mut out, &Err("permission denied".to_owned()));
