@@ -27,8 +27,8 @@
 //!   batch, so it may deliver a batch's messages in any order or in parallel; the dispatch
 //!   layer splits runs into successive calls, a key's next message only after its
 //!   predecessor was delivered;
-//! - one that does (Pub/Sub with ordering keys, Kinesis with partition keys, SQS FIFO queues
-//!   with message groups) is given the whole part, runs included, and sends a key's
+//! - one that does (Pub/Sub with ordering keys; with `runs_in_one_call`, Kinesis with
+//!   partition keys, SQS FIFO queues with message groups and Kafka with partitions) is given the whole part, runs included, and sends a key's
 //!   messages in enqueue order: in one request where the service keeps the order within a
 //!   request, else in requests one after the other ([`calls`] cuts them), a key's later
 //!   request only once the earlier one delivered all of the key's messages in it. What
@@ -403,6 +403,23 @@ mod tests {
         assert!(!keeps(
             "type = \"sqs\"\nqueue = \"orders\"\nruns_in_one_call = true\n"
         ));
+    }
+
+    /// Kafka's idempotent producer keeps a partition's order, but the setting stays the
+    /// operator's choice there too.
+    #[test]
+    #[cfg(feature = "kafka")]
+    fn a_kafka_destination_takes_runs_in_one_call_only_when_set() {
+        let keeps = |toml: &str| {
+            parse(toml)
+                .unwrap()
+                .build("d", Duration::from_secs(1))
+                .unwrap()
+                .keeps_key_order()
+        };
+        assert!(!keeps("type = \"kafka\"\n"));
+        assert!(keeps("type = \"kafka\"\nruns_in_one_call = true\n"));
+        assert!(!keeps("type = \"kafka\"\nruns_in_one_call = false\n"));
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //!   a failure towards the circuit like any other;
 //! - **runs**: a part may hold several messages of one key, in enqueue order (the claim's
 //!   runs). A destination that keeps a key's order within a call
-//!   ([`Destination::keeps_key_order`]: Pub/Sub, Kinesis, SQS FIFO) is given the whole part
+//!   ([`Destination::keeps_key_order`]: Pub/Sub; Kinesis, SQS FIFO and Kafka with
+//!   `runs_in_one_call`) is given the whole part
 //!   in one call and sends each run in order; in its answer, a message of a key after one
 //!   that was not delivered is not counted delivered even if the service took it (it is an
 //!   attempt, sent again after its predecessor), so the outbox never records a key out of

@@ -1,7 +1,7 @@
 //! Harness of the `kafka` destination: a Kafka-protocol broker of the test's own (`tansu`,
 //! in-memory storage) behind a proxy of the test's own, which the broker advertises as its
 //! address, so every connection the relayer makes after bootstrapping goes through it too
-//! and the test can cut, stop or freeze them. Topics are created explicitly (tansu does not
+//! and the test can cut, stop or freeze them, and count the requests they carried. Topics are created explicitly (tansu does not
 //! create them on first use); what arrived is read back with Debian's `kcat`, never with
 //! the destination's own code. Debian's kcat links librdkafka 2.0.2, which cannot read
 //! tansu 0.6.0's ApiVersions v3 answer ("Read underflow" in its tagged fields): kcat runs
@@ -25,8 +25,8 @@ use crate::common::{self, TestDb, eventually, pending};
 use crate::proxy::Proxy;
 use crate::server::Server;
 use crate::{
-    Arrived, Freeze, Harness, InProcess, KillConnections, MINUTE, Outage, histories, start_relayer,
-    stop_relayer,
+    Arrived, Freeze, Harness, InProcess, KillConnections, MINUTE, Outage, drained, histories,
+    start_relayer, start_relayer_with, stop_relayer,
 };
 
 /// The topic the conformance scenarios deliver to.
@@ -114,6 +114,15 @@ impl Tansu {
         );
     }
 
+    /// The Produce requests (API key 0) the relayer sent through the proxy so far.
+    pub(crate) fn produce_requests(&self) -> usize {
+        self.proxy
+            .bodies()
+            .iter()
+            .filter(|r| r.get(..2) == Some(&[0, 0][..]))
+            .count()
+    }
+
     /// Every record of `topic`, partition by partition in offset order, read with kcat.
     pub(crate) fn records(&self, topic: &str) -> Vec<Record> {
         let out = Command::new("kcat")
@@ -164,7 +173,7 @@ impl Harness for Tansu {
         let dir = db.scratch_dir().join("tansu");
         std::fs::create_dir_all(&dir).unwrap();
         let port = common::free_port();
-        let proxy = Proxy::start(&format!("127.0.0.1:{port}")).await;
+        let proxy = Proxy::recording_kafka(&format!("127.0.0.1:{port}")).await;
         let args = [
             "broker",
             "--storage-engine",
@@ -251,6 +260,70 @@ impl Freeze for Tansu {
 /// appear twice, never after its successor).
 #[tokio::test(flavor = "multi_thread")]
 async fn per_key_order_holds_per_partition_across_a_retry_of_the_head() {
+    per_key_order_across_a_retry("").await;
+}
+
+/// The same with `runs_in_one_call`: a key's run is produced in one call, and the
+/// idempotent producer keeps it in order through the outage and the retries.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_runs_in_one_call_per_key_order_holds_per_partition_across_a_retry() {
+    per_key_order_across_a_retry("runs_in_one_call = true\n").await;
+}
+
+/// A key's run of 40 is produced at once with `runs_in_one_call`: its records reach the
+/// broker in a few Produce requests, where one message of a key per call (the default)
+/// takes a request each, since each waits for its predecessor's report. Both drains are
+/// counted through the proxy, and read back with kcat in enqueue order.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_runs_in_one_call_a_keys_run_goes_in_a_few_produce_requests() {
+    const RUN: i64 = 40;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let h = Tansu::start(&db).await;
+    let mut requests = Vec::new();
+    for (round, settings) in ["", "runs_in_one_call = true\n"].into_iter().enumerate() {
+        // The whole run is pending before the relayer starts: its first claim holds it.
+        c.execute(
+            "SELECT outbox.enqueue('orders', jsonb_build_object('seq', $1::bigint * 1000 + s), 'run', '{}'::jsonb) \
+             FROM generate_series(0, $2::bigint - 1) AS s",
+            &[&i64::try_from(round).unwrap(), &RUN],
+        )
+        .await
+        .unwrap();
+        let before = h.produce_requests();
+        let w = start_relayer_with(&db, &h, &format!("run{round}"), 10_000, settings);
+        drained(&c).await;
+        stop_relayer(w).await;
+        requests.push(h.produce_requests() - before);
+    }
+    let (waves, runs) = (requests[0], requests[1]);
+    assert!(
+        waves >= usize::try_from(RUN).unwrap(),
+        "one message of a key per call: a Produce request each, {waves} for {RUN}"
+    );
+    assert!(
+        runs <= usize::try_from(RUN / 4).unwrap(),
+        "runs_in_one_call: the run in a few Produce requests, {runs} for {RUN} (one message \
+         of a key per call took {waves})"
+    );
+    let seqs: Vec<i64> = h
+        .records(TOPIC)
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(r.payload.as_deref().unwrap()).unwrap()["seq"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    let expected: Vec<i64> = (0..RUN).chain(1000..1000 + RUN).collect();
+    assert_eq!(seqs, expected, "both runs, once each, in enqueue order");
+    eprintln!("a run of {RUN}: {waves} Produce requests one message per call, {runs} in one call");
+    db.finish().await;
+}
+
+/// 24 keys of 40 messages, a third delivered before the broker goes away and the rest
+/// enqueued meanwhile; the relayer's destination has `settings` besides the harness's.
+async fn per_key_order_across_a_retry(settings: &str) {
     const KEYS: i64 = 24;
     const PER_KEY: i64 = 40;
     let db = TestDb::new().await;
@@ -272,7 +345,7 @@ async fn per_key_order_holds_per_partition_across_a_retry_of_the_head() {
         }
     };
     enqueue(0, KEYS * PER_KEY / 3).await;
-    let w = start_relayer(&db, &h, "order", 2_000);
+    let w = start_relayer_with(&db, &h, "order", 2_000, settings);
     eventually(MINUTE, "the first third delivered", || async {
         pending(&c).await == 0
     })

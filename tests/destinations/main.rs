@@ -159,8 +159,19 @@ trait InProcess: Harness {}
 /// backoff and a circuit that opens after two failed batches; its metrics on a port of its
 /// own ([`Relayer::metric`]).
 fn start_relayer<H: Harness>(db: &TestDb, h: &H, worker: &str, timeout_ms: u64) -> Relayer {
+    start_relayer_with(db, h, worker, timeout_ms, "")
+}
+
+/// [`start_relayer`] with `settings` (TOML lines) added to the destination's table.
+fn start_relayer_with<H: Harness>(
+    db: &TestDb,
+    h: &H,
+    worker: &str,
+    timeout_ms: u64,
+    settings: &str,
+) -> Relayer {
     let config = format!(
-        "[destinations.d]\n{}timeout_ms = {timeout_ms}\n\n[[routes]]\ntopic = \"*\"\ndestination = \"d\"\n",
+        "[destinations.d]\n{}{settings}timeout_ms = {timeout_ms}\n\n[[routes]]\ntopic = \"*\"\ndestination = \"d\"\n",
         h.table()
     );
     let path = db.scratch_dir().join(format!("{worker}.toml"));

@@ -1,8 +1,8 @@
 //! A TCP proxy in front of a shared server, so that a test can break the connection to it,
 //! take it away, or freeze it (connections accepted, nothing answered) without touching the
 //! server other tests use. A recording proxy ([`Proxy::recording`]) also keeps the body of
-//! each HTTP/1.1 request that goes through it, so that a test can see what each request
-//! the relayer made carried.
+//! each HTTP/1.1 request that goes through it (or, [`Proxy::recording_kafka`], each Kafka
+//! protocol request), so that a test can see what each request the relayer made carried.
 
 use std::sync::{Arc, Mutex};
 
@@ -11,14 +11,24 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// The bodies of the HTTP requests a recording proxy forwarded, in the order they came.
+/// The bodies of the requests a recording proxy forwarded, in the order they came.
 pub type Bodies = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// How a recording proxy finds the requests in what a client sends.
+#[derive(Clone, Copy)]
+pub enum Framing {
+    /// HTTP/1.1 requests with a `Content-Length`: each body.
+    Http,
+    /// Kafka protocol requests (a 4-byte big-endian size, then the request: API key,
+    /// version, correlation id, …): each request after its size.
+    Kafka,
+}
 
 pub struct Proxy {
     pub port: u16,
     upstream: String,
     /// With [`Proxy::recording`], the bodies of the requests forwarded so far.
-    recorded: Option<Bodies>,
+    recorded: Option<(Bodies, Framing)>,
     frozen: watch::Sender<bool>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     listener: Option<JoinHandle<()>>,
@@ -42,13 +52,23 @@ impl Proxy {
     /// A proxy to an HTTP/1.1 server (requests with a `Content-Length`) that also keeps
     /// each request's body ([`Proxy::bodies`]).
     pub async fn recording(upstream: &str) -> Proxy {
+        Self::recording_as(upstream, Framing::Http).await
+    }
+
+    /// A proxy to a Kafka-protocol broker that also keeps each request
+    /// ([`Proxy::bodies`]: its API key in the first two bytes).
+    pub async fn recording_kafka(upstream: &str) -> Proxy {
+        Self::recording_as(upstream, Framing::Kafka).await
+    }
+
+    async fn recording_as(upstream: &str, framing: Framing) -> Proxy {
         let mut proxy = Proxy {
             port: crate::common::free_port(),
             upstream: upstream.to_owned(),
             frozen: watch::channel(false).0,
             connections: Arc::default(),
             listener: None,
-            recorded: Some(Bodies::default()),
+            recorded: Some((Bodies::default(), framing)),
         };
         proxy.listen().await;
         proxy
@@ -58,7 +78,7 @@ impl Proxy {
     pub fn bodies(&self) -> Vec<Vec<u8>> {
         self.recorded
             .as_ref()
-            .map(|r| r.lock().unwrap().clone())
+            .map(|(r, _)| r.lock().unwrap().clone())
             .unwrap_or_default()
     }
 
@@ -127,7 +147,7 @@ async fn forward(
     client: TcpStream,
     upstream: String,
     mut frozen: watch::Receiver<bool>,
-    recorded: Option<Bodies>,
+    recorded: Option<(Bodies, Framing)>,
 ) {
     if thawed(&mut frozen).await.is_err() {
         return;
@@ -154,7 +174,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut frozen: watch::Receiver<bool>,
-    recorded: Option<Bodies>,
+    recorded: Option<(Bodies, Framing)>,
 ) {
     let mut buf = vec![0; 16 * 1024];
     let mut requests = Vec::new();
@@ -166,9 +186,14 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if let Some(recorded) = &recorded {
+        if let Some((recorded, framing)) = &recorded {
             requests.extend_from_slice(&buf[..n]);
-            while let Some(body) = next_body(&mut requests) {
+            loop {
+                let body = match framing {
+                    Framing::Http => next_body(&mut requests),
+                    Framing::Kafka => next_kafka_request(&mut requests),
+                };
+                let Some(body) = body else { break };
                 recorded.lock().unwrap().push(body);
             }
         }
@@ -194,4 +219,17 @@ fn next_body(stream: &mut Vec<u8>) -> Option<Vec<u8>> {
     let body = stream[end..end + length].to_vec();
     stream.drain(..end + length);
     Some(body)
+}
+
+/// The first complete Kafka protocol request in `stream` (a 4-byte big-endian size, then
+/// that many bytes), without its size, taken out of it; `None` until one is complete.
+fn next_kafka_request(stream: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let size: [u8; 4] = stream.get(..4)?.try_into().ok()?;
+    let size = usize::try_from(u32::from_be_bytes(size)).ok()?;
+    if stream.len() < 4 + size {
+        return None;
+    }
+    let request = stream[4..4 + size].to_vec();
+    stream.drain(..4 + size);
+    Some(request)
 }

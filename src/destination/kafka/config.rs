@@ -70,6 +70,12 @@ pub struct KafkaConfig {
     pub cloudevents_source: Option<String>,
     /// The CloudEvents `type` template [default: `{topic}`].
     pub cloudevents_type: Option<String>,
+    /// Produce a key's run of messages in one call, in enqueue order, instead of a key's
+    /// next message only once the one before it was delivered [default: false]. The
+    /// idempotent producer writes a partition's records in the order they were produced;
+    /// a record refused for good is dead-lettered while the later records of its key may
+    /// already be written.
+    pub runs_in_one_call: Option<bool>,
 }
 
 /// Properties with a setting of their own, or that the guarantees depend on.
@@ -266,6 +272,7 @@ impl KafkaConfig {
             topic: topic.to_owned(),
             brokers: brokers.to_owned(),
             readiness_timeout: deadline.min(Duration::from_secs(5)),
+            runs_in_one_call: self.runs_in_one_call.unwrap_or(false),
         })
     }
 

@@ -3,7 +3,11 @@
 //! template names (`{topic}` replaced), keyed by its `message_key` (every message of a key
 //! goes to one partition, in order; a claim may hold a key's head with the run behind it,
 //! and dispatch hands this destination a key's next message only once the one before it
-//! was delivered) or, without a key, by its outbox_id. The message's own headers travel as
+//! was delivered, or with `runs_in_one_call` the whole run in one call
+//! ([`Destination::keeps_key_order`]), produced in enqueue order, which the idempotent
+//! producer keeps within a partition through its own retries) or, without a key, by its
+//! outbox_id. A record the client does not take holds back the later records of its key
+//! in the call: they are given back unsent. The message's own headers travel as
 //! record headers, with the outbox metadata (`outbox-id`, the consumer's dedupe id;
 //! `outbox-topic`, `outbox-key`, `outbox-seq`, `outbox-attempt`) and `content-type` beside
 //! them.
@@ -27,6 +31,7 @@
 mod config;
 mod debezium;
 
+use std::collections::HashSet;
 use std::sync::RwLock;
 use std::time::Duration;
 
@@ -34,7 +39,7 @@ use futures_util::future::BoxFuture;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 pub use config::KafkaConfig;
 use config::topic_char;
@@ -57,6 +62,8 @@ pub struct Kafka {
     readiness_timeout: Duration,
     envelope: Option<Envelope>,
     debezium: Option<debezium::Debezium>,
+    /// `runs_in_one_call`: a key's run is produced in one call.
+    runs_in_one_call: bool,
 }
 
 impl Kafka {
@@ -186,72 +193,27 @@ impl Kafka {
         // Hand every record to the client first, then wait for the reports: the client
         // batches them into requests.
         let mut pending = Vec::with_capacity(batch.len());
+        // A key's run (runs_in_one_call) after a record of it the client did not take: the
+        // later records are not produced, so that none is written ahead of it.
+        let mut held_back: HashSet<(&str, &str)> = HashSet::new();
         for m in batch {
             let topic = self.topic.replace("{topic}", &m.topic);
-            if let Err(not_sent) = window.check() {
-                pending.push((topic, Err(not_sent)));
-                continue;
-            }
-            if topic.is_empty() || topic.len() > 249 || !topic.chars().all(topic_char) {
-                let reason = format!(
-                    "{topic:?} is not a valid Kafka topic name (1 to 249 letters, digits, '.', '_', '-')"
-                );
-                pending.push((topic, Err(Outcome::Permanent { reason })));
-                continue;
-            }
-            if let Some(debezium) = &self.debezium {
-                let sent = match debezium.record(m) {
-                    Ok(r) => {
-                        let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
-                            h.insert(Header {
-                                key: k,
-                                value: Some(v),
-                            })
-                        });
-                        let mut record = FutureRecord::<str, [u8]>::to(&topic)
-                            .headers(headers)
-                            .timestamp(r.timestamp);
-                        if let Some(key) = r.key.as_deref() {
-                            record = record.key(key);
-                        }
-                        if let Some(value) = r.value.as_deref() {
-                            record = record.payload(value);
-                        }
-                        producer
-                            .send_result(record)
-                            .map_err(|(e, _)| classify(&topic, &e))
-                    }
-                    Err(reason) => Err(Outcome::Permanent { reason }),
-                };
-                pending.push((topic, sent));
-                continue;
-            }
-            let headers = match headers(m, self.envelope.as_ref()) {
-                Ok(h) => h,
-                Err(reason) => {
-                    pending.push((topic, Err(Outcome::Permanent { reason })));
-                    continue;
-                }
+            let run = m.key.as_deref().map(|k| (k, m.topic.as_str()));
+            let sent = if run.is_some_and(|r| held_back.contains(&r)) {
+                Err(Outcome::NotAttempted {
+                    reason: format!(
+                        "an earlier message of key {:?} was not delivered",
+                        m.key.as_deref().unwrap_or_default()
+                    ),
+                })
+            } else if let Err(not_sent) = window.check() {
+                Err(not_sent)
+            } else {
+                self.produce_one(producer, m, &topic)
             };
-            let structured = match &self.envelope {
-                Some(e) if e.mode == Mode::Structured => match e.structured(m) {
-                    Ok(body) => Some(body),
-                    Err(reason) => {
-                        pending.push((topic, Err(Outcome::Permanent { reason })));
-                        continue;
-                    }
-                },
-                _ => None,
-            };
-            let id = m.id.to_string();
-            let key = m.key.as_deref().unwrap_or(&id);
-            let record = FutureRecord::to(&topic)
-                .key(key)
-                .payload(structured.as_deref().unwrap_or(&m.payload))
-                .headers(headers);
-            let sent = producer
-                .send_result(record)
-                .map_err(|(e, _)| classify(&topic, &e));
+            if let (Err(_), Some(run)) = (&sent, run) {
+                held_back.insert(run);
+            }
             pending.push((topic, sent));
         }
         let mut outcomes = Vec::with_capacity(batch.len());
@@ -278,6 +240,63 @@ impl Kafka {
         }
         outcomes
     }
+
+    /// Hands the record of `m` to the client; its delivery report to wait for, or why the
+    /// client did not take it.
+    fn produce_one(
+        &self,
+        producer: &FutureProducer,
+        m: &ClaimedMessage,
+        topic: &str,
+    ) -> Result<DeliveryFuture, Outcome> {
+        if topic.is_empty() || topic.len() > 249 || !topic.chars().all(topic_char) {
+            let reason = format!(
+                "{topic:?} is not a valid Kafka topic name (1 to 249 letters, digits, '.', '_', '-')"
+            );
+            return Err(Outcome::Permanent { reason });
+        }
+        if let Some(debezium) = &self.debezium {
+            let r = debezium
+                .record(m)
+                .map_err(|reason| Outcome::Permanent { reason })?;
+            let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+                h.insert(Header {
+                    key: k,
+                    value: Some(v),
+                })
+            });
+            let mut record = FutureRecord::<str, [u8]>::to(topic)
+                .headers(headers)
+                .timestamp(r.timestamp);
+            if let Some(key) = r.key.as_deref() {
+                record = record.key(key);
+            }
+            if let Some(value) = r.value.as_deref() {
+                record = record.payload(value);
+            }
+            return producer
+                .send_result(record)
+                .map_err(|(e, _)| classify(topic, &e));
+        }
+        let headers =
+            headers(m, self.envelope.as_ref()).map_err(|reason| Outcome::Permanent { reason })?;
+        let structured = match &self.envelope {
+            Some(e) if e.mode == Mode::Structured => Some(
+                e.structured(m)
+                    .map_err(|reason| Outcome::Permanent { reason })?,
+            ),
+            _ => None,
+        };
+        let id = m.id.to_string();
+        let key = m.key.as_deref().unwrap_or(&id);
+        let record = FutureRecord::to(topic)
+            .key(key)
+            .payload(structured.as_deref().unwrap_or(&m.payload))
+            .headers(headers);
+        producer
+            .send_result(record)
+            .map_err(|(e, _)| classify(topic, &e))
+    }
 }
 
 impl Destination for Kafka {
@@ -290,7 +309,22 @@ impl Destination for Kafka {
             let producer = self.producer();
             let all: Vec<&ClaimedMessage> = batch.iter().collect();
             let mut outcomes = self.produce(&producer, &all, window).await;
-            let again: Vec<usize> = (0..outcomes.len()).filter(|&i| outcomes[i].1).collect();
+            // Records the producer could not write because of its own state, but for those
+            // behind an earlier record of their key that failed otherwise: the replacement
+            // would write them ahead of it.
+            let mut failed: HashSet<(&str, &str)> = HashSet::new();
+            let mut again = Vec::new();
+            for (i, (outcome, unusable)) in outcomes.iter().enumerate() {
+                let run = batch[i]
+                    .key
+                    .as_deref()
+                    .map(|k| (k, batch[i].topic.as_str()));
+                if *unusable && run.is_none_or(|r| !failed.contains(&r)) {
+                    again.push(i);
+                } else if let (false, Some(run)) = (*outcome == Outcome::Delivered, run) {
+                    failed.insert(run);
+                }
+            }
             if !again.is_empty() {
                 // The producer cannot go on (fenced, its id or sequence refused): the
                 // records it could not write are given once to its replacement, so that
@@ -328,6 +362,10 @@ impl Destination for Kafka {
             .map_err(|e| format!("kafka readiness check: {e}"))?
         })
     }
+
+    fn keeps_key_order(&self) -> bool {
+        self.runs_in_one_call
+    }
 }
 
 #[cfg(test)]
@@ -363,6 +401,63 @@ mod tests {
                 "{code:?}"
             );
         }
+    }
+
+    /// With runs_in_one_call, a record the client does not take (its queue holds one
+    /// record, and no broker answers) holds back the later records of its key on its
+    /// topic: they are given back unsent; other keys and topics, and unkeyed messages, are
+    /// still tried.
+    #[tokio::test]
+    async fn a_record_the_client_did_not_take_holds_back_the_rest_of_its_run() {
+        let config: KafkaConfig = toml::from_str(
+            "brokers = \"127.0.0.1:1\"\nruns_in_one_call = true\n\
+             [properties]\n\"queue.buffering.max.messages\" = 1\n",
+        )
+        .unwrap();
+        let kafka = config
+            .build(crate::destination::Setting("d"), Duration::from_secs(1))
+            .unwrap();
+        let message = |key: Option<&str>, topic: &str| {
+            let mut m = ClaimedMessage::example(serde_json::json!({}));
+            m.key = key.map(str::to_owned);
+            m.topic = topic.to_owned();
+            m
+        };
+        let batch = [
+            message(Some("k"), "t"), // taken: it fills the queue
+            message(Some("k"), "t"), // queue full
+            message(Some("k"), "t"), // held back behind it
+            message(Some("k"), "u"), // the key on another topic: tried (queue full)
+            message(None, "t"),      // unkeyed: tried (queue full)
+        ];
+        let outcomes = kafka.publish(&batch, &Window::unbounded()).await;
+        let kinds: Vec<&str> = outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Retryable { .. } => "retryable",
+                Outcome::NotAttempted { .. } => "not attempted",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "retryable",
+                "retryable",
+                "not attempted",
+                "retryable",
+                "retryable"
+            ],
+            "{outcomes:?}"
+        );
+        assert!(
+            matches!(&outcomes[1], Outcome::Retryable { reason, .. } if reason.contains("QueueFull")),
+            "{outcomes:?}"
+        );
+        assert!(
+            matches!(&outcomes[2], Outcome::NotAttempted { reason } if reason == "an earlier message of key \"k\" was not delivered"),
+            "{outcomes:?}"
+        );
     }
 
     #[test]

@@ -206,9 +206,10 @@ pub(super) async fn destination(kind: &str) -> Result<(Arc<dyn Destination>, Cle
             for result in created {
                 result.map_err(|(topic, e)| anyhow::anyhow!("create Kafka topic {topic}: {e}"))?;
             }
-            // Every message of the bench goes to one topic, keyed by its outbox_id.
+            // Every message of the bench goes to one topic, keyed by its outbox_id (or its
+            // key: a key's run in one call, as `--keyed-drain` compares).
             let destination = build(&format!(
-                "type = \"kafka\"\nbrokers = \"127.0.0.1:9092\"\ntopic = \"{BENCH_TARGET}\"\n"
+                "type = \"kafka\"\nbrokers = \"127.0.0.1:9092\"\ntopic = \"{BENCH_TARGET}\"\nruns_in_one_call = true\n"
             ))?;
             (destination, Cleanup::KafkaTopic(admin))
         }

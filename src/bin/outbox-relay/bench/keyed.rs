@@ -14,7 +14,9 @@
 //!   API, one request at a time, in requests of `--batch-size` messages (at most the
 //!   service's maximum): Pub/Sub `topics.publish` over REST (reqwest, as the destination),
 //!   Kinesis `PutRecords`, SQS `SendMessageBatch`, SNS `PublishBatch`, EventBridge
-//!   `PutEvents` (the AWS SDK, as the destination). MQTT has no batch request: its client
+//!   `PutEvents` (the AWS SDK, as the destination); Kafka: an idempotent `rdkafka`
+//!   producer (as the destination) given `--batch-size` records at a time, their reports
+//!   awaited before the next ones. MQTT has no batch request: its client
 //!   publishes at QoS 1 to Mosquitto with as many publishes awaiting their PUBACK as the
 //!   destination keeps (100, `rumqttc`, as the destination), and is done at the last
 //!   PUBACK. The client sends the bare payload; the relayer sends it with the outbox's
@@ -27,7 +29,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[cfg(any(feature = "pubsub", feature = "aws", feature = "mqtt"))]
+#[cfg(any(
+    feature = "pubsub",
+    feature = "aws",
+    feature = "mqtt",
+    feature = "kafka"
+))]
 use anyhow::Context;
 use anyhow::{Result, bail};
 use tokio_util::sync::CancellationToken;
@@ -37,7 +44,12 @@ use outbox_relay::destination::{Destination, Window};
 use outbox_relay::message::{ClaimedMessage, Outcome};
 use outbox_relay::store::fill_messages;
 
-#[cfg(any(feature = "pubsub", feature = "aws", feature = "mqtt"))]
+#[cfg(any(
+    feature = "pubsub",
+    feature = "aws",
+    feature = "mqtt",
+    feature = "kafka"
+))]
 use super::brokers::BENCH_TARGET;
 use super::brokers::destination;
 use super::{Options, Recorder, lock, median, per_sec, settle, shutdown_relays, start_relays};
@@ -212,9 +224,12 @@ fn client_batch(kind: &str) -> Result<usize> {
         "sqs" | "sns" | "eventbridge" => 10,
         // Not a request: the publishes awaiting their PUBACK at once.
         "mqtt" => MQTT_INFLIGHT.into(),
+        // Not a request: the records handed to the producer before their reports are
+        // awaited (the producer packs them into requests itself); `--batch-size` caps it.
+        "kafka" => 10_000,
         other => bail!(
             "--keyed-drain compares with a batch client of pubsub, kinesis, sqs, sns, \
-             eventbridge or mqtt, not {other:?}"
+             eventbridge, mqtt or kafka, not {other:?}"
         ),
     })
 }
@@ -271,6 +286,8 @@ async fn send(kind: &str, payloads: &[String], per_request: usize) -> Result<Dur
         "kinesis" | "sqs" | "sns" | "eventbridge" => aws(kind, payloads, per_request).await,
         #[cfg(feature = "mqtt")]
         "mqtt" => mqtt(payloads).await,
+        #[cfg(feature = "kafka")]
+        "kafka" => kafka(payloads, per_request).await,
         other => bail!("no batch client of {other:?} in this build"),
     }
 }
@@ -332,6 +349,46 @@ async fn mqtt(payloads: &[String]) -> Result<Duration> {
     let t = started.elapsed();
     let _ = client.disconnect().await;
     Ok(t)
+}
+
+/// Produces `payloads` to the bench topic on 127.0.0.1:9092 with an idempotent producer
+/// configured as the `kafka` destination configures its own (acks all, no linger), each
+/// keyed by a new UUID: `per_request` records handed to the producer at once, then their
+/// delivery reports awaited before the next ones; the time from the first record to the
+/// last report.
+#[cfg(feature = "kafka")]
+async fn kafka(payloads: &[String], per_request: usize) -> Result<Duration> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", "127.0.0.1:9092")
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "0")
+        .set("partitioner", "murmur2_random")
+        .create()
+        .context("Kafka producer for 127.0.0.1:9092")?;
+    let started = Instant::now();
+    for chunk in payloads.chunks(per_request) {
+        let mut reports = Vec::with_capacity(chunk.len());
+        for p in chunk {
+            let key = uuid::Uuid::new_v4().to_string();
+            let record = FutureRecord::to(BENCH_TARGET)
+                .key(&key)
+                .payload(p.as_bytes());
+            reports.push(
+                producer
+                    .send_result(record)
+                    .map_err(|(e, _)| anyhow::anyhow!("Kafka produce: {e}"))?,
+            );
+        }
+        for report in reports {
+            report
+                .await
+                .context("Kafka producer closed")?
+                .map_err(|(e, _)| anyhow::anyhow!("Kafka produce: {e}"))?;
+        }
+    }
+    Ok(started.elapsed())
 }
 
 #[cfg(feature = "aws")]
