@@ -28,10 +28,12 @@
 //!   layer splits runs into successive calls, a key's next message only after its
 //!   predecessor was delivered;
 //! - one that does (Pub/Sub with ordering keys; with `runs_in_one_call`, Kinesis with
-//!   partition keys, SQS FIFO queues with message groups and Kafka with partitions) is given the whole part, runs included, and sends a key's
-//!   messages in enqueue order: in one request where the service keeps the order within a
-//!   request, else in requests one after the other ([`calls`] cuts them), a key's later
-//!   request only once the earlier one delivered all of the key's messages in it. What
+//!   partition keys, SQS FIFO queues with message groups and Kafka with partitions) is
+//!   given the whole part, runs included, and sends a key's messages in enqueue order: in
+//!   one request where the service keeps the order within a request, else in requests one
+//!   after the other ([`calls`] cuts them), a key's later request only once the earlier one
+//!   delivered all of the key's messages in it, or (Kafka) handed to a client that keeps a
+//!   partition's order across the requests it has in flight. What
 //!   follows a message of its key that was not delivered is not sent
 //!   ([`Outcome::NotAttempted`]); where a service takes a request's entries one by one and
 //!   may refuse one and take those after it, the dispatch layer counts those after it not

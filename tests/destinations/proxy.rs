@@ -223,6 +223,7 @@ fn next_body(stream: &mut Vec<u8>) -> Option<Vec<u8>> {
 
 /// The first complete Kafka protocol request in `stream` (a 4-byte big-endian size, then
 /// that many bytes), without its size, taken out of it; `None` until one is complete.
+/// Plaintext connections only (the harness's): TLS records would not frame.
 fn next_kafka_request(stream: &mut Vec<u8>) -> Option<Vec<u8>> {
     let size: [u8; 4] = stream.get(..4)?.try_into().ok()?;
     let size = usize::try_from(u32::from_be_bytes(size)).ok()?;

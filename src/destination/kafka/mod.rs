@@ -309,36 +309,51 @@ impl Destination for Kafka {
             let producer = self.producer();
             let all: Vec<&ClaimedMessage> = batch.iter().collect();
             let mut outcomes = self.produce(&producer, &all, window).await;
-            // Records the producer could not write because of its own state, but for those
-            // behind an earlier record of their key that failed otherwise: the replacement
-            // would write them ahead of it.
+            let run_of = |i: usize| {
+                batch[i]
+                    .key
+                    .as_deref()
+                    .map(|k| (k, batch[i].topic.as_str()))
+            };
+            // The records the producer could not write because of its own state, to give
+            // its replacement: not one behind an earlier record of its key that failed
+            // otherwise, nor one a later record of its key was written after (either would
+            // then be written ahead of the other). Those keep their retryable outcome.
             let mut failed: HashSet<(&str, &str)> = HashSet::new();
             let mut again = Vec::new();
             for (i, (outcome, unusable)) in outcomes.iter().enumerate() {
-                let run = batch[i]
-                    .key
-                    .as_deref()
-                    .map(|k| (k, batch[i].topic.as_str()));
-                if *unusable && run.is_none_or(|r| !failed.contains(&r)) {
+                let run = run_of(i);
+                let later_written = || {
+                    run.is_some_and(|r| {
+                        (i + 1..outcomes.len())
+                            .any(|j| run_of(j) == Some(r) && outcomes[j].0 == Outcome::Delivered)
+                    })
+                };
+                if *unusable && run.is_none_or(|r| !failed.contains(&r)) && !later_written() {
                     again.push(i);
                 } else if let (false, Some(run)) = (*outcome == Outcome::Delivered, run) {
                     failed.insert(run);
                 }
             }
-            if !again.is_empty() {
-                // The producer cannot go on (fenced, its id or sequence refused): the
-                // records it could not write are given once to its replacement, so that
-                // the message does not pay an attempt for the producer's state.
+            // The producer cannot go on (fenced, its id or sequence refused, or in a fatal
+            // state that refuses every record at once): a replacement takes over, and the
+            // records above are given to it once, so that a message does not pay an attempt
+            // for the producer's state.
+            let broken = outcomes.iter().any(|(_, unusable)| *unusable)
+                || producer.client().fatal_error().is_some();
+            if broken {
                 let fresh = self.replace(&producer);
                 // The last handle of a replaced producer purges and flushes it (up to half a
                 // second) and joins its thread: not on the runtime's threads.
                 tokio::task::spawn_blocking(move || drop(producer));
-                let retry: Vec<&ClaimedMessage> = again.iter().map(|&i| &batch[i]).collect();
-                for (i, outcome) in again
-                    .into_iter()
-                    .zip(self.produce(&fresh, &retry, window).await)
-                {
-                    outcomes[i] = outcome;
+                if !again.is_empty() {
+                    let retry: Vec<&ClaimedMessage> = again.iter().map(|&i| &batch[i]).collect();
+                    for (i, outcome) in again
+                        .into_iter()
+                        .zip(self.produce(&fresh, &retry, window).await)
+                    {
+                        outcomes[i] = outcome;
+                    }
                 }
             }
             outcomes.into_iter().map(|(outcome, _)| outcome).collect()
