@@ -381,6 +381,16 @@ mod tests {
         toml::from_str(toml).map_err(|e| e.to_string())
     }
 
+    /// Whether the destination `toml` configures takes a key's run in one call.
+    #[cfg(any(feature = "aws", feature = "kafka"))]
+    fn keeps_key_order(toml: &str) -> bool {
+        parse(toml)
+            .unwrap()
+            .build("d", Duration::from_secs(1))
+            .unwrap()
+            .keeps_key_order()
+    }
+
     /// Kinesis and SQS FIFO answer per record and go on after a refused one, so a key's run
     /// goes in one call only where `runs_in_one_call` says so; by default one message of a
     /// key per call keeps a key's first deliveries in enqueue order.
@@ -388,13 +398,9 @@ mod tests {
     #[cfg(feature = "aws")]
     fn a_keys_run_goes_in_one_call_only_where_runs_in_one_call_is_set() {
         let keeps = |toml: &str| {
-            let toml =
-                format!("{toml}region = \"us-east-1\"\nendpoint_url = \"http://127.0.0.1:1\"\n");
-            parse(&toml)
-                .unwrap()
-                .build("d", Duration::from_secs(1))
-                .unwrap()
-                .keeps_key_order()
+            keeps_key_order(&format!(
+                "{toml}region = \"us-east-1\"\nendpoint_url = \"http://127.0.0.1:1\"\n"
+            ))
         };
         assert!(!keeps("type = \"kinesis\"\n"));
         assert!(keeps("type = \"kinesis\"\nruns_in_one_call = true\n"));
@@ -412,16 +418,13 @@ mod tests {
     #[test]
     #[cfg(feature = "kafka")]
     fn a_kafka_destination_takes_runs_in_one_call_only_when_set() {
-        let keeps = |toml: &str| {
-            parse(toml)
-                .unwrap()
-                .build("d", Duration::from_secs(1))
-                .unwrap()
-                .keeps_key_order()
-        };
-        assert!(!keeps("type = \"kafka\"\n"));
-        assert!(keeps("type = \"kafka\"\nruns_in_one_call = true\n"));
-        assert!(!keeps("type = \"kafka\"\nruns_in_one_call = false\n"));
+        assert!(!keeps_key_order("type = \"kafka\"\n"));
+        assert!(keeps_key_order(
+            "type = \"kafka\"\nruns_in_one_call = true\n"
+        ));
+        assert!(!keeps_key_order(
+            "type = \"kafka\"\nruns_in_one_call = false\n"
+        ));
     }
 
     #[test]
