@@ -144,6 +144,25 @@ impl TraceContext {
 }
 
 impl ClaimedMessage {
+    /// What the message keeps order with within a part: its key on its topic. A claim's run
+    /// is a key's messages of one topic (`claim_outbox_batch_seq`), so a key's messages on
+    /// two topics in one part are two heads, whatever the key's scope: chained, the second
+    /// would wait for the first, and with the key ordered per topic it must not.
+    pub fn order_key(&self) -> Option<(&str, &str)> {
+        self.key.as_deref().map(|k| (k, self.topic.as_str()))
+    }
+
+    /// The outcome of a message not sent because an earlier message of its key in the
+    /// part was not delivered: given back without an attempt, it waits for that one.
+    pub fn behind_undelivered(&self) -> Outcome {
+        Outcome::NotAttempted {
+            reason: format!(
+                "an earlier message of key {:?} was not delivered",
+                self.key.as_deref().unwrap_or_default()
+            ),
+        }
+    }
+
     /// The trace context to send in the transport's headers, from the headers
     /// `traceparent` and `tracestate`: the creation context the producer stored (where
     /// `outbox.enqueue` puts the context of its arguments or of the producer's

@@ -445,17 +445,9 @@ fn probe(messages: &[ClaimedMessage]) -> Option<usize> {
     messages
         .iter()
         .enumerate()
-        .filter(|(_, m)| order_key(m).is_none_or(|k| seen.insert(k)))
+        .filter(|(_, m)| m.order_key().is_none_or(|k| seen.insert(k)))
         .min_by_key(|(i, m)| (m.attempt_no, *i))
         .map(|(i, _)| i)
-}
-
-/// What a message keeps order with within a part: its key on its topic. A claim's run is a
-/// key's messages of one topic (`claim_outbox_batch_seq`), so a key's messages on two
-/// topics in one part are two heads, whatever the key's scope: chained, the second would
-/// wait for the first, and with the key ordered per topic it must not.
-fn order_key(m: &ClaimedMessage) -> Option<(&str, &str)> {
-    m.key.as_deref().map(|k| (k, m.topic.as_str()))
 }
 
 /// For each message of `messages`, the index of the message before it in its key on its
@@ -466,7 +458,7 @@ fn runs(messages: &[ClaimedMessage]) -> Option<Vec<Option<usize>>> {
     let mut previous = Vec::with_capacity(messages.len());
     let mut any = false;
     for (i, m) in messages.iter().enumerate() {
-        let before = order_key(m).and_then(|k| last.insert(k, i));
+        let before = m.order_key().and_then(|k| last.insert(k, i));
         any |= before.is_some();
         previous.push(before);
     }
@@ -527,7 +519,7 @@ fn settle_first_wave(
 fn hold_key_order(messages: &[ClaimedMessage], outcomes: &mut [Outcome]) {
     let mut failed: HashSet<(&str, &str)> = HashSet::new();
     for (m, outcome) in messages.iter().zip(outcomes.iter_mut()) {
-        let Some(order) = order_key(m) else {
+        let Some(order) = m.order_key() else {
             continue;
         };
         let key = order.0;
@@ -675,14 +667,7 @@ impl Lane {
                 match before.map(|b| &outcomes[b]) {
                     None | Some(Some(Outcome::Delivered)) => wave.push(i),
                     Some(None) => {}
-                    Some(Some(_)) => {
-                        outcomes[i] = Some(Outcome::NotAttempted {
-                            reason: format!(
-                                "an earlier message of key {:?} was not delivered",
-                                messages[i].key.as_deref().unwrap_or_default()
-                            ),
-                        });
-                    }
+                    Some(Some(_)) => outcomes[i] = Some(messages[i].behind_undelivered()),
                 }
             }
             if wave.is_empty() {

@@ -198,14 +198,9 @@ impl Kafka {
         let mut held_back: HashSet<(&str, &str)> = HashSet::new();
         for m in batch {
             let topic = self.topic.replace("{topic}", &m.topic);
-            let run = m.key.as_deref().map(|k| (k, m.topic.as_str()));
+            let run = m.order_key();
             let sent = if run.is_some_and(|r| held_back.contains(&r)) {
-                Err(Outcome::NotAttempted {
-                    reason: format!(
-                        "an earlier message of key {:?} was not delivered",
-                        m.key.as_deref().unwrap_or_default()
-                    ),
-                })
+                Err(m.behind_undelivered())
             } else if let Err(not_sent) = window.check() {
                 Err(not_sent)
             } else {
@@ -309,12 +304,7 @@ impl Destination for Kafka {
             let producer = self.producer();
             let all: Vec<&ClaimedMessage> = batch.iter().collect();
             let mut outcomes = self.produce(&producer, &all, window).await;
-            let run_of = |i: usize| {
-                batch[i]
-                    .key
-                    .as_deref()
-                    .map(|k| (k, batch[i].topic.as_str()))
-            };
+            let run_of = |i: usize| batch[i].order_key();
             // The records the producer could not write because of its own state, to give
             // its replacement: not one behind an earlier record of its key that failed
             // otherwise, nor one a later record of its key was written after (either would
