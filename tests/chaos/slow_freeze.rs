@@ -2,15 +2,18 @@
 //! request per message. Several relayers deliver keyed messages to an HTTP server that
 //! answers each request after 50 ms; one of them is stopped (SIGSTOP) while it is delivering,
 //! for longer than its lease, so that the others take its messages over, then woken
-//! (SIGTERM, then SIGCONT: it claims nothing new as it wakes, so whatever it sends after
-//! waking comes from a lease it held before). The publish window is checked before every
-//! request, so the woken relayer starts no request for what it held before the freeze. What
-//! the check cannot cover (docs/guarantees.md) is a request checked just before the freeze
-//! and written after it: the woken relayer may send at most the requests it can have had
-//! started at once ([`STARTED_AT_ONCE`]: the destination's `concurrency` times its batches
-//! in flight, `max_in_flight` of them and as many more whose first wave was recorded and
-//! whose runs' later waves go on), where a window checked once per batch would send the rest
-//! of its batches.
+//! (SIGTERM, then SIGCONT: it stops claiming as it wakes). The leases it took before it woke
+//! are read from the database while it is still stopped: those it holds and those it has an
+//! attempt for (an outcome it recorded, or repair's ZOMBIE_REQUEUE of a lease that expired).
+//! The publish window is checked before every request, so the woken relayer starts no request
+//! for what it held before the freeze. What the check cannot cover (docs/guarantees.md) is a
+//! request checked just before the freeze and written after it: the woken relayer may send
+//! at most the requests it can have had started at once ([`STARTED_AT_ONCE`]: the
+//! destination's `concurrency` times its batches in flight, `max_in_flight` of them and as
+//! many more whose first wave was recorded and whose runs' later waves go on), where a window
+//! checked once per batch would send the rest of its batches. A claim the woken relayer sends
+//! in the instant before its runtime reads the pending SIGTERM takes fresh leases; their
+//! requests are legitimate, and counted apart.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -84,10 +87,11 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
             .count()
     };
     let planned = if sizes.kills > 4 { 3 } else { 2 };
-    // (sleeper, stopped, woken) per freeze. Each sleeper is frozen once and asked to stop as
-    // it wakes (SIGTERM, then SIGCONT): it claims nothing new, so every request it sends
-    // after waking comes from a lease it held before the freeze, and must not be sent.
-    let mut freezes: Vec<(String, Instant, Instant)> = Vec::new();
+    // (sleeper, the messages it took a lease on before waking, woken) per freeze. Each
+    // sleeper is frozen once and asked to stop as it wakes (SIGTERM, then SIGCONT), so that
+    // it stops claiming; a request it sends after waking of a lease it took before the
+    // freeze must not be sent, beyond those it had started.
+    let mut freezes: Vec<(String, HashSet<Uuid>, Instant)> = Vec::new();
     let mut sleepers = Vec::new();
     for i in 1..=planned {
         let name = format!("sleeper-{i}");
@@ -103,11 +107,11 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
             break;
         }
         sleeper.signal("STOP");
-        let stopped = Instant::now();
         tokio::time::sleep(FROZEN).await;
+        let held = taken_by(&c, &name).await;
         sleeper.signal("TERM");
         sleeper.signal("CONT");
-        freezes.push((name, stopped, Instant::now()));
+        freezes.push((name, held, Instant::now()));
         sleepers.push(sleeper);
     }
     check(!freezes.is_empty(), || {
@@ -130,6 +134,12 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
             .iter()
             .any(|(name, _, woke)| name == w && at >= *woke)
     };
+    // A request a frozen sleeper sent after it woke, of a lease it took before.
+    let of_a_lease_before = |w: &str, id: &Uuid, at: Instant| {
+        freezes
+            .iter()
+            .any(|(name, held, woke)| name == w && at >= *woke && held.contains(id))
+    };
     // Requests by a woken sleeper of a message delivered before.
     let mut delivered_first: HashMap<Uuid, Instant> = HashMap::new();
     for (_, id, at) in &arrivals {
@@ -138,7 +148,7 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
     let stale = arrivals
         .iter()
         .filter(|(w, id, at)| {
-            woken(w, *at) && delivered_first.get(id).is_some_and(|first| first < at)
+            of_a_lease_before(w, id, *at) && delivered_first.get(id).is_some_and(|first| first < at)
         })
         .count();
     // Keys where an older message arrived after a newer one, by the woken sleeper.
@@ -159,14 +169,19 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
     }
     let seen: HashSet<Uuid> = arrivals.iter().map(|(_, id, _)| *id).collect();
     let lost = order.keys().filter(|id| !seen.contains(id)).count();
-    let after_wake = arrivals.iter().filter(|(w, _, at)| woken(w, *at)).count();
+    let after_wake = arrivals
+        .iter()
+        .filter(|(w, id, at)| of_a_lease_before(w, id, *at))
+        .count();
+    let fresh = arrivals.iter().filter(|(w, _, at)| woken(w, *at)).count() - after_wake;
     // Only requests checked before the freeze may follow it: at most what was started.
     let allowed = STARTED_AT_ONCE * freezes.len();
     check(after_wake <= allowed, || {
         format!(
-            "{after_wake} requests by a relayer after it woke from a freeze past its leases \
-             ({stale} of messages delivered before), more than the {allowed} it can have \
-             started before its freezes"
+            "{after_wake} requests by a relayer after it woke from a freeze past its leases, of \
+             leases it took before ({stale} of messages delivered before), more than the \
+             {allowed} it can have started before its freezes ({fresh} more of leases it took \
+             after waking)"
         )
     })?;
     check(lost == 0 && dead == 0, || {
@@ -179,9 +194,10 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
     Ok(format!(
         "{n} keyed messages ({KEYS} keys), 3 processes, HTTP answering after 50 ms, batch 200, \
          {CONCURRENCY} requests at once per batch, lease {LEASE_SECS} s, {} SIGSTOP of {} s \
-         mid-batch (each woken with SIGTERM: it finishes what it holds, claims nothing); \
-         requests {} ({} duplicates), by a relayer after it woke {after_wake} (at most \
-         {allowed}: those started before a freeze), of those already delivered {stale}; keys \
+         mid-batch (each woken with SIGTERM: it finishes what it holds and stops claiming); \
+         requests {} ({} duplicates), by a relayer after it woke of leases it took before \
+         {after_wake} (at most {allowed}: those started before a freeze), of those already \
+         delivered {stale}, of leases it took after waking {fresh}; keys \
          seeing an older message after a newer one: from a woken relayer {}, in all {}; lost 0",
         freezes.len(),
         FROZEN.as_secs(),
@@ -190,4 +206,19 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
         rewound_by_stale.len(),
         rewound.len()
     ))
+}
+
+/// The messages `worker` took a lease on, read while it is stopped: those it holds, and those
+/// it has an attempt for (an outcome it recorded, or repair's ZOMBIE_REQUEUE of its lease).
+async fn taken_by(c: &tokio_postgres::Client, worker: &str) -> HashSet<Uuid> {
+    c.query(
+        "SELECT outbox_id FROM outbox.messages WHERE claimed_by = $1 \
+         UNION SELECT outbox_id FROM outbox.attempts WHERE worker_id = $1",
+        &[&worker],
+    )
+    .await
+    .expect("read the leases a stopped relayer took")
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
 }
