@@ -2,7 +2,8 @@
 //! request per message. Several relayers deliver keyed messages to an HTTP server that
 //! answers each request after 50 ms; one of them is stopped (SIGSTOP) while it is delivering,
 //! for longer than its lease, so that the others take its messages over, then woken
-//! (SIGTERM, then SIGCONT: it stops claiming as it wakes). The leases it took before it woke
+//! (SIGTERM, then SIGCONT: it stops claiming once it reads the SIGTERM). The leases it took
+//! before it woke
 //! are read from the database while it is still stopped: those it holds and those it has an
 //! attempt for (an outcome it recorded, or repair's ZOMBIE_REQUEUE of a lease that expired).
 //! The publish window is checked before every request, so the woken relayer starts no request
@@ -13,7 +14,8 @@
 //! many more whose first wave was recorded and whose runs' later waves go on), where a window
 //! checked once per batch would send the rest of its batches. A claim the woken relayer sends
 //! in the instant before its runtime reads the pending SIGTERM takes fresh leases; their
-//! requests are legitimate, and counted apart.
+//! requests are legitimate, and counted apart: at most a batch for each batch in flight
+//! ([`FRESH_AFTER_WAKE`]), or the relayer went on claiming after the signal.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -32,6 +34,11 @@ const KEYS: i64 = 500;
 const CONCURRENCY: usize = 8;
 /// Batches in flight (the destination's `max_in_flight`).
 const BATCHES_IN_FLIGHT: usize = 3;
+/// Messages per claim (`--batch-size`).
+const BATCH_SIZE: usize = 200;
+/// The requests a woken relayer may send of leases it took after waking: the claims it can
+/// send before it reads the pending SIGTERM, one per batch in flight.
+const FRESH_AFTER_WAKE: usize = BATCH_SIZE * BATCHES_IN_FLIGHT;
 /// The requests a relayer can have started at once: `concurrency` for each batch in its
 /// destination's budget, and for each of as many batches with only their runs' later waves
 /// left (docs/destinations.md, keyed messages).
@@ -57,7 +64,7 @@ fn worker(db: &TestDb, base: &str, name: &str) -> Result<Relayer, String> {
             "--lease-secs",
             LEASE_SECS,
             "--batch-size",
-            "200",
+            &BATCH_SIZE.to_string(),
             "--no-telemetry",
             "--repair-interval-secs",
             "1",
@@ -151,7 +158,8 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
             of_a_lease_before(w, id, *at) && delivered_first.get(id).is_some_and(|first| first < at)
         })
         .count();
-    // Keys where an older message arrived after a newer one, by the woken sleeper.
+    // Keys where an older message arrived after a newer one, by the woken sleeper from a
+    // lease it took before the freeze.
     let mut newest: HashMap<&str, i64> = HashMap::new();
     let mut rewound_by_stale: HashSet<&str> = HashSet::new();
     let mut rewound: HashSet<&str> = HashSet::new();
@@ -160,7 +168,7 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
             let top = newest.entry(key.as_str()).or_insert(*seq);
             if *seq < *top {
                 rewound.insert(key);
-                if woken(w, *at) {
+                if of_a_lease_before(w, id, *at) {
                     rewound_by_stale.insert(key);
                 }
             }
@@ -184,6 +192,13 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
              after waking)"
         )
     })?;
+    let fresh_allowed = FRESH_AFTER_WAKE * freezes.len();
+    check(fresh <= fresh_allowed, || {
+        format!(
+            "{fresh} requests by a relayer after it woke, of leases it took after waking: more \
+             than the {fresh_allowed} its claims in flight as it read the SIGTERM can hold"
+        )
+    })?;
     check(lost == 0 && dead == 0, || {
         format!("{lost} messages never arrived, {dead} dead-lettered")
     })?;
@@ -197,7 +212,7 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
          mid-batch (each woken with SIGTERM: it finishes what it holds and stops claiming); \
          requests {} ({} duplicates), by a relayer after it woke of leases it took before \
          {after_wake} (at most {allowed}: those started before a freeze), of those already \
-         delivered {stale}, of leases it took after waking {fresh}; keys \
+         delivered {stale}, of leases it took after waking {fresh} (at most {fresh_allowed}); keys \
          seeing an older message after a newer one: from a woken relayer {}, in all {}; lost 0",
         freezes.len(),
         FROZEN.as_secs(),
@@ -210,6 +225,8 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
 
 /// The messages `worker` took a lease on, read while it is stopped: those it holds, and those
 /// it has an attempt for (an outcome it recorded, or repair's ZOMBIE_REQUEUE of its lease).
+/// By message, not by lease: one of these messages repaired and claimed again by the same
+/// relayer after it woke counts as a lease taken before, on the strict side.
 async fn taken_by(c: &tokio_postgres::Client, worker: &str) -> HashSet<Uuid> {
     c.query(
         "SELECT outbox_id FROM outbox.messages WHERE claimed_by = $1 \
