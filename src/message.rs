@@ -153,14 +153,9 @@ impl ClaimedMessage {
     }
 
     /// The outcome of a message not sent because an earlier message of its key in the
-    /// part was not delivered: given back without an attempt, it waits for that one.
+    /// part was not delivered ([`Outcome::behind_undelivered`] of its key).
     pub fn behind_undelivered(&self) -> Outcome {
-        Outcome::NotAttempted {
-            reason: format!(
-                "an earlier message of key {:?} was not delivered",
-                self.key.as_deref().unwrap_or_default()
-            ),
-        }
+        Outcome::behind_undelivered(self.key.as_deref().unwrap_or_default())
     }
 
     /// The trace context to send in the transport's headers, from the headers
@@ -211,6 +206,16 @@ pub enum Outcome {
     /// whole batch failed before anything was sent and this message was not the one
     /// charged for it. Given back to the queue without an attempt.
     NotAttempted { reason: String },
+}
+
+impl Outcome {
+    /// The outcome of a message of key `key` not sent because an earlier message of the key
+    /// was not delivered: given back without an attempt, it waits for that one.
+    pub fn behind_undelivered(key: &str) -> Outcome {
+        Outcome::NotAttempted {
+            reason: format!("an earlier message of key {key:?} was not delivered"),
+        }
+    }
 }
 
 /// The attempt states a worker may report (`outbox.attempt_state` minus `ZOMBIE_REQUEUE`,

@@ -172,7 +172,7 @@ where
         while let Some(mut call) = calls.next_if(|c| c.round == round) {
             call.entries.retain(|e| match &e.key {
                 Some(k) if stopped.contains(k) => {
-                    answered.push((e.at, not_delivered_before(k)));
+                    answered.push((e.at, Outcome::behind_undelivered(k)));
                     false
                 }
                 _ => true,
@@ -225,21 +225,13 @@ pub(super) fn behind_refused<T>(
                 .filter(|&(_, first)| first < e.at);
             match behind {
                 Some((k, _)) => {
-                    outcomes[e.at] = Some(not_delivered_before(k));
+                    outcomes[e.at] = Some(Outcome::behind_undelivered(k));
                     false
                 }
                 None => true,
             }
         })
         .collect()
-}
-
-/// The outcome of a message held back because an earlier message of its key `key` was not
-/// delivered.
-pub(crate) fn not_delivered_before(key: &str) -> Outcome {
-    Outcome::NotAttempted {
-        reason: format!("an earlier message of key {key:?} was not delivered"),
-    }
 }
 
 #[cfg(test)]
@@ -362,7 +354,7 @@ mod tests {
             "the key's message before the refused one still goes"
         );
         assert_eq!(outcomes[1], Some(refused));
-        assert_eq!(outcomes[2], Some(not_delivered_before("k")));
+        assert_eq!(outcomes[2], Some(Outcome::behind_undelivered("k")));
     }
 
     #[tokio::test]
@@ -401,7 +393,7 @@ mod tests {
         answered.sort_by_key(|(at, _)| *at);
         assert_eq!(answered[0].1, Outcome::Delivered);
         assert!(matches!(answered[1].1, Outcome::Retryable { .. }));
-        assert_eq!(answered[2].1, not_delivered_before("k"));
+        assert_eq!(answered[2].1, Outcome::behind_undelivered("k"));
         assert_eq!(answered[3].1, Outcome::Delivered);
     }
 }

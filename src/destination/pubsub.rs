@@ -451,7 +451,7 @@ impl PubSub {
                 let mut stopped = std::collections::HashSet::new();
                 for p in &request {
                     let outcome = match (&p.key, window.check()) {
-                        (Some(k), _) if stopped.contains(k) => calls::not_delivered_before(k),
+                        (Some(k), _) if stopped.contains(k) => Outcome::behind_undelivered(k),
                         (_, Err(not_sent)) => not_sent,
                         (_, Ok(())) => match self.send(&topic, &[p]).await {
                             Answered::Published => Outcome::Delivered,

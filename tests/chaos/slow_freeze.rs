@@ -135,18 +135,16 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
     drop((sleepers, others));
 
     let arrivals = arrivals.lock().unwrap().clone();
-    // A request a frozen sleeper sent after it woke.
+    // For a request a frozen sleeper sent after it woke, the leases it took before.
     let woken = |w: &str, at: Instant| {
         freezes
             .iter()
-            .any(|(name, _, woke)| name == w && at >= *woke)
+            .find(|(name, _, woke)| name == w && at >= *woke)
+            .map(|(_, held, _)| held)
     };
     // A request a frozen sleeper sent after it woke, of a lease it took before.
-    let of_a_lease_before = |w: &str, id: &Uuid, at: Instant| {
-        freezes
-            .iter()
-            .any(|(name, held, woke)| name == w && at >= *woke && held.contains(id))
-    };
+    let of_a_lease_before =
+        |w: &str, id: &Uuid, at: Instant| woken(w, at).is_some_and(|held| held.contains(id));
     // Requests by a woken sleeper of a message delivered before.
     let mut delivered_first: HashMap<Uuid, Instant> = HashMap::new();
     for (_, id, at) in &arrivals {
@@ -181,7 +179,11 @@ pub async fn slow_freeze(sizes: &Sizes) -> Outcome {
         .iter()
         .filter(|(w, id, at)| of_a_lease_before(w, id, *at))
         .count();
-    let fresh = arrivals.iter().filter(|(w, _, at)| woken(w, *at)).count() - after_wake;
+    let fresh = arrivals
+        .iter()
+        .filter(|(w, _, at)| woken(w, *at).is_some())
+        .count()
+        - after_wake;
     // Only requests checked before the freeze may follow it: at most what was started.
     let allowed = STARTED_AT_ONCE * freezes.len();
     check(after_wake <= allowed, || {

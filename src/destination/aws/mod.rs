@@ -517,7 +517,7 @@ async fn send_in_calls<T, F, Fut>(
                 let mut stopped = std::collections::HashSet::new();
                 for e in &entries {
                     let outcome = match (&e.key, window.check()) {
-                        (Some(k), _) if stopped.contains(k) => calls::not_delivered_before(k),
+                        (Some(k), _) if stopped.contains(k) => Outcome::behind_undelivered(k),
                         (_, Err(not_sent)) => not_sent,
                         (_, Ok(())) => match call(target.clone(), vec![indexed(e)]).await {
                             Ok(mut one) => one.pop().map_or_else(
